@@ -1,0 +1,25 @@
+# velocity-tts on the NGC Triton image: the container's own tritonserver and python
+# backend, CUDA torch, this package. Build and run:
+#   docker build -t velocity-tts .
+#   docker run --gpus all --shm-size 1g -p 8000-8002:8000-8002 \
+#       -v /path/to/ChatTTS:/weights:ro velocity-tts
+# (/path/to/ChatTTS is the folder holding the release's asset/ directory.)
+# 24.10 ships Triton 2.51, the server the tests use from the pytriton wheel.
+FROM nvcr.io/nvidia/tritonserver:24.10-py3
+
+WORKDIR /opt/velocity-tts
+# CUDA build of torch first (the image has CUDA 12.6; cu124 wheels run on it), so the
+# package's unpinned `torch` requirement is already met.
+RUN pip install --no-cache-dir torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124
+COPY pyproject.toml README.md ./
+COPY velocity ./velocity
+COPY client ./client
+RUN pip install --no-cache-dir . "tritonclient[grpc,http]==2.51.0"
+COPY model_repository ./model_repository
+COPY scripts ./scripts
+
+ENV VELOCITY_WEIGHTS=/weights
+EXPOSE 8000 8001 8002
+# serve.sh finds the container's tritonserver on PATH and stops its process group on SIGTERM.
+ENTRYPOINT ["bash", "scripts/serve.sh"]
+CMD ["--weights", "/weights"]

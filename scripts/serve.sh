@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Serve model_repository/ with a real Triton Inference Server, in the foreground.
+#
+#   scripts/serve.sh [--weights DIR] [--http-port N] [--grpc-port N] [--metrics-port N]
+#                    [--model-repository DIR] [-- extra tritonserver flags]
+#
+# Each flag can also be set by environment: VELOCITY_WEIGHTS, HTTP_PORT, GRPC_PORT,
+# METRICS_PORT, MODEL_REPOSITORY. Uses the `tritonserver` on PATH when there is one
+# (the NGC container), else the one inside the nvidia-pytriton wheel in .venv.
+# Ctrl-C or SIGTERM stops the server and every python stub process: they run in a
+# process group of their own, which is signalled as a whole.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${VENV:-$ROOT/.venv}"
+WEIGHTS="${VELOCITY_WEIGHTS:-$ROOT/checkpoints/demo-tiny}"
+HTTP_PORT="${HTTP_PORT:-8000}"
+GRPC_PORT="${GRPC_PORT:-8001}"
+METRICS_PORT="${METRICS_PORT:-8002}"
+REPO="${MODEL_REPOSITORY:-$ROOT/model_repository}"
+EXIT_TIMEOUT="${EXIT_TIMEOUT:-30}"
+extra=()
+
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --weights) WEIGHTS="$2"; shift 2 ;;
+        --http-port) HTTP_PORT="$2"; shift 2 ;;
+        --grpc-port) GRPC_PORT="$2"; shift 2 ;;
+        --metrics-port) METRICS_PORT="$2"; shift 2 ;;
+        --model-repository) REPO="$2"; shift 2 ;;
+        -h|--help) usage; exit 0 ;;
+        --) shift; extra=("$@"); break ;;
+        *) echo "serve.sh: unknown flag '$1' (try --help)" >&2; exit 2 ;;
+    esac
+done
+
+args=(--model-repository="$REPO" --http-port="$HTTP_PORT" --grpc-port="$GRPC_PORT"
+      --metrics-port="$METRICS_PORT" --exit-timeout-secs="$EXIT_TIMEOUT")
+if command -v tritonserver >/dev/null 2>&1; then
+    server="$(command -v tritonserver)"          # NGC container: its own python backend
+else
+    [[ -x "$VENV/bin/python" ]] || { echo "serve.sh: no tritonserver on PATH and no $VENV; run scripts/setup.sh first" >&2; exit 1; }
+    site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    server="$site/pytriton/tritonserver/bin/tritonserver"
+    [[ -x "$server" ]] || { echo "serve.sh: $server missing; run scripts/setup.sh" >&2; exit 1; }
+    export LD_LIBRARY_PATH="$site/nvidia_pytriton.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    args+=(--backend-directory="$VENV/triton/backends")
+fi
+# The python stub finds the venv's packages through the venv's bin/ first on PATH.
+[[ -d "$VENV/bin" ]] && export PATH="$VENV/bin:$PATH"
+export VELOCITY_WEIGHTS="$WEIGHTS"
+
+echo "[serve] tritonserver: $server"
+echo "[serve] models:       $REPO"
+echo "[serve] weights:      $WEIGHTS"
+echo "[serve] gRPC    localhost:$GRPC_PORT"
+echo "[serve] HTTP    http://localhost:$HTTP_PORT   (ready: /v2/health/ready)"
+echo "[serve] metrics http://localhost:$METRICS_PORT/metrics"
+
+setsid "$server" "${args[@]}" "${extra[@]}" &
+pid=$!                         # setsid makes the server its own process-group leader
+stop() {
+    trap - INT TERM
+    echo "[serve] stopping (process group $pid)"
+    kill -TERM -- "-$pid" 2>/dev/null || true
+    for _ in $(seq $((EXIT_TIMEOUT * 10 + 50))); do
+        kill -0 -- "-$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+}
+trap 'stop; exit 130' INT
+trap 'stop; exit 143' TERM
+set +e
+wait "$pid"; rc=$?
+# The server is gone; make sure no stub of its group outlives it.
+kill -KILL -- "-$pid" 2>/dev/null || true
+exit "$rc"

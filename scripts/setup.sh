@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Make .venv, install velocity (editable, with the dev extra) and prepare what the
+# Triton server from the pytriton wheel needs. Idempotent: a second run takes seconds.
+#
+# Why /usr/bin/python3.11: the Triton python-backend stub links against the system's
+# libpython (Debian's 3.11.2). A venv made from another CPython build (pyenv, conda)
+# imports torch inside the stub but then fails on C extensions such as _ssl with
+# undefined symbols, so the server's venv must come from the same Python as the stub.
+#
+# Environment:
+#   VELOCITY_PYTHON  interpreter for the venv        (default /usr/bin/python3.11)
+#   TORCH_SPEC       the torch requirement installed  (default torch==2.13.0, the CPU wheel
+#                    on these machines; a CUDA user sets e.g. TORCH_SPEC="torch==2.5.1"
+#                    with PIP_INDEX_URL pointing at the CUDA wheel index)
+#   VENV             where the venv goes             (default <repo>/.venv)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${VELOCITY_PYTHON:-/usr/bin/python3.11}"
+TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
+VENV="${VENV:-$ROOT/.venv}"
+
+log() { printf '[setup] %s\n' "$*"; }
+
+if [[ ! -x "$PY" ]]; then
+    echo "[setup] $PY not found. Install Debian's python3.11 and python3.11-venv (apt-get install python3.11-venv)," >&2
+    echo "        or set VELOCITY_PYTHON to the Python whose libpython the Triton stub uses." >&2
+    exit 1
+fi
+if [[ ! -x "$VENV/bin/python" ]]; then
+    log "creating $VENV with $PY"
+    "$PY" -m venv "$VENV"
+fi
+
+# Reinstall only when what we install changed.
+stamp="$VENV/.velocity-installed"
+want="$(cat "$ROOT/pyproject.toml"; echo "$TORCH_SPEC")"
+if [[ ! -f "$stamp" ]] || [[ "$(cat "$stamp")" != "$want" ]]; then
+    log "installing $TORCH_SPEC and velocity[dev] (about a minute)"
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
+    "$VENV/bin/python" -m pip install -q -e "$ROOT[dev]"
+    printf '%s' "$want" > "$stamp"
+else
+    log "packages up to date"
+fi
+
+# Backend folder for the wheel's tritonserver: python backend + the stub for our Python.
+site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+pyver="$("$VENV/bin/python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+tri="$site/pytriton/tritonserver"
+if [[ -d "$tri" ]]; then
+    be="$VENV/triton/backends/python"
+    mkdir -p "$be"
+    ln -sfn "$tri/backends/python/libtriton_python.so" "$be/libtriton_python.so"
+    ln -sfn "$tri/backends/python/triton_python_backend_utils.py" "$be/triton_python_backend_utils.py"
+    ln -sfn "$tri/python_backend_stubs/$pyver/triton_python_backend_stub" "$be/triton_python_backend_stub"
+    [[ -e "$be/triton_python_backend_stub" ]] || { echo "[setup] no python backend stub for Python $pyver in pytriton" >&2; exit 1; }
+    # perf_analyzer (from the tritonclient wheel) looks for two libraries that the
+    # pytriton wheel carries under hashed names.
+    libs="$site/nvidia_pytriton.libs"
+    pl="$VENV/triton/perf_libs"
+    mkdir -p "$pl"
+    ln -sfn "$(ls "$libs"/libb64-*.so.0d | head -1)" "$pl/libb64.so.0d"
+    ln -sfn "$(ls "$libs"/libcudart-*.so.12* | head -1)" "$pl/libcudart.so.12"
+fi
+log "ready: $VENV"

@@ -1,0 +1,81 @@
+"""A real tritonserver (the pytriton wheel's, via scripts/serve.sh) with a small decoupled model."""
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from triton_server import TESTS_REPO, TritonServer, alive, comm
+
+pytestmark = pytest.mark.server
+
+
+def stream(client: grpcclient.InferenceServerClient, count: int) -> list:
+    """Send one COUNT request on a gRPC stream; return every result/error up to the final one."""
+    got: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    inp = grpcclient.InferInput("COUNT", [1], "INT32")
+    inp.set_data_from_numpy(np.array([count], dtype=np.int32))
+    client.async_stream_infer("smoke_stream", [inp], request_id="r", enable_empty_final_response=True)
+    out = []
+    while True:
+        result, error = got.get(timeout=60)
+        out.append((result, error))
+        if error is not None:
+            break
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            break
+    client.stop_stream()
+    return out
+
+
+def test_grpc_stream_in_order_then_final(grpc_client):
+    out = stream(grpc_client, 7)
+    assert all(e is None for _, e in out)
+    *chunks, final = out
+    assert [int(r.as_numpy("INDEX")[0]) for r, _ in chunks] == list(range(7))
+    assert final[0].as_numpy("INDEX") is None  # the empty final response
+    torch_info = chunks[0][0].as_numpy("TORCH")[0].decode()
+    assert "velocity" in torch_info  # the stub imported the venv's packages
+
+
+def test_bad_input_gets_error_and_server_goes_on(grpc_client):
+    out = stream(grpc_client, -3)
+    assert out[-1][1] is not None
+    assert "COUNT must be in [0, 1000], got -3" in str(out[-1][1])
+    good = stream(grpc_client, 2)
+    assert [int(r.as_numpy("INDEX")[0]) for r, _ in good[:-1]] == [0, 1]
+
+
+def test_http_generate_stream(smoke_server):
+    req = urllib.request.Request(
+        f"http://{smoke_server.http_url}/v2/models/smoke_stream/generate_stream",
+        data=json.dumps({"COUNT": [4]}).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        events = [json.loads(line[len(b"data: "):]) for line in r.read().splitlines()
+                  if line.startswith(b"data: ")]
+    assert [e["INDEX"] for e in events] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_serve_sh_stop_leaves_nothing(tmp_path, sig, code):
+    """SIGTERM, or Ctrl-C's SIGINT, to serve.sh stops the server and every stub."""
+    s = TritonServer(repo=TESTS_REPO, log_path=tmp_path / "server.log").start()
+    try:
+        pids = s.processes()
+        names = {comm(p) for p in pids}
+        assert {"tritonserver", "triton_python_backend_stub"} <= names, names
+        s.proc.send_signal(sig)
+        rc = s.proc.wait(timeout=60)
+        time.sleep(0.5)
+        left = [(p, comm(p)) for p in pids if alive(p)]
+    finally:
+        s.stop()
+    assert rc == code, s.log()
+    assert left == [], f"left running after {sig.name}: {left}\n{s.log()}"

@@ -1,0 +1,135 @@
+"""Start a real tritonserver (through scripts/serve.sh) on free ports, for tests."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVE = ROOT / "scripts" / "serve.sh"
+TESTS_REPO = ROOT / "tests" / "model_repository"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of pid, read from /proc."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def comm(pid: int) -> str:
+    """The program name of pid (argv[0]'s basename; /proc/pid/comm cuts at 15 characters)."""
+    try:
+        return Path(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()).name
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+@dataclass
+class TritonServer:
+    """A running tritonserver started by scripts/serve.sh in a session of its own."""
+
+    repo: Path
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    http_port: int = field(default_factory=free_port)
+    grpc_port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"localhost:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"localhost:{self.grpc_port}"
+
+    def start(self, timeout: float = 240.0) -> "TritonServer":
+        cmd = ["bash", str(SERVE), "--model-repository", str(self.repo),
+               "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+               "--metrics-port", str(self.metrics_port)]
+        env = {**os.environ, "EXIT_TIMEOUT": "10", **self.env}
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=env, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with {self.proc.returncode}:\n{self.log()}")
+            if self.ready():
+                return self
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"tritonserver not ready after {timeout:.0f}s:\n{self.log()}")
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-20000:]
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://localhost:{self.metrics_port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def processes(self) -> list[int]:
+        """serve.sh, the server and its stubs."""
+        return [self.proc.pid, *descendants(self.proc.pid)] if self.proc else []
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM serve.sh (which stops its process group), then make sure of it."""
+        if self.proc is None:
+            return
+        pids = self.processes()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        for pid in pids:  # anything left behind is a bug the tests report; clean it anyway
+            if alive(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        if self.proc.poll() is None:
+            self.proc.wait(timeout=10)
+        self._log.close()
+        self.proc = None
