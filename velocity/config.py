@@ -1,0 +1,40 @@
+"""Engine configuration."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """Everything the engine needs to start; validated in __post_init__."""
+
+    model: str
+    device: str = "auto"                  # "auto" -> cuda when available, else cpu
+    dtype: str = "auto"                   # "auto" -> float32 on cpu, bfloat16 on cuda
+    block_size: int = 16
+    num_kv_blocks: int | None = None      # None: sized from the memory budget below
+    kv_cache_bytes: int = 1 << 30         # CPU KV budget when num_kv_blocks is None
+    gpu_memory_utilization: float = 0.85  # CUDA: fraction of the GPU the engine may fill
+    swap_space_bytes: int = 256 << 20     # CPU swap space for preempted sequences
+    preemption_mode: str = "recompute"    # "recompute" | "swap"
+    watermark: float = 0.01               # fraction of blocks kept free when admitting prefills
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None  # None: max(4096, max_model_len)
+    max_model_len: int | None = None      # None: the model's max positions
+    enforce_eager: bool = False           # True: no CUDA graphs
+    enable_prefix_caching: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}")

@@ -1,0 +1,119 @@
+"""AsyncLLMEngine: the engine loop on a background thread, requests as async iterators."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Hashable
+
+from velocity.config import EngineConfig
+from velocity.engine.llm_engine import LLMEngine, RequestOutput
+from velocity.engine.sequence import Token
+from velocity.sampling.params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+Callback = Callable[[RequestOutput], None]
+
+
+class AsyncLLMEngine:
+    """Thread-safe front of LLMEngine. add_request/abort may be called from any thread; the
+    engine thread applies them between steps and calls each request's callback with every
+    incremental output. `generate` wraps that as an async iterator for asyncio code."""
+
+    def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None) -> None:
+        self.engine = engine or LLMEngine(config)
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._callbacks: dict[str, Callback] = {}
+        self._wake = threading.Event()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="velocity-engine", daemon=True)
+        self._thread.start()
+
+    # -- any thread ------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: list[Token], params: SamplingParams, callback: Callback,
+                    cache_salt: Hashable = None) -> None:
+        """Validate now (raises ValueError), then queue the request for the engine thread."""
+        if self._stopped:
+            raise RuntimeError("engine is shut down")
+        self.engine.validate(prompt, params)
+        self._commands.put(("add", request_id, prompt, params, callback, cache_salt))
+        self._wake.set()
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id))
+        self._wake.set()
+
+    async def generate(self, request_id: str, prompt: list[Token], params: SamplingParams,
+                       cache_salt: Hashable = None) -> AsyncIterator[RequestOutput]:
+        """Yield the request's outputs as they are produced; leaving the loop early aborts it."""
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self.add_request(request_id, prompt, params, lambda o: loop.call_soon_threadsafe(q.put_nowait, o),
+                         cache_salt)
+        finished = False
+        try:
+            while not finished:
+                out = await q.get()
+                finished = out.finished
+                if out.error:
+                    raise RuntimeError(out.error)
+                yield out
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Abort whatever is left and stop the engine thread."""
+        self._stopped = True
+        self._commands.put(("stop",))
+        self._wake.set()
+        self._thread.join(timeout)
+
+    # -- engine thread ---------------------------------------------------------------
+    def _apply_commands(self) -> bool:
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            if cmd[0] == "add":
+                _, rid, prompt, params, cb, salt = cmd
+                try:
+                    self.engine.add_request(rid, prompt, params, salt)
+                    self._callbacks[rid] = cb
+                except Exception as e:  # e.g. a duplicate id: tell that request, go on
+                    cb(RequestOutput(rid, len(prompt), [], finished=True, finish_reason="error", error=str(e)))
+            elif cmd[0] == "abort":
+                self._emit(self.engine.abort(cmd[1]))
+            else:
+                for rid in list(self.engine.requests):
+                    self._emit(self.engine.abort(rid))
+                return False
+
+    def _emit(self, out: RequestOutput | None) -> None:
+        if out is None:
+            return
+        cb = self._callbacks.pop(out.request_id, None) if out.finished else self._callbacks.get(out.request_id)
+        if cb is not None:
+            try:
+                cb(out)
+            except Exception:
+                logger.exception("callback of request %s failed; aborting it", out.request_id)
+                if not out.finished:
+                    self._emit(self.engine.abort(out.request_id))
+
+    def _loop(self) -> None:
+        while self._apply_commands():
+            if not self.engine.has_unfinished():
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception:  # a bug in scheduling: fail everyone rather than hang them
+                logger.exception("engine loop failed; aborting all requests")
+                outputs = [self.engine.abort(r) for r in list(self.engine.requests)]
+            for out in outputs:
+                self._emit(out)

@@ -1,0 +1,137 @@
+"""The synchronous engine: requests in, one scheduled batch per step, incremental outputs out."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from collections.abc import Hashable
+
+from velocity.config import EngineConfig
+from velocity.engine.block_manager import BlockManager
+from velocity.engine.scheduler import Scheduler
+from velocity.engine.sequence import Sequence, Token
+from velocity.sampling.params import SamplingParams
+from velocity.worker.worker import Worker
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RequestOutput:
+    """A request's state after a step: everything generated so far and what is new."""
+
+    request_id: str
+    prompt_len: int
+    token_ids: list[Token]
+    new_token_ids: list[Token] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: str | None = None     # "stop" | "length" | "abort" | "error"
+    error: str | None = None
+
+
+@dataclass
+class EngineStats:
+    running: int
+    waiting: int
+    swapped: int
+    kv_blocks_used: int
+    kv_blocks_free: int
+    preemptions: int
+    prefix_cache_hits: int
+
+
+class LLMEngine:
+    """add_request / step / abort / has_unfinished over a Worker, a Scheduler and a BlockManager."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.worker = Worker(config)
+        self.max_model_len = self.worker.max_model_len
+        self.block_manager = BlockManager(self.worker.num_blocks, config.block_size, self.worker.num_cpu_blocks,
+                                          config.watermark, config.enable_prefix_caching)
+        budget = config.max_num_batched_tokens or max(4096, self.max_model_len)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, max(budget, self.max_model_len),
+                                   config.preemption_mode)
+        self.requests: dict[str, Sequence] = {}
+
+    def validate(self, prompt: list[Token], params: SamplingParams) -> None:
+        """Raise ValueError naming what is wrong with a request."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling params must be SamplingParams, got {type(params).__name__}")
+        params.validate()
+        if len(prompt) == 0:
+            raise ValueError("prompt must hold at least one token")
+        if len(prompt) >= self.max_model_len:
+            raise ValueError(f"prompt length {len(prompt)} must be below max_model_len={self.max_model_len}")
+        vocab = self.worker.model.config.vocab_size
+        bad = [t for t in prompt if not (isinstance(t, int) and 0 <= t < vocab)]
+        if bad:
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab}), got {bad[:5]}")
+
+    def add_request(self, request_id: str, prompt_token_ids: list[Token], params: SamplingParams,
+                    cache_salt: Hashable = None) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        self.validate(prompt_token_ids, params)
+        seq = Sequence(request_id, prompt_token_ids, params, cache_salt)
+        self.requests[request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Finish a request now; its KV blocks are free when this returns."""
+        seq = self.requests.pop(request_id, None)
+        if seq is None:
+            return None
+        self.scheduler.finish(seq, "abort")
+        self.worker.sampler.forget(seq)
+        return self._output(seq, [])
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        try:
+            tokens = self.worker.execute(sched)
+        except Exception as e:
+            # Fail this batch's requests, not the engine; their KV can't be trusted for reuse.
+            logger.exception("engine step failed; failing %d requests", len(sched.seqs))
+            outputs = []
+            for seq in sched.seqs:
+                self.block_manager.forget_hashes(seq)
+                self.requests.pop(seq.request_id, None)
+                self.scheduler.finish(seq, "error")
+                self.worker.sampler.forget(seq)
+                outputs.append(self._output(seq, []))
+                outputs[-1].error = f"engine step failed: {e}"
+            return outputs
+        outputs = []
+        for seq, tok in zip(sched.seqs, tokens):
+            seq.num_computed_tokens = len(seq)
+            seq.append(tok)
+            reason = self.check_stop(seq, tok)
+            if reason:
+                self.requests.pop(seq.request_id, None)
+                self.scheduler.finish(seq, reason)
+                self.worker.sampler.forget(seq)
+            outputs.append(self._output(seq, [tok]))
+        return outputs
+
+    def check_stop(self, seq: Sequence, tok: Token) -> str | None:
+        p = seq.params
+        n = len(seq.output_token_ids)
+        if n >= p.min_new_tokens and ((not p.ignore_eos and tok in self.worker.stop_ids) or tok in p.stop_token_ids):
+            return "stop"
+        if n >= p.max_new_tokens or len(seq) >= self.max_model_len:
+            return "length"
+        return None
+
+    def _output(self, seq: Sequence, new: list[Token]) -> RequestOutput:
+        return RequestOutput(seq.request_id, len(seq.prompt_token_ids), list(seq.output_token_ids), new,
+                             seq.is_finished, seq.finish_reason)
+
+    def stats(self) -> EngineStats:
+        s, bm = self.scheduler, self.block_manager
+        return EngineStats(len(s.running), len(s.waiting), len(s.swapped), bm.num_used_blocks,
+                           bm.num_free_blocks, s.num_preemptions, bm.num_prefix_hits)

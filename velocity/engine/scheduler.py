@@ -1,0 +1,123 @@
+"""FCFS continuous-batching scheduler with preemption. Pure Python, no torch."""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+from velocity.engine.block_manager import BlockManager
+from velocity.engine.sequence import Sequence, SequenceStatus
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SchedulerOutput:
+    """What one engine step computes: each sequence's uncomputed tokens, plus block copies."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)   # (cpu, gpu)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu, cpu)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.seqs)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+class Scheduler:
+    """Decodes of running sequences first, then swapped-in sequences, then new prefills
+    join the same step while budgets and blocks allow. When a running sequence needs a
+    block and none is free, the newest running sequence is preempted (recompute or swap).
+    """
+
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 preemption_mode: str = "recompute") -> None:
+        self.bm = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.preemption_mode = preemption_mode
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.swapped: deque[Sequence] = deque()
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        # 1. running decodes, oldest first; preempt the newest when blocks run out
+        running = sorted(self.running, key=lambda s: s.arrival_time)
+        kept: list[Sequence] = []
+        while running:
+            seq = running.pop(0)
+            while not self.bm.can_append(seq):
+                victim = running.pop() if running else seq
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            else:
+                self.bm.append_slot(seq)
+                kept.append(seq)
+        self.running = kept
+        budget = self.max_num_batched_tokens - len(kept)
+        # 2. swapped sequences come back before anything new (FCFS)
+        while self.swapped and len(self.running) < self.max_num_seqs and not out.preempted:
+            seq = self.swapped[0]
+            if not self.bm.can_swap_in(seq) or budget < 1:
+                break
+            self.swapped.popleft()
+            out.swap_in += self.bm.swap_in(seq)
+            self.bm.append_slot(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            budget -= 1
+        # 3. new prefills join while budgets and blocks allow (none while others are swapped out)
+        while self.waiting and not self.swapped and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            hits = self.bm.prefix_hits(seq)
+            new_tokens = max(len(seq) - len(hits) * self.bm.block_size, 1)
+            if (new_tokens > budget and self.running) or not self.bm.can_allocate(seq, hits):
+                break
+            self.bm.allocate(seq)
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            budget -= seq.num_new_tokens
+        out.seqs = list(self.running)
+        return out
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted.append(seq)
+        if self.preemption_mode == "swap" and self.bm.can_swap_out(seq):
+            out.swap_out += self.bm.swap_out(seq)
+            seq.status = SequenceStatus.SWAPPED
+            self.swapped.appendleft(seq)
+            logger.debug("preempted %s by swap", seq.request_id)
+        else:  # recompute: drop the KV, prefill prompt + outputs again later
+            self.bm.free_seq(seq)
+            seq.num_computed_tokens = 0
+            seq.status = SequenceStatus.WAITING
+            self.waiting.appendleft(seq)
+            logger.debug("preempted %s by recompute", seq.request_id)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Finish seq (stop, length or abort) and free its blocks at once."""
+        seq.finish(reason)
+        self.bm.free_seq(seq)
+        for q in (self.waiting, self.swapped):
+            if seq in q:
+                q.remove(seq)
+        if seq in self.running:
+            self.running.remove(seq)

@@ -1,0 +1,91 @@
+"""A request's sequence: its tokens, status, KV block table and sampling parameters."""
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from velocity.sampling.params import SamplingParams
+
+# A token is an int for text models, or a tuple of num_vq codes for audio frames.
+Token = Hashable
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+
+
+_seq_ids = itertools.count()
+
+
+class Sequence:
+    """One generated sequence. Tokens before num_computed_tokens have KV in the cache."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[Token], params: SamplingParams,
+                 cache_salt: Hashable = None) -> None:
+        self.seq_id = next(_seq_ids)
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[Token] = []
+        self.params = params
+        # Anything besides the tokens that changes the KV (a speaker vector's digest):
+        # it seeds the prefix-cache hash chain, so different salts never share blocks.
+        self.cache_salt = cache_salt
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: str | None = None
+        self.block_table: list[int] = []
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0         # prompt tokens found in the prefix cache
+        self.arrival_time = time.monotonic()
+        self.num_preemptions = 0
+
+    def __len__(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def __repr__(self) -> str:
+        return f"Sequence({self.request_id!r}, len={len(self)}, {self.status.value})"
+
+    @property
+    def token_ids(self) -> list[Token]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token(self, i: int) -> Token:
+        p = len(self.prompt_token_ids)
+        return self.prompt_token_ids[i] if i < p else self.output_token_ids[i - p]
+
+    @property
+    def num_new_tokens(self) -> int:
+        """Tokens the next step must compute (whole uncomputed tail for a prefill, 1 for a decode)."""
+        return len(self) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append(self, token: Token) -> None:
+        self.output_token_ids.append(token)
+
+    def finish(self, reason: str) -> None:
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason = reason
+
+
+@dataclass
+class SequenceGroup:
+    """A request as the user sent it: its id, prompt, parameters and its sequence(s).
+
+    Only one sequence per request today (no parallel sampling / beam search).
+    """
+
+    request_id: str
+    seqs: list[Sequence]
+    arrival_time: float = field(default_factory=time.monotonic)
+
+    @property
+    def finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)

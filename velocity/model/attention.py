@@ -1,0 +1,50 @@
+"""Paged attention in plain torch, vectorized over sequences and blocks."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step inputs shared by every layer. T tokens of B sequences, each with up to Q new tokens.
+
+    Decode-only steps have Q == 1 and q_index None (token b belongs to sequence b).
+    """
+
+    slot_mapping: torch.Tensor        # [T] cache slot (block * block_size + offset) of each token
+    block_tables: torch.Tensor        # [B, W] block ids, padded with the scratch block
+    attn_mask: torch.Tensor           # [B, 1, Q, W * block_size] True where a query may attend
+    q_index: torch.Tensor | None = None   # [B, Q] flat token index of each padded query
+    out_index: torch.Tensor | None = None  # [T] index into the flattened [B * Q] output
+
+
+def build_attn_mask(q_pos: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """q_pos: [B, Q] position of each query -> [B, 1, Q, num_keys] causal mask over cached keys."""
+    keys = torch.arange(num_keys, device=q_pos.device)
+    return (keys[None, None, :] <= q_pos[:, :, None]).unsqueeze(1)
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, md: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Write this step's k/v into the cache, then attend over each sequence's cached keys.
+
+    q: [T, Hq, D]; k, v: [T, Hkv, D]; k_cache, v_cache: [N, S, Hkv, D] -> out [T, Hq * D]
+    """
+    T, Hq, D = q.shape
+    N, S, Hkv, _ = k_cache.shape
+    k_cache.view(N * S, Hkv, D).index_copy_(0, md.slot_mapping, k)
+    v_cache.view(N * S, Hkv, D).index_copy_(0, md.slot_mapping, v)
+    B, W = md.block_tables.shape
+    keys = k_cache[md.block_tables].view(B, W * S, Hkv, D).transpose(1, 2)   # [B, Hkv, L, D]
+    vals = v_cache[md.block_tables].view(B, W * S, Hkv, D).transpose(1, 2)
+    if md.q_index is None:
+        qb = q.view(B, 1, Hq, D).transpose(1, 2)                               # [B, Hq, 1, D]
+    else:
+        qb = q[md.q_index].transpose(1, 2)                                     # [B, Hq, Q, D]
+    out = F.scaled_dot_product_attention(qb, keys, vals, attn_mask=md.attn_mask, scale=scale,
+                                         enable_gqa=Hq != Hkv)                # [B, Hq, Q, D]
+    out = out.transpose(1, 2).reshape(-1, Hq * D)                              # [B * Q, Hq * D]
+    return out if md.out_index is None else out[md.out_index]

@@ -1,0 +1,145 @@
+"""Llama-family decoder on paged attention. The body takes embeddings, so other heads
+(ChatTTS's text and audio-code tables) can sit on top of it."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from velocity.model.attention import AttentionMetadata, paged_attention
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, HF's rotate_half layout. x: [T, H, D]; cos, sin: [T, 1, D]"""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # computed in float32 like transformers' LlamaRMSNorm
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        bias = getattr(cfg, "attention_bias", False)
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=bias)
+        self.scale = self.head_dim ** -0.5
+        self.k_cache = self.v_cache = torch.empty(0)  # [N, S, Hkv, D], set by the cache engine
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                md: AttentionMetadata) -> torch.Tensor:
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = rotate(q.view(T, self.num_heads, self.head_dim), cos, sin)       # [T, Hq, D]
+        k = rotate(k.view(T, self.num_kv_heads, self.head_dim), cos, sin)    # [T, Hkv, D]
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        o = paged_attention(q, k, v, self.k_cache, self.v_cache, md, self.scale)
+        return self.o_proj(o)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        bias = getattr(cfg, "mlp_bias", False)
+        self.inter = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                md: AttentionMetadata) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, md)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaBody(nn.Module):
+    """Decoder layers + final norm: embeddings [T, H] -> hidden states [T, H]."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(LlamaLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rope_cos = self.rope_sin = torch.empty(0)  # [P, D], from init_rope()
+
+    @torch.no_grad()
+    def init_rope(self, cfg, device: torch.device, dtype: torch.dtype) -> None:
+        """cos/sin for every position, from transformers' own rotary module (rope scaling included)."""
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        rope = LlamaRotaryEmbedding(cfg).to(device)
+        pos = torch.arange(cfg.max_position_embeddings, device=device)[None]
+        cos, sin = rope(torch.empty(0, device=device, dtype=dtype), pos)
+        self.rope_cos, self.rope_sin = cos[0], sin[0]
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+        cos = self.rope_cos[positions].unsqueeze(1)   # [T, 1, D]
+        sin = self.rope_sin[positions].unsqueeze(1)
+        for layer in self.layers:
+            x = layer(x, cos, sin, md)
+        return self.norm(x)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Token ids in, next-token logits out."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.model = LlamaBody(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+        """input_ids: [T] -> hidden [T, H]"""
+        return self.model(self.embed_tokens(input_ids), positions, md)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [B, H] -> logits [B, V] in float32"""
+        return self.lm_head(hidden).float()
+
+    def eos_token_ids(self) -> set[int]:
+        eos = self.config.eos_token_id
+        return set() if eos is None else set(eos) if isinstance(eos, (list, tuple)) else {eos}
+
+    def fused_weight(self, name: str) -> tuple[str, int, int] | None:
+        """Map a checkpoint tensor name onto (our fused parameter, row offset, rows), or None."""
+        attn = self.model.layers[0].self_attn
+        q, kv = attn.q_size, attn.kv_size
+        inter = self.config.intermediate_size
+        for part, (fused, off, rows) in {
+            "self_attn.q_proj": ("self_attn.qkv_proj", 0, q),
+            "self_attn.k_proj": ("self_attn.qkv_proj", q, kv),
+            "self_attn.v_proj": ("self_attn.qkv_proj", q + kv, kv),
+            "mlp.gate_proj": ("mlp.gate_up_proj", 0, inter),
+            "mlp.up_proj": ("mlp.gate_up_proj", inter, inter),
+        }.items():
+            if f".{part}." in name:
+                return name.replace(part, fused), off, rows
+        return None

@@ -1,0 +1,3 @@
+from velocity.sampling.params import SamplingParams
+
+__all__ = ["SamplingParams"]

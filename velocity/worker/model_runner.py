@@ -1,0 +1,131 @@
+"""Turns a scheduled batch into tensors, runs the model (eager or CUDA-graph replay), returns logits."""
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from velocity.engine.sequence import Sequence
+from velocity.model.attention import AttentionMetadata, build_attn_mask
+
+logger = logging.getLogger(__name__)
+
+
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, 8, 16, ... up to max_num_seqs (which is included)."""
+    sizes, b = [], 1
+    while b < max_num_seqs:
+        sizes.append(b)
+        b *= 2
+    return sizes + [max_num_seqs]
+
+
+class ModelRunner:
+    """Prepares positions, slot mapping, block tables and masks for a mixed prefill/decode batch.
+
+    On CUDA (unless enforce_eager) decode-only steps replay CUDA graphs captured for batch
+    sizes 1, 2, 4, ... max_num_seqs, largest first with one memory pool; a batch is padded
+    up to the next captured size, its padding rows writing to the scratch block.
+    """
+
+    def __init__(self, model: nn.Module, block_size: int, scratch_block: int, max_model_len: int,
+                 max_num_seqs: int, device: torch.device, use_cuda_graphs: bool) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.scratch_block = scratch_block
+        self.device = device
+        self.max_blocks_per_seq = -(-max_model_len // block_size)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        if use_cuda_graphs:
+            self.capture(max_num_seqs)
+
+    # -- inputs ----------------------------------------------------------------------
+    def token_tensor(self, tokens: list) -> torch.Tensor:
+        return torch.tensor(tokens, dtype=torch.long, device=self.device)
+
+    def prepare(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+        """-> input ids [T], positions [T], attention metadata, logits index [B]"""
+        S, dev = self.block_size, self.device
+        tokens, positions, slots, last = [], [], [], []
+        q_rows: list[range] = []
+        for seq in seqs:
+            start, end = seq.num_computed_tokens, len(seq)
+            q_rows.append(range(len(positions), len(positions) + end - start))
+            tokens += [seq.token(i) for i in range(start, end)]
+            positions += range(start, end)
+            bt = seq.block_table
+            slots += [bt[p // S] * S + p % S for p in range(start, end)]
+            last.append(len(positions) - 1)
+        B, W = len(seqs), max(len(s.block_table) for s in seqs)
+        tables = [s.block_table + [self.scratch_block] * (W - len(s.block_table)) for s in seqs]
+        pos_t = torch.tensor(positions, device=dev)
+        md = AttentionMetadata(slot_mapping=torch.tensor(slots, device=dev),
+                               block_tables=torch.tensor(tables, device=dev), attn_mask=None)
+        Q = max(len(r) for r in q_rows)
+        if Q == 1:   # decode only
+            md.attn_mask = build_attn_mask(pos_t[:, None], W * S)
+        else:
+            q_index = torch.tensor([[r[min(i, len(r) - 1)] for i in range(Q)] for r in q_rows], device=dev)
+            md.q_index = q_index
+            md.out_index = torch.tensor([b * Q + i for b, r in enumerate(q_rows) for i in range(len(r))], device=dev)
+            md.attn_mask = build_attn_mask(pos_t[q_index], W * S)
+        return self.token_tensor(tokens), pos_t, md, torch.tensor(last, device=dev)
+
+    # -- running ---------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, seqs: list[Sequence]) -> torch.Tensor:
+        """-> logits [B, V] for the last token of each sequence"""
+        is_decode = all(s.num_new_tokens == 1 for s in seqs)
+        if is_decode and self.graphs and len(seqs) <= max(self.graphs):
+            return self.model.compute_logits(self._replay(seqs))
+        ids, pos, md, last = self.prepare(seqs)
+        hidden = self.model(ids, pos, md)
+        return self.model.compute_logits(hidden[last])
+
+    # -- CUDA graphs -----------------------------------------------------------------
+    def _static_forward(self, bs: int) -> torch.Tensor:
+        st = self.static
+        md = AttentionMetadata(slot_mapping=st["slots"][:bs], block_tables=st["tables"][:bs],
+                               attn_mask=build_attn_mask(st["pos"][:bs, None], self.max_blocks_per_seq * self.block_size))
+        return self.model(st["ids"][:bs], st["pos"][:bs], md)
+
+    @torch.inference_mode()
+    def capture(self, max_num_seqs: int) -> None:
+        sizes = graph_batch_sizes(max_num_seqs)
+        n, dev = sizes[-1], self.device
+        self.static = {
+            "ids": torch.zeros(n, dtype=torch.long, device=dev),
+            "pos": torch.zeros(n, dtype=torch.long, device=dev),
+            "slots": torch.full((n,), self.scratch_block * self.block_size, dtype=torch.long, device=dev),
+            "tables": torch.full((n, self.max_blocks_per_seq), self.scratch_block, dtype=torch.long, device=dev),
+        }
+        self.graph_out: dict[int, torch.Tensor] = {}
+        pool = None
+        for bs in reversed(sizes):   # largest first: smaller graphs reuse its pool memory
+            self._static_forward(bs)  # warm up (lazy init, autotuning) outside the graph
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                self.graph_out[bs] = self._static_forward(bs)
+            pool = g.pool() if pool is None else pool
+            self.graphs[bs] = g
+        torch.cuda.synchronize()
+        logger.info("captured CUDA graphs for decode batch sizes %s", sizes)
+
+    def _replay(self, seqs: list[Sequence]) -> torch.Tensor:
+        B = len(seqs)
+        bs = next(b for b in sorted(self.graphs) if b >= B)
+        S, st = self.block_size, self.static
+        pos = [len(s) - 1 for s in seqs]
+        st["ids"][:B] = self.token_tensor([s.token(p) for s, p in zip(seqs, pos)])
+        st["pos"][:B] = torch.tensor(pos)
+        st["slots"][:B] = torch.tensor([s.block_table[p // S] * S + p % S for s, p in zip(seqs, pos)])
+        st["tables"][:B] = torch.tensor([s.block_table + [self.scratch_block] * (self.max_blocks_per_seq - len(s.block_table))
+                                         for s in seqs])
+        st["ids"][B:bs] = 0   # padding rows: position 0, writing to the scratch block
+        st["pos"][B:bs] = 0
+        st["slots"][B:bs] = self.scratch_block * S
+        st["tables"][B:bs] = self.scratch_block
+        self.graphs[bs].replay()
+        return self.graph_out[bs][:B]

@@ -1,0 +1,94 @@
+"""One device: loads the model, sizes and owns the KV cache, runs steps and samples."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from velocity.config import EngineConfig
+from velocity.engine.scheduler import SchedulerOutput
+from velocity.model.attention import AttentionMetadata, build_attn_mask
+from velocity.model.loader import load_model
+from velocity.sampling.sampler import Sampler
+from velocity.worker.cache_engine import CacheEngine, bytes_per_block
+from velocity.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for, but CUDA is not available; use device='cpu' or 'auto'")
+    return dev
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[name]
+
+
+class Worker:
+    """Model + KV cache + runner + sampler on one device."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.model = load_model(config.model, self.device, self.dtype)
+        model_max = self.model.config.max_position_embeddings
+        self.max_model_len = min(config.max_model_len or model_max, model_max)
+        block_bytes = bytes_per_block(self.model, config.block_size, self.dtype)
+        self.num_blocks = config.num_kv_blocks or self._blocks_from_budget(block_bytes)
+        if self.num_blocks < 1:
+            raise ValueError("no memory left for the KV cache: lower max_num_batched_tokens or raise the budget")
+        self.num_cpu_blocks = config.swap_space_bytes // block_bytes if config.preemption_mode == "swap" else 0
+        # A sequence can never outgrow the whole cache.
+        self.max_model_len = min(self.max_model_len, self.num_blocks * config.block_size)
+        self.cache = CacheEngine(self.model, self.num_blocks, self.num_cpu_blocks, config.block_size,
+                                 self.device, self.dtype)
+        use_graphs = self.device.type == "cuda" and not config.enforce_eager
+        self.runner = ModelRunner(self.model, config.block_size, self.cache.scratch_block, self.max_model_len,
+                                  config.max_num_seqs, self.device, use_graphs)
+        self.sampler = Sampler(self.device)
+        self.stop_ids = self.model.eos_token_ids()
+
+    def _blocks_from_budget(self, block_bytes: int) -> int:
+        if self.device.type != "cuda":
+            return self.config.kv_cache_bytes // block_bytes
+        # CUDA: profile a forward of a full token budget, then take a share of what is left.
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        self.profile_run(min(self.config.max_num_batched_tokens or 4096, self.max_model_len))
+        free, total = torch.cuda.mem_get_info()
+        used = total - free
+        peak = torch.cuda.max_memory_allocated()
+        budget = total * self.config.gpu_memory_utilization - used - (peak - torch.cuda.memory_allocated())
+        logger.info("GPU memory: total %.1f GiB, in use %.1f GiB, activation peak %.1f GiB",
+                    total / 2**30, used / 2**30, peak / 2**30)
+        return int(budget // block_bytes)
+
+    @torch.inference_mode()
+    def profile_run(self, num_tokens: int) -> None:
+        """One prefill of num_tokens on a throwaway cache, to measure activation memory."""
+        S = self.config.block_size
+        nb = -(-num_tokens // S)
+        tmp = CacheEngine(self.model, nb, 0, S, self.device, self.dtype)
+        pos = torch.arange(num_tokens, device=self.device)
+        md = AttentionMetadata(slot_mapping=pos, block_tables=torch.arange(nb, device=self.device)[None],
+                               attn_mask=build_attn_mask(pos[None], nb * S), q_index=pos[None])
+        self.model(torch.zeros(num_tokens, dtype=torch.long, device=self.device), pos, md)
+        del tmp
+        torch.cuda.synchronize()
+
+    def execute(self, out: SchedulerOutput) -> list:
+        """Swap blocks, run the batch, sample one token per sequence."""
+        self.cache.swap_out(out.swap_out)
+        self.cache.swap_in(out.swap_in)
+        logits = self.runner.run(out.seqs)
+        return self.sampler(logits, out.seqs, self.stop_ids)
