@@ -1,3 +1,1 @@
-from velocity.sampling.params import SamplingParams
-
-__all__ = ["SamplingParams"]
+"""Sampling parameters (torch-free) and the batched sampler (velocity.sampling.sampler)."""

@@ -6,6 +6,16 @@ import torch
 from velocity.engine.sequence import Sequence
 
 
+def top_k_top_p(x: torch.Tensor, ks: torch.Tensor, ps: torch.Tensor) -> torch.Tensor:
+    """Per-row top-k (ks: [B], V = off) then top-p (ps: [B], 1 = off) as -inf masks. x: [B, V]"""
+    V = x.shape[-1]
+    xs, order = x.sort(dim=-1, descending=True)
+    xs = xs.masked_fill(torch.arange(V, device=x.device)[None] >= ks[:, None], float("-inf"))
+    probs = xs.softmax(dim=-1)
+    xs = xs.masked_fill(probs.cumsum(dim=-1) - probs >= ps[:, None], float("-inf"))  # as transformers; keeps the top token
+    return torch.full_like(x, float("-inf")).scatter(1, order, xs)
+
+
 class Sampler:
     """logits [B, V] + the batch's sequences -> one token per row.
 
@@ -42,20 +52,13 @@ class Sampler:
             ks = torch.tensor([p.top_k if 0 < p.top_k < V else V for p in ps], device=dev)
             tp = torch.tensor([p.top_p for p in ps], device=dev)
             if bool((ks < V).any()) or bool((tp < 1).any()):
-                x, order = x.sort(dim=-1, descending=True)
-                x = x.masked_fill(torch.arange(V, device=dev)[None] >= ks[:, None], float("-inf"))
-                probs = x.softmax(dim=-1)
-                x = x.masked_fill(probs.cumsum(dim=-1) - probs > tp[:, None], float("-inf"))
-            else:
-                order = None
+                x = top_k_top_p(x, ks, tp)
             probs = x.softmax(dim=-1)
             noise = torch.empty_like(probs).exponential_()
             for j, i in enumerate(rows):
                 if seqs[i].params.seed is not None:
                     noise[j].exponential_(generator=self._generator(seqs[i]))
-            choice = (probs / noise).argmax(dim=-1)                     # Gumbel-style draw
-            if order is not None:
-                choice = order.gather(1, choice[:, None])[:, 0]
+            choice = (probs / noise).argmax(dim=-1)                     # exponential race = categorical draw
             tokens[idx] = choice
         return tokens.tolist()
 

@@ -1,0 +1,107 @@
+"""Sampler: per-row parameters, filters as in transformers, seeds independent of the batch."""
+import pytest
+import torch
+from transformers.generation.logits_process import (RepetitionPenaltyLogitsProcessor, TopKLogitsWarper,
+                                                    TopPLogitsWarper)
+
+from velocity.engine.sequence import Sequence
+from velocity.sampling.params import SamplingParams
+from velocity.sampling.sampler import Sampler, top_k_top_p
+
+V = 50
+
+
+def seq(params, prompt=(1, 2, 3), out=()):
+    s = Sequence("r", list(prompt), params)
+    s.output_token_ids = list(out)
+    return s
+
+
+@pytest.fixture
+def logits():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(6, V, generator=g) * 3
+
+
+@pytest.mark.parametrize("k,p", [(1, 1.0), (5, 1.0), (V, 0.5), (10, 0.9), (V, 0.05), (3, 0.3)])
+def test_top_k_top_p_match_transformers(logits, k, p):
+    ours = top_k_top_p(logits, torch.full((6,), k), torch.full((6,), p))
+    ref = TopPLogitsWarper(p)(None, TopKLogitsWarper(k)(None, logits.clone())) if p < 1 else \
+        TopKLogitsWarper(k)(None, logits.clone())
+    assert torch.equal(torch.isinf(ours), torch.isinf(ref))
+    assert torch.equal(ours[~torch.isinf(ours)], logits[~torch.isinf(ref)])
+
+
+def test_top_k_top_p_per_row(logits):
+    ks, ps = torch.tensor([1, 3, V, V, 7, V]), torch.tensor([1.0, 1.0, 0.5, 1.0, 0.8, 0.999])
+    ours = top_k_top_p(logits, ks, ps)
+    for i in range(6):
+        row = top_k_top_p(logits[i:i + 1], ks[i:i + 1], ps[i:i + 1])
+        assert torch.equal(ours[i:i + 1], row)
+    assert (~torch.isinf(ours[0])).sum() == 1 and (~torch.isinf(ours[1])).sum() == 3
+    assert (~torch.isinf(ours[3])).sum() == V
+
+
+def test_greedy_is_exact_argmax_whatever_the_neighbours(logits):
+    seqs = [seq(SamplingParams(temperature=0)), seq(SamplingParams(temperature=1.5, top_k=5)),
+            seq(SamplingParams(temperature=0)), seq(SamplingParams(temperature=0.7, top_p=0.5)),
+            seq(SamplingParams(temperature=0)), seq(SamplingParams(temperature=1.0))]
+    out = Sampler(torch.device("cpu"))(logits, seqs, set())
+    for i in (0, 2, 4):
+        assert out[i] == int(logits[i].argmax())
+
+
+def test_repetition_penalty_matches_transformers(logits):
+    hist = [[1, 2, 3, 4], [5, 5, 6], [7], [8, 9, 10, 11, 12], [1], [2]]
+    pens = [1.3, 1.0, 0.8, 2.0, 1.3, 1.0]
+    seqs = [seq(SamplingParams(temperature=0, repetition_penalty=r), prompt=h) for h, r in zip(hist, pens)]
+    ours = Sampler(torch.device("cpu")).apply_penalties(logits, seqs, set())
+    for i, (h, r) in enumerate(zip(hist, pens)):
+        ref = RepetitionPenaltyLogitsProcessor(r)(torch.tensor([h]), logits[i:i + 1].clone())
+        assert torch.equal(ours[i:i + 1], ref)
+
+
+def test_min_new_tokens_masks_stop_tokens_until_reached(logits):
+    stop = int(logits[0].argmax())
+    s_early = seq(SamplingParams(temperature=0, min_new_tokens=3), out=[1, 2])
+    s_done = seq(SamplingParams(temperature=0, min_new_tokens=3), out=[1, 2, 3])
+    out = Sampler(torch.device("cpu"))(logits[:1].repeat(2, 1), [s_early, s_done], {stop})
+    assert out[0] != stop and out[1] == stop
+
+
+def test_seeded_rows_reproducible_whatever_else_is_in_the_batch(logits):
+    def draw(batch_params, steps=5):
+        sm = Sampler(torch.device("cpu"))
+        seqs = [seq(p) for p in batch_params]
+        got = []
+        for _ in range(steps):
+            got.append(sm(logits[:len(seqs)], seqs, set()))
+        return [g[0] for g in got]
+
+    p = SamplingParams(temperature=1.0, seed=1234)
+    alone = draw([p])
+    crowded = draw([SamplingParams(temperature=1.0, seed=1234), SamplingParams(temperature=0.5),
+                    SamplingParams(temperature=2.0, seed=7), SamplingParams(temperature=0)])
+    assert alone == crowded
+    assert draw([SamplingParams(temperature=1.0, seed=99)]) != alone or \
+        draw([SamplingParams(temperature=1.0, seed=98)]) != alone
+
+
+def test_sampling_follows_the_distribution():
+    torch.manual_seed(0)
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    sm, n = Sampler(torch.device("cpu")), 4000
+    s = seq(SamplingParams(temperature=1.0))
+    counts = torch.bincount(torch.tensor([sm(logits, [s], set())[0] for _ in range(n)]), minlength=4)
+    # 4000 draws: binomial standard deviation <= 0.008; 0.03 is over 3.5 of them
+    assert torch.allclose(counts / n, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.03)
+    s2 = seq(SamplingParams(temperature=1.0, top_k=2))
+    assert set(sm(logits, [s2], set())[0] for _ in range(300)) == {0, 1}
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1),
+                                 dict(max_new_tokens=0), dict(min_new_tokens=5, max_new_tokens=2),
+                                 dict(repetition_penalty=0)])
+def test_bad_params_name_the_parameter(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        SamplingParams(**bad)
