@@ -117,7 +117,8 @@ def test_first_step_logits_within_1e_4(mha):
     for i, p in enumerate(ps):
         eng.add_request(str(i), p, greedy())
     sched = eng.scheduler.schedule()
-    logits = eng.worker.runner.run(sched.seqs)            # one mixed-length prefill batch
+    hidden = eng.worker.runner.run(sched.seqs)            # one mixed-length prefill batch
+    logits = eng.worker.model.heads["text"].fn(hidden)[:, 0]
     for i, p in enumerate(ps):
         ref = model(torch.tensor([p])).logits[0, -1]
         err = (logits[i] - ref).abs().max().item()

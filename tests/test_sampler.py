@@ -55,7 +55,7 @@ def test_repetition_penalty_matches_transformers(logits):
     hist = [[1, 2, 3, 4], [5, 5, 6], [7], [8, 9, 10, 11, 12], [1], [2]]
     pens = [1.3, 1.0, 0.8, 2.0, 1.3, 1.0]
     seqs = [seq(SamplingParams(temperature=0, repetition_penalty=r), prompt=h) for h, r in zip(hist, pens)]
-    ours = Sampler(torch.device("cpu")).apply_penalties(logits, seqs, set())
+    ours = Sampler(torch.device("cpu")).apply_penalties(logits[:, None], seqs, set())[:, 0]
     for i, (h, r) in enumerate(zip(hist, pens)):
         ref = RepetitionPenaltyLogitsProcessor(r)(torch.tensor([h]), logits[i:i + 1].clone())
         assert torch.equal(ours[i:i + 1], ref)

@@ -5,7 +5,7 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Hashable
+from collections.abc import AsyncIterator, Callable
 
 from velocity.config import EngineConfig
 from velocity.engine.llm_engine import LLMEngine, RequestOutput
@@ -33,12 +33,13 @@ class AsyncLLMEngine:
 
     # -- any thread ------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: list[Token], params: SamplingParams, callback: Callback,
-                    cache_salt: Hashable = None) -> None:
-        """Validate now (raises ValueError), then queue the request for the engine thread."""
+                    **kwargs) -> None:
+        """Validate now (raises ValueError), then queue the request for the engine thread.
+        kwargs go to LLMEngine.add_request (head=, speaker=)."""
         if self._stopped:
             raise RuntimeError("engine is shut down")
-        self.engine.validate(prompt, params)
-        self._commands.put(("add", request_id, prompt, params, callback, cache_salt))
+        self.engine.validate(prompt, params, **kwargs)
+        self._commands.put(("add", request_id, prompt, params, callback, kwargs))
         self._wake.set()
 
     def abort(self, request_id: str) -> None:
@@ -46,12 +47,12 @@ class AsyncLLMEngine:
         self._wake.set()
 
     async def generate(self, request_id: str, prompt: list[Token], params: SamplingParams,
-                       cache_salt: Hashable = None) -> AsyncIterator[RequestOutput]:
+                       **kwargs) -> AsyncIterator[RequestOutput]:
         """Yield the request's outputs as they are produced; leaving the loop early aborts it."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self.add_request(request_id, prompt, params, lambda o: loop.call_soon_threadsafe(q.put_nowait, o),
-                         cache_salt)
+                         **kwargs)
         finished = False
         try:
             while not finished:
@@ -79,9 +80,9 @@ class AsyncLLMEngine:
             except queue.Empty:
                 return True
             if cmd[0] == "add":
-                _, rid, prompt, params, cb, salt = cmd
+                _, rid, prompt, params, cb, kwargs = cmd
                 try:
-                    self.engine.add_request(rid, prompt, params, salt)
+                    self.engine.add_request(rid, prompt, params, **kwargs)
                     self._callbacks[rid] = cb
                 except Exception as e:  # e.g. a duplicate id: tell that request, go on
                     cb(RequestOutput(rid, len(prompt), [], finished=True, finish_reason="error", error=str(e)))

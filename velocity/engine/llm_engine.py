@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from collections.abc import Hashable
 
 from velocity.config import EngineConfig
 from velocity.engine.block_manager import BlockManager
@@ -53,26 +52,35 @@ class LLMEngine:
                                    config.preemption_mode)
         self.requests: dict[str, Sequence] = {}
 
-    def validate(self, prompt: list[Token], params: SamplingParams) -> None:
+    def validate(self, prompt: list[Token], params: SamplingParams, head: str | None = None,
+                 speaker: object = None) -> None:
         """Raise ValueError naming what is wrong with a request."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be SamplingParams, got {type(params).__name__}")
         params.validate()
+        model = self.worker.model
+        h = model.heads.get(head or model.default_head)
+        if h is None:
+            raise ValueError(f"head must be one of {sorted(model.heads)}, got {head!r}")
+        params.temperatures(h.num_codebooks)           # raises if a per-codebook list has the wrong length
         if len(prompt) == 0:
             raise ValueError("prompt must hold at least one token")
         if len(prompt) >= self.max_model_len:
             raise ValueError(f"prompt length {len(prompt)} must be below max_model_len={self.max_model_len}")
-        vocab = self.worker.model.config.vocab_size
-        bad = [t for t in prompt if not (isinstance(t, int) and 0 <= t < vocab)]
-        if bad:
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab}), got {bad[:5]}")
+        model.check_prompt(prompt)
+        if speaker is not None:
+            model.check_speaker(speaker)
 
     def add_request(self, request_id: str, prompt_token_ids: list[Token], params: SamplingParams,
-                    cache_salt: Hashable = None) -> None:
+                    head: str | None = None, speaker: object = None) -> None:
+        """Queue a request. speaker (audio models): a speaker embedding for this request alone."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        self.validate(prompt_token_ids, params)
-        seq = Sequence(request_id, prompt_token_ids, params, cache_salt)
+        self.validate(prompt_token_ids, params, head, speaker)
+        model = self.worker.model
+        spk, salt = (None, None) if speaker is None else model.check_speaker(speaker)
+        seq = Sequence(request_id, prompt_token_ids, params, cache_salt=salt,
+                       head=head or model.default_head, speaker=spk)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
 
@@ -119,9 +127,12 @@ class LLMEngine:
         return outputs
 
     def check_stop(self, seq: Sequence, tok: Token) -> str | None:
+        """An audio frame stops when any of its codes is a stop token."""
         p = seq.params
         n = len(seq.output_token_ids)
-        if n >= p.min_new_tokens and ((not p.ignore_eos and tok in self.worker.stop_ids) or tok in p.stop_token_ids):
+        stop = set(p.stop_token_ids) | (set() if p.ignore_eos else self.worker.model.heads[seq.head].stop_ids)
+        codes = tok if isinstance(tok, tuple) else (tok,)
+        if n >= p.min_new_tokens and any(c in stop for c in codes):
             return "stop"
         if n >= p.max_new_tokens or len(seq) >= self.max_model_len:
             return "length"

@@ -27,7 +27,7 @@ class Sequence:
     """One generated sequence. Tokens before num_computed_tokens have KV in the cache."""
 
     def __init__(self, request_id: str, prompt_token_ids: list[Token], params: SamplingParams,
-                 cache_salt: Hashable = None) -> None:
+                 cache_salt: Hashable = None, head: str = "text", speaker: object = None) -> None:
         self.seq_id = next(_seq_ids)
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -36,6 +36,8 @@ class Sequence:
         # Anything besides the tokens that changes the KV (a speaker vector's digest):
         # it seeds the prefix-cache hash chain, so different salts never share blocks.
         self.cache_salt = cache_salt
+        self.head = head                   # which output head samples its tokens
+        self.speaker = speaker             # audio models: the speaker embedding (a tensor), or None
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.block_table: list[int] = []

@@ -38,8 +38,9 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     k_cache.view(N * S, Hkv, D).index_copy_(0, md.slot_mapping, k)
     v_cache.view(N * S, Hkv, D).index_copy_(0, md.slot_mapping, v)
     B, W = md.block_tables.shape
-    keys = k_cache[md.block_tables].view(B, W * S, Hkv, D).transpose(1, 2)   # [B, Hkv, L, D]
-    vals = v_cache[md.block_tables].view(B, W * S, Hkv, D).transpose(1, 2)
+    blocks = md.block_tables.view(-1)
+    keys = k_cache.index_select(0, blocks).view(B, W * S, Hkv, D).transpose(1, 2)   # [B, Hkv, L, D]
+    vals = v_cache.index_select(0, blocks).view(B, W * S, Hkv, D).transpose(1, 2)
     if md.q_index is None:
         qb = q.view(B, 1, Hq, D).transpose(1, 2)                               # [B, Hq, 1, D]
     else:

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from velocity.model.attention import AttentionMetadata, paged_attention
+from velocity.model.heads import Head
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -109,37 +110,60 @@ class LlamaBody(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Token ids in, next-token logits out."""
 
+    default_head = "text"
+    pad_token = 0          # what padding rows of a CUDA-graph batch feed in
+
     def __init__(self, cfg) -> None:
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.model = LlamaBody(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        eos = cfg.eos_token_id
+        stop = set() if eos is None else set(eos) if isinstance(eos, (list, tuple)) else {eos}
+        self.heads = {"text": Head("text", lambda h: self.lm_head(h).float()[:, None], 1, cfg.vocab_size, stop)}
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
-        """input_ids: [T] -> hidden [T, H]"""
-        return self.model(self.embed_tokens(input_ids), positions, md)
+    @property
+    def max_positions(self) -> int:
+        return self.config.max_position_embeddings
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [B, H] -> logits [B, V] in float32"""
-        return self.lm_head(hidden).float()
+    def token_tensor(self, tokens: list[int], device: torch.device) -> torch.Tensor:
+        return torch.tensor(tokens, dtype=torch.long, device=device)
 
-    def eos_token_ids(self) -> set[int]:
-        eos = self.config.eos_token_id
-        return set() if eos is None else set(eos) if isinstance(eos, (list, tuple)) else {eos}
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata,
+                overrides: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """input_ids: [T]; overrides: (flat token index [n], embeddings [n, H]) -> hidden [T, H]"""
+        x = self.embed_tokens(input_ids)
+        if overrides is not None:
+            x[overrides[0]] = overrides[1].to(x.dtype)
+        return self.model(x, positions, md)
+
+    def check_prompt(self, prompt: list) -> None:
+        vocab = self.config.vocab_size
+        bad = [t for t in prompt if not (isinstance(t, int) and 0 <= t < vocab)]
+        if bad:
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab}), got {bad[:5]}")
+
+    def check_speaker(self, speaker: object) -> tuple:
+        raise ValueError("speaker is only accepted by audio models (a ChatTTS release folder)")
+
+    def embed_overrides(self, seq, start: int, end: int) -> list[tuple[int, torch.Tensor]]:
+        return []
 
     def fused_weight(self, name: str) -> tuple[str, int, int] | None:
-        """Map a checkpoint tensor name onto (our fused parameter, row offset, rows), or None."""
-        attn = self.model.layers[0].self_attn
-        q, kv = attn.q_size, attn.kv_size
-        inter = self.config.intermediate_size
-        for part, (fused, off, rows) in {
-            "self_attn.q_proj": ("self_attn.qkv_proj", 0, q),
-            "self_attn.k_proj": ("self_attn.qkv_proj", q, kv),
-            "self_attn.v_proj": ("self_attn.qkv_proj", q + kv, kv),
-            "mlp.gate_proj": ("mlp.gate_up_proj", 0, inter),
-            "mlp.up_proj": ("mlp.gate_up_proj", inter, inter),
-        }.items():
-            if f".{part}." in name:
-                return name.replace(part, fused), off, rows
-        return None
+        return fused_weight(self.model.layers[0], name)
+
+
+def fused_weight(layer: LlamaLayer, name: str) -> tuple[str, int, int] | None:
+    """Map a checkpoint tensor name onto (our fused parameter, row offset, rows), or None."""
+    q, kv, inter = layer.self_attn.q_size, layer.self_attn.kv_size, layer.mlp.inter
+    for part, (fused, off, rows) in {
+        "self_attn.q_proj": ("self_attn.qkv_proj", 0, q),
+        "self_attn.k_proj": ("self_attn.qkv_proj", q, kv),
+        "self_attn.v_proj": ("self_attn.qkv_proj", q + kv, kv),
+        "mlp.gate_proj": ("mlp.gate_up_proj", 0, inter),
+        "mlp.up_proj": ("mlp.gate_up_proj", inter, inter),
+    }.items():
+        if f".{part}." in name:
+            return name.replace(part, fused), off, rows
+    return None

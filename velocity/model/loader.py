@@ -118,11 +118,93 @@ def load_llama_causal_lm(path: str | Path, device: torch.device, dtype: torch.dt
     return model.eval()
 
 
+def fold_weight_norm(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """torch weight_norm(dim=0): weight = g * v / ||v||, the norm taken per output row."""
+    v = v.float()
+    return (g.float().view(-1, *([1] * (v.dim() - 1))) * v / v.flatten(1).norm(dim=1).view(-1, *([1] * (v.dim() - 1))))
+
+
+def iter_folded(tensors: Iterator[tuple[Path, str, torch.Tensor]]) -> Iterator[tuple[Path, str, torch.Tensor]]:
+    """Pass tensors through, folding weight-norm pairs X.parametrizations.weight.original0/1 into X.weight."""
+    pending: dict[str, dict[str, tuple[Path, torch.Tensor]]] = {}
+    for file, name, t in tensors:
+        if ".parametrizations.weight.original" in name:
+            base, which = name.split(".parametrizations.weight.")
+            pair = pending.setdefault(base, {})
+            pair[which] = (file, t)
+            if len(pair) == 2:
+                (_, g), (_, v) = pair["original0"], pair["original1"]
+                if g.numel() != v.shape[0]:
+                    raise WeightError(f"{file}: {base}.parametrizations.weight.original0 has {g.numel()} values "
+                                      f"for {v.shape[0]} rows of original1")
+                yield file, f"{base}.weight", fold_weight_norm(g, v)
+                del pending[base]
+        else:
+            yield file, name, t
+    for base, pair in pending.items():
+        missing = {"original0", "original1"} - set(pair)
+        raise WeightError(f"{next(iter(pair.values()))[0]}: {base}.parametrizations.weight.{missing.pop()} missing")
+
+
+def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    if not path.is_file():
+        raise WeightError(f"{path}: weights file missing")
+    try:
+        with safe_open(str(path), framework="pt") as sf:
+            return {n: tuple(sf.get_slice(n).get_shape()) for n in sf.keys()}
+    except Exception as e:
+        raise WeightError(f"{path}: cannot read safetensors ({e})") from e
+
+
+def token_ids(tokenizer_json: Path, names: list[str]) -> dict[str, int | None]:
+    """Ids of special tokens, read from the release's tokenizer.json (vocab and added tokens)."""
+    tok = read_json(tokenizer_json)
+    vocab = dict(tok.get("model", {}).get("vocab", {}))
+    vocab.update({a["content"]: a["id"] for a in tok.get("added_tokens", [])})
+    return {n: vocab.get(n) for n in names}
+
+
+def load_chattts(path: Path, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """A ChatTTS release folder: asset/gpt/{config.json,model.safetensors}, asset/Embed.safetensors,
+    asset/tokenizer/tokenizer.json. Sizes (num_vq, vocabularies) come from the files."""
+    from transformers import LlamaConfig
+
+    from velocity.model.chattts import ChatTTSGPT
+
+    asset = path / "asset"
+    cfg = LlamaConfig(**read_json(asset / "gpt" / "config.json"))
+    embed_file, gpt_file = asset / "Embed.safetensors", asset / "gpt" / "model.safetensors"
+    shapes = tensor_shapes(embed_file)
+    num_vq = sum(1 for n in shapes if n.startswith("emb_code.") and n.endswith(".weight"))
+    if num_vq == 0 or "emb_text.weight" not in shapes:
+        raise WeightError(f"{embed_file}: expected emb_text.weight and emb_code.N.weight tensors")
+    num_text, H = shapes["emb_text.weight"]
+    num_audio = shapes["emb_code.0.weight"][0]
+    if H != cfg.hidden_size:
+        raise WeightError(f"{embed_file}: tensor 'emb_text.weight' has width {H}, but "
+                          f"{asset / 'gpt' / 'config.json'} says hidden_size={cfg.hidden_size}")
+    ids = token_ids(asset / "tokenizer" / "tokenizer.json", ["[spk_emb]", "[Ebreak]"])
+    stop = {ids["[Ebreak]"]} if ids["[Ebreak]"] is not None else set()
+    model = build_empty(lambda: ChatTTSGPT(cfg, num_text, num_audio, num_vq, ids["[spk_emb]"], stop), device, dtype)
+    fill(model.model, iter_safetensors([gpt_file]),
+         rename=lambda n: None if n.startswith("embed_tokens.") or "rotary_emb" in n else n.removeprefix("model."),
+         fused=lambda n: model.fused_weight(n))
+    fill_part(model, iter_folded(iter_safetensors([embed_file])), ("emb_text", "emb_code", "head_text", "head_code"))
+    model.model.init_rope(cfg, device, dtype)
+    return model.eval()
+
+
+def fill_part(model: nn.Module, tensors: Iterator[tuple[Path, str, torch.Tensor]], prefixes: tuple[str, ...]) -> None:
+    """fill() restricted to the parameters under the given top-level names."""
+    part = nn.ModuleDict({p: getattr(model, p) for p in prefixes})
+    fill(part, tensors)
+
+
 def load_model(path: str | Path, device: torch.device, dtype: torch.dtype) -> nn.Module:
     """Tell a ChatTTS release folder from a Hugging Face causal-LM folder, and load it."""
     path = Path(path)
     if not path.exists():
         raise WeightError(f"{path}: model folder not found")
-    if (path / "asset" / "gpt" / "config.json").exists():
-        raise WeightError(f"{path}: ChatTTS release folders are not supported yet")
+    if (path / "asset" / "gpt").is_dir() or (path / "asset" / "Embed.safetensors").exists():
+        return load_chattts(path, device, dtype)
     return load_llama_causal_lm(path, device, dtype)

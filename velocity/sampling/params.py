@@ -9,13 +9,17 @@ from dataclasses import dataclass, field
 class SamplingParams:
     """How one request samples; every field applies to that request alone.
 
-    temperature 0 is greedy (exact argmax). top_k 0 and top_p 1 switch those filters off.
+    temperature 0 is greedy (exact argmax); for audio frames it may be a list, one per
+    codebook. top_k 0 and top_p 1 switch those filters off. repetition_window None applies
+    transformers' rule (every earlier token, prompt included, penalised once); N applies
+    ChatTTS's (each occurrence in the last N generated frames penalised again, per codebook).
     """
 
-    temperature: float = 1.0
+    temperature: float | list[float] = 1.0
     top_p: float = 1.0
     top_k: int = 0
     repetition_penalty: float = 1.0
+    repetition_window: int | None = None
     seed: int | None = None
     max_new_tokens: int = 256
     min_new_tokens: int = 0
@@ -30,9 +34,11 @@ class SamplingParams:
         def bad(name: str, allowed: str, value: object) -> None:
             raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
-                and self.temperature >= 0):
-            bad("temperature", ">= 0", self.temperature)
+        temps = self.temperature if isinstance(self.temperature, (list, tuple)) else [self.temperature]
+        if not temps or not all(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0 for t in temps):
+            bad("temperature", ">= 0 (one value, or one per codebook)", self.temperature)
+        if isinstance(self.temperature, (list, tuple)) and len(set(t == 0 for t in temps)) > 1:
+            bad("temperature", "all zero (greedy) or all above zero", self.temperature)
         if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
             bad("top_p", "in (0, 1]", self.top_p)
         if not (isinstance(self.top_k, int) and self.top_k >= 0):
@@ -44,9 +50,22 @@ class SamplingParams:
             bad("max_new_tokens", "an integer >= 1", self.max_new_tokens)
         if not (isinstance(self.min_new_tokens, int) and 0 <= self.min_new_tokens <= self.max_new_tokens):
             bad("min_new_tokens", f"an integer in [0, max_new_tokens={self.max_new_tokens}]", self.min_new_tokens)
+        if self.repetition_window is not None and not (isinstance(self.repetition_window, int)
+                                                       and self.repetition_window >= 1):
+            bad("repetition_window", "None or an integer >= 1", self.repetition_window)
         if self.seed is not None and not isinstance(self.seed, int):
             bad("seed", "an integer or None", self.seed)
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        t = self.temperature
+        return (t[0] if isinstance(t, (list, tuple)) else t) == 0
+
+    def temperatures(self, k: int) -> list[float]:
+        """One temperature per codebook."""
+        t = self.temperature
+        if isinstance(t, (list, tuple)):
+            if len(t) != k:
+                raise ValueError(f"temperature has {len(t)} values; the model has {k} codebooks")
+            return [float(x) for x in t]
+        return [float(t)] * k

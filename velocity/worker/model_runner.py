@@ -42,15 +42,19 @@ class ModelRunner:
 
     # -- inputs ----------------------------------------------------------------------
     def token_tensor(self, tokens: list) -> torch.Tensor:
-        return torch.tensor(tokens, dtype=torch.long, device=self.device)
+        return self.model.token_tensor(tokens, self.device)
 
-    def prepare(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
-        """-> input ids [T], positions [T], attention metadata, logits index [B]"""
+    def prepare(self, seqs: list[Sequence]) -> tuple:
+        """-> input ids [T, ...], positions [T], attention metadata, last-token index [B], overrides"""
         S, dev = self.block_size, self.device
         tokens, positions, slots, last = [], [], [], []
         q_rows: list[range] = []
+        ov_index, ov_vecs = [], []
         for seq in seqs:
             start, end = seq.num_computed_tokens, len(seq)
+            for pos, vec in self.model.embed_overrides(seq, start, end):
+                ov_index.append(len(positions) + pos - start)
+                ov_vecs.append(vec)
             q_rows.append(range(len(positions), len(positions) + end - start))
             tokens += [seq.token(i) for i in range(start, end)]
             positions += range(start, end)
@@ -70,18 +74,18 @@ class ModelRunner:
             md.q_index = q_index
             md.out_index = torch.tensor([b * Q + i for b, r in enumerate(q_rows) for i in range(len(r))], device=dev)
             md.attn_mask = build_attn_mask(pos_t[q_index], W * S)
-        return self.token_tensor(tokens), pos_t, md, torch.tensor(last, device=dev)
+        overrides = (torch.tensor(ov_index, device=dev), torch.stack(ov_vecs).to(dev)) if ov_index else None
+        return self.token_tensor(tokens), pos_t, md, torch.tensor(last, device=dev), overrides
 
     # -- running ---------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, seqs: list[Sequence]) -> torch.Tensor:
-        """-> logits [B, V] for the last token of each sequence"""
+        """-> hidden state [B, H] of the last token of each sequence"""
         is_decode = all(s.num_new_tokens == 1 for s in seqs)
         if is_decode and self.graphs and len(seqs) <= max(self.graphs):
-            return self.model.compute_logits(self._replay(seqs))
-        ids, pos, md, last = self.prepare(seqs)
-        hidden = self.model(ids, pos, md)
-        return self.model.compute_logits(hidden[last])
+            return self._replay(seqs)
+        ids, pos, md, last, overrides = self.prepare(seqs)
+        return self.model(ids, pos, md, overrides)[last]
 
     # -- CUDA graphs -----------------------------------------------------------------
     def _static_forward(self, bs: int) -> torch.Tensor:
@@ -95,7 +99,7 @@ class ModelRunner:
         sizes = graph_batch_sizes(max_num_seqs)
         n, dev = sizes[-1], self.device
         self.static = {
-            "ids": torch.zeros(n, dtype=torch.long, device=dev),
+            "ids": self.model.token_tensor([self.model.pad_token] * n, dev),
             "pos": torch.zeros(n, dtype=torch.long, device=dev),
             "slots": torch.full((n,), self.scratch_block * self.block_size, dtype=torch.long, device=dev),
             "tables": torch.full((n, self.max_blocks_per_seq), self.scratch_block, dtype=torch.long, device=dev),
@@ -123,7 +127,8 @@ class ModelRunner:
         st["slots"][:B] = torch.tensor([s.block_table[p // S] * S + p % S for s, p in zip(seqs, pos)])
         st["tables"][:B] = torch.tensor([s.block_table + [self.scratch_block] * (self.max_blocks_per_seq - len(s.block_table))
                                          for s in seqs])
-        st["ids"][B:bs] = 0   # padding rows: position 0, writing to the scratch block
+        st["ids"][B:bs] = self.model.token_tensor([self.model.pad_token], self.device)  # padding rows:
+        # position 0, writing to the scratch block
         st["pos"][B:bs] = 0
         st["slots"][B:bs] = self.scratch_block * S
         st["tables"][B:bs] = self.scratch_block

@@ -41,7 +41,7 @@ class Worker:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model = load_model(config.model, self.device, self.dtype)
-        model_max = self.model.config.max_position_embeddings
+        model_max = self.model.max_positions
         self.max_model_len = min(config.max_model_len or model_max, model_max)
         block_bytes = bytes_per_block(self.model, config.block_size, self.dtype)
         self.num_blocks = config.num_kv_blocks or self._blocks_from_budget(block_bytes)
@@ -56,7 +56,6 @@ class Worker:
         self.runner = ModelRunner(self.model, config.block_size, self.cache.scratch_block, self.max_model_len,
                                   config.max_num_seqs, self.device, use_graphs)
         self.sampler = Sampler(self.device)
-        self.stop_ids = self.model.eos_token_ids()
 
     def _blocks_from_budget(self, block_bytes: int) -> int:
         if self.device.type != "cuda":
@@ -82,13 +81,25 @@ class Worker:
         pos = torch.arange(num_tokens, device=self.device)
         md = AttentionMetadata(slot_mapping=pos, block_tables=torch.arange(nb, device=self.device)[None],
                                attn_mask=build_attn_mask(pos[None], nb * S), q_index=pos[None])
-        self.model(torch.zeros(num_tokens, dtype=torch.long, device=self.device), pos, md)
+        self.model(self.model.token_tensor([self.model.pad_token] * num_tokens, self.device), pos, md)
         del tmp
         torch.cuda.synchronize()
 
+    @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> list:
-        """Swap blocks, run the batch, sample one token per sequence."""
+        """Swap blocks, run the batch, sample one token per sequence with its own head."""
         self.cache.swap_out(out.swap_out)
         self.cache.swap_in(out.swap_in)
-        logits = self.runner.run(out.seqs)
-        return self.sampler(logits, out.seqs, self.stop_ids)
+        hidden = self.runner.run(out.seqs)                        # [B, H]
+        tokens: list = [None] * len(out.seqs)
+        groups: dict[str, list[int]] = {}
+        for i, seq in enumerate(out.seqs):
+            groups.setdefault(seq.head, []).append(i)
+        for name, rows in groups.items():
+            head = self.model.heads[name]
+            idx = torch.tensor(rows, device=hidden.device)
+            logits = head.fn(hidden[idx] if len(rows) < len(out.seqs) else hidden)   # [b, K, V]
+            sampled = self.sampler(logits, [out.seqs[i] for i in rows], head.stop_ids, head.p_first)
+            for i, t in zip(rows, sampled):
+                tokens[i] = t
+        return tokens

@@ -1,0 +1,183 @@
+#!/usr/bin/env python
+"""Engine benchmark: velocity vs transformers on a ChatTTS-size Llama body (random weights).
+
+Same weights and requests for all: 64 requests, prompt lengths 8-64, output lengths 32-256
+(end token ignored). velocity at 1, 8 and 32 concurrent requests (max_num_seqs), transformers
+`generate` one request at a time, and transformers batched with left padding. Also the batch-1
+decode step time of both against the memory-bandwidth bound (weight bytes / bandwidth measured
+in the same run). Writes JSON and a PNG under docs/benchmarks/.
+
+    .venv/bin/python scripts/bench_engine.py            # full run (~10 min on 2 CPU cores)
+    .venv/bin/python scripts/bench_engine.py --quick    # smaller, for a smoke check
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from velocity import LLM, SamplingParams
+
+ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger("bench_engine")
+
+
+def chattts_body(path: Path, layers: int) -> LlamaForCausalLM:
+    cfg = LlamaConfig(vocab_size=21178, hidden_size=768, intermediate_size=3072, num_attention_heads=12,
+                      num_key_value_heads=12, num_hidden_layers=layers, max_position_embeddings=4096,
+                      eos_token_id=None, bos_token_id=None, pad_token_id=0)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(path)
+    return model
+
+
+def workload(n: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    plens = torch.randint(8, 65, (n,), generator=g).tolist()
+    olens = torch.randint(32, 257, (n,), generator=g).tolist()
+    prompts = [torch.randint(1, 21178, (p,), generator=g).tolist() for p in plens]
+    return prompts, olens
+
+
+def params(n: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True)
+
+
+def bandwidth_gbs() -> float:
+    """Read bandwidth: best of 5 sums over a 512 MiB tensor."""
+    x = torch.ones(128 << 20)
+    best = min(_timed(lambda: x.sum()) for _ in range(5))
+    return x.numel() * 4 / best / 1e9
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+@torch.no_grad()
+def hf_generate(model, prompts: list[list[int]], n: int) -> None:
+    """Greedy generate of exactly n tokens for a batch, left-padded."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
+
+
+def decode_step_time(gen_n) -> float:
+    """(T(n=65) - T(n=1)) / 64: per-token decode time without the prefill, median of 3."""
+    return statistics.median((_timed(lambda: gen_n(65)) - _timed(lambda: gen_n(1))) / 64 for _ in range(3))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="4 layers, fewer requests")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "engine_cpu"))
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    torch.set_grad_enabled(False)
+    layers = 4 if args.quick else 20
+    n_req, n_single = (16, 4) if args.quick else (64, 8)
+    prompts, olens = workload(n_req)
+    res: dict = {"hardware": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+                              "device": args.device, "torch": torch.__version__},
+                 "model": {"hidden": 768, "mlp": 3072, "heads": 12, "layers": layers, "vocab": 21178,
+                           "dtype": "float32"},
+                 "workload": {"requests": n_req, "prompt_len": "8-64", "output_len": "32-256",
+                              "total_output_tokens": sum(olens)}}
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = chattts_body(Path(tmp), layers).to(args.device)
+        weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())
+        res["model"]["weight_bytes"] = weight_bytes
+        bw = bandwidth_gbs()
+        res["bandwidth_GBs"] = bw
+        log.info("weights %.0f MB, read bandwidth %.1f GB/s", weight_bytes / 1e6, bw)
+        runs = {}
+
+        # transformers, one request at a time (a subset: it is slow)
+        t = time.perf_counter()
+        for p, n in tqdm(list(zip(prompts, olens))[:n_single], desc="transformers 1-at-a-time"):
+            hf_generate(hf, [p], n)
+        runs["transformers_one_at_a_time"] = sum(olens[:n_single]) / (time.perf_counter() - t)
+        # transformers, padded batches of 32 (each batch runs to its longest output)
+        bs = min(32, n_req)
+        t = time.perf_counter()
+        for i in tqdm(range(0, n_req, bs), desc="transformers padded batches"):
+            hf_generate(hf, prompts[i:i + bs], max(olens[i:i + bs]))
+        runs["transformers_padded_b32"] = sum(olens) / (time.perf_counter() - t)
+
+        for c in (1, 8, 32):
+            llm = LLM(tmp, device=args.device, max_num_seqs=c, block_size=16, num_kv_blocks=2048)
+            sub = n_single if c == 1 else n_req
+            llm.generate([prompts[0]], params(4))                     # warm up
+            t = time.perf_counter()
+            llm.generate(prompts[:sub], [params(n) for n in olens[:sub]], use_tqdm=True)
+            runs[f"velocity_c{c}"] = sum(olens[:sub]) / (time.perf_counter() - t)
+            if c == 1:
+                v_step = decode_step_time(lambda n: llm.generate([prompts[0]], params(n)))
+            del llm
+        h_step = decode_step_time(lambda n: hf_generate(hf, [prompts[0]], n))
+
+    bound = weight_bytes / (bw * 1e9)
+    res["tokens_per_s"] = runs
+    res["ratios"] = {
+        "velocity_c32_vs_transformers_one_at_a_time": runs["velocity_c32"] / runs["transformers_one_at_a_time"],
+        "velocity_c32_vs_transformers_padded_b32": runs["velocity_c32"] / runs["transformers_padded_b32"],
+        "velocity_c8_vs_transformers_one_at_a_time": runs["velocity_c8"] / runs["transformers_one_at_a_time"],
+        "velocity_c1_vs_transformers_one_at_a_time": runs["velocity_c1"] / runs["transformers_one_at_a_time"],
+    }
+    res["batch1_decode"] = {
+        "velocity_ms": v_step * 1e3, "transformers_ms": h_step * 1e3, "bandwidth_bound_ms": bound * 1e3,
+        "velocity_vs_transformers": v_step / h_step,
+        "velocity_fraction_of_bound": bound / v_step, "transformers_fraction_of_bound": bound / h_step,
+        "velocity_implied_GBs": weight_bytes / v_step / 1e9,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=2))
+    plot(res, out.with_suffix(".png"))
+    log.info(json.dumps({k: res[k] for k in ("tokens_per_s", "ratios", "batch1_decode")}, indent=2))
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})
+    runs = res["tokens_per_s"]
+    names = list(runs)
+    colors = ["#999999" if n.startswith("transformers") else "#1f77b4" for n in names]
+    a.bar(range(len(names)), [runs[n] for n in names], color=colors)
+    a.set_xticks(range(len(names)), [n.replace("_", "\n", 1) for n in names], fontsize=8)
+    a.set_ylabel("output tokens / s")
+    a.set_title(f"Throughput, {res['workload']['requests']} requests, {res['model']['layers']}-layer body")
+    for i, n in enumerate(names):
+        a.text(i, runs[n], f"{runs[n]:.0f}", ha="center", va="bottom", fontsize=8)
+    d = res["batch1_decode"]
+    keys = ["bandwidth_bound_ms", "velocity_ms", "transformers_ms"]
+    b.bar(range(3), [d[k] for k in keys], color=["#2ca02c", "#1f77b4", "#999999"])
+    b.set_xticks(range(3), ["bandwidth\nbound", "velocity", "transformers"])
+    b.set_ylabel("ms per decode step (batch 1)")
+    b.set_title(f"Batch-1 decode vs bound ({res['bandwidth_GBs']:.1f} GB/s read)")
+    for i, k in enumerate(keys):
+        b.text(i, d[k], f"{d[k]:.1f}", ha="center", va="bottom", fontsize=8)
+    fig.suptitle(f"velocity engine on {res['hardware']['device']} ({res['hardware']['threads']} threads)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""The ChatTTS GPT: a Llama body fed embeddings, with text and audio-code tables and heads."""
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+from torch import nn
+
+from velocity.model.attention import AttentionMetadata
+from velocity.model.heads import Head
+from velocity.model.llama import LlamaBody, fused_weight
+
+
+class ChatTTSGPT(nn.Module):
+    """Text positions embed with emb_text; an audio frame embeds as the sum of its num_vq code
+    embeddings. head_code gives all num_vq codes of the next frame at once; head_text is for
+    the text-refine mode. A request's speaker vector replaces the [spk_emb] position's embedding.
+
+    Tokens: an int is a text token; a num_vq-tuple is an audio frame. As a tensor, [T, num_vq]
+    with a text token written as (id, -1, -1, ...).
+    """
+
+    default_head = "audio"
+    pad_token = 0
+
+    def __init__(self, cfg, num_text_tokens: int, num_audio_tokens: int, num_vq: int,
+                 spk_emb_token_id: int | None, text_stop_ids: set[int]) -> None:
+        super().__init__()
+        H = cfg.hidden_size
+        self.config = cfg
+        self.num_vq, self.num_text_tokens, self.num_audio_tokens = num_vq, num_text_tokens, num_audio_tokens
+        self.spk_emb_token_id = spk_emb_token_id
+        self.model = LlamaBody(cfg)
+        self.emb_text = nn.Embedding(num_text_tokens, H)
+        self.emb_code = nn.ModuleList(nn.Embedding(num_audio_tokens, H) for _ in range(num_vq))
+        self.head_text = nn.Linear(H, num_text_tokens, bias=False)
+        self.head_code = nn.ModuleList(nn.Linear(H, num_audio_tokens, bias=False) for _ in range(num_vq))
+        self.heads = {
+            # the last code of the audio vocabulary ends the sequence
+            "audio": Head("audio", self.audio_logits, num_vq, num_audio_tokens, {num_audio_tokens - 1}, p_first=True),
+            "text": Head("text", lambda h: self.head_text(h).float()[:, None], 1, num_text_tokens,
+                         text_stop_ids, p_first=True),
+        }
+
+    @property
+    def max_positions(self) -> int:
+        return self.config.max_position_embeddings
+
+    def audio_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [B, H] -> [B, num_vq, num_audio_tokens]"""
+        return torch.stack([h(hidden) for h in self.head_code], dim=1).float()
+
+    def token_tensor(self, tokens: list, device: torch.device) -> torch.Tensor:
+        pad = (-1,) * (self.num_vq - 1)
+        rows = [(t, *pad) if isinstance(t, int) else t for t in tokens]
+        return torch.tensor(rows, dtype=torch.long, device=device).view(len(tokens), self.num_vq)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids: [T, num_vq] -> [T, H]"""
+        is_text = ids[:, 1:2] < 0 if self.num_vq > 1 else torch.ones_like(ids[:, :1], dtype=torch.bool)
+        text = self.emb_text(ids[:, 0].clamp(0, self.num_text_tokens - 1))
+        audio = sum(emb(ids[:, i].clamp(0, self.num_audio_tokens - 1)) for i, emb in enumerate(self.emb_code))
+        return torch.where(is_text, text, audio)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata,
+                overrides: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        x = self.embed(input_ids)
+        if overrides is not None:
+            x[overrides[0]] = overrides[1].to(x.dtype)
+        return self.model(x, positions, md)
+
+    def fused_weight(self, name: str) -> tuple[str, int, int] | None:
+        return fused_weight(self.model.layers[0], name)
+
+    # -- requests --------------------------------------------------------------------
+    def check_prompt(self, prompt: list) -> None:
+        V = self.num_text_tokens
+        bad = [t for t in prompt if not (isinstance(t, int) and 0 <= t < V)]
+        if bad:
+            raise ValueError(f"prompt token ids must be text token ids, integers in [0, {V}), got {bad[:5]}")
+
+    def check_speaker(self, speaker: object) -> tuple[torch.Tensor, str]:
+        """-> (L2-normalised float32 vector, a digest that salts the prefix cache)"""
+        H = self.config.hidden_size
+        try:
+            v = torch.as_tensor(speaker, dtype=torch.float32).flatten().cpu()
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise ValueError(f"speaker must be {H} floats ({e})") from e
+        if v.numel() != H:
+            raise ValueError(f"speaker must be {H} floats, got {v.numel()}")
+        if not bool(torch.isfinite(v).all()):
+            raise ValueError("speaker must hold finite floats (got NaN or inf)")
+        n = float(v.norm())
+        if n == 0 or not math.isfinite(n):
+            raise ValueError("speaker must not be all zeros")
+        v = v / n
+        return v, hashlib.sha1(v.numpy().tobytes()).hexdigest()
+
+    def embed_overrides(self, seq, start: int, end: int) -> list[tuple[int, torch.Tensor]]:
+        """The [spk_emb] positions of seq in [start, end) take its speaker vector."""
+        if seq.speaker is None or self.spk_emb_token_id is None:
+            return []
+        p = seq.prompt_token_ids
+        return [(i, seq.speaker) for i in range(start, min(end, len(p))) if p[i] == self.spk_emb_token_id]

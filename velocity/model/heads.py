@@ -1,0 +1,19 @@
+"""Output heads: how a model turns hidden states into logits for one kind of token."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(slots=True)
+class Head:
+    """hidden [B, H] -> logits [B, K, V]; K = 1 for text, num_vq for audio frames."""
+
+    name: str
+    fn: Callable[[torch.Tensor], torch.Tensor]
+    num_codebooks: int
+    vocab_size: int
+    stop_ids: set[int] = field(default_factory=set)
+    p_first: bool = False            # top-p before top-k (the ChatTTS reference's order)

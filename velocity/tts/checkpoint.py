@@ -1,0 +1,104 @@
+"""Write a complete folder in the ChatTTS release's layout with seeded random weights.
+
+Random weights give noise, not speech: this is for tests and for `make serve` without the
+release. Sizes: `tiny` (for tests: seconds to load) and `full` (the release's dimensions).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from velocity.tts.tokens import SPECIAL_TOKENS, demo_vocab
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class GPTSize:
+    hidden: int
+    layers: int
+    heads: int
+    mlp: int
+    text_vocab: int          # including the added special tokens
+    audio_vocab: int = 626   # codes 0..624 + the end token 625
+    num_vq: int = 4
+    max_positions: int = 4096
+
+
+SIZES = {
+    "tiny": GPTSize(hidden=64, layers=2, heads=4, mlp=128, text_vocab=1024, max_positions=2048),
+    "full": GPTSize(hidden=768, layers=20, heads=12, mlp=3072, text_vocab=21178),
+}
+
+
+def write_tokenizer(out: Path, text_vocab: int) -> dict[str, int]:
+    """asset/tokenizer: a BertTokenizerFast whose vocabulary + special tokens has text_vocab entries."""
+    from transformers import BertTokenizerFast
+
+    with tempfile.TemporaryDirectory() as tmp:
+        vf = Path(tmp) / "vocab.txt"
+        vf.write_text("\n".join(demo_vocab(text_vocab - len(SPECIAL_TOKENS))) + "\n")
+        tok = BertTokenizerFast(vocab_file=str(vf), do_lower_case=True, tokenize_chinese_chars=True)
+    tok.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS})
+    assert len(tok) == text_vocab, (len(tok), text_vocab)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save_pretrained(str(out))
+    return {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+
+
+def gpt_tensors(s: GPTSize, g: torch.Generator, std: float) -> tuple[dict, dict]:
+    """(asset/gpt/model.safetensors, asset/Embed.safetensors) with the release's names."""
+    def rnd(*shape):
+        return (torch.randn(*shape, generator=g) * std).contiguous()
+
+    H, hd = s.hidden, s.hidden // s.heads
+    gpt = {"norm.weight": torch.ones(H)}
+    for i in range(s.layers):
+        p = f"layers.{i}."
+        gpt |= {p + "self_attn.q_proj.weight": rnd(H, H), p + "self_attn.k_proj.weight": rnd(H, H),
+                p + "self_attn.v_proj.weight": rnd(H, H), p + "self_attn.o_proj.weight": rnd(H, H),
+                p + "mlp.gate_proj.weight": rnd(s.mlp, H), p + "mlp.up_proj.weight": rnd(s.mlp, H),
+                p + "mlp.down_proj.weight": rnd(H, s.mlp),
+                p + "input_layernorm.weight": 1 + rnd(H) * 0.1, p + "post_attention_layernorm.weight": 1 + rnd(H) * 0.1}
+    assert hd * s.heads == H
+    emb = {"emb_text.weight": rnd(s.text_vocab, H)}
+    for i in range(s.num_vq):
+        emb[f"emb_code.{i}.weight"] = rnd(s.audio_vocab, H)
+        emb[f"head_code.{i}.parametrizations.weight.original0"] = 1 + torch.rand(s.audio_vocab, 1, generator=g)
+        emb[f"head_code.{i}.parametrizations.weight.original1"] = rnd(s.audio_vocab, H)
+    emb["head_text.parametrizations.weight.original0"] = 1 + torch.rand(s.text_vocab, 1, generator=g)
+    emb["head_text.parametrizations.weight.original1"] = rnd(s.text_vocab, H)
+    return gpt, emb
+
+
+def gpt_config(s: GPTSize) -> dict:
+    return {"hidden_size": s.hidden, "intermediate_size": s.mlp, "num_attention_heads": s.heads,
+            "num_key_value_heads": s.heads, "num_hidden_layers": s.layers, "max_position_embeddings": s.max_positions,
+            "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu", "attention_bias": False,
+            "mlp_bias": False, "tie_word_embeddings": False, "vocab_size": 32000, "model_type": "llama"}
+
+
+def write_checkpoint(out: str | Path, size: str = "tiny", seed: int = 0) -> Path:
+    """Write out/asset/... in the release's layout; returns out."""
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
+    s, out = SIZES[size], Path(out)
+    asset = out / "asset"
+    (asset / "gpt").mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    std = 0.02 if size == "full" else 0.05
+    gpt, emb = gpt_tensors(s, g, std)
+    save_file(gpt, str(asset / "gpt" / "model.safetensors"))
+    (asset / "gpt" / "config.json").write_text(json.dumps(gpt_config(s), indent=2))
+    save_file(emb, str(asset / "Embed.safetensors"))
+    write_tokenizer(asset / "tokenizer", s.text_vocab)
+    (out / "velocity-demo.json").write_text(json.dumps(
+        {"note": "seeded random weights: noise, not speech", "size": size, "seed": seed, "gpt": asdict(s)}, indent=2))
+    logger.info("wrote %s checkpoint (seed %d) to %s", size, seed, out)
+    return out
