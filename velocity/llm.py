@@ -1,6 +1,7 @@
 """LLM: offline batch generation over the engine."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import fields
 
 from tqdm.auto import tqdm
@@ -20,18 +21,24 @@ class LLM:
         if unknown:
             raise TypeError(f"unknown engine options {sorted(unknown)}; known: {sorted(known)}")
         self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        self._ids = itertools.count()
 
     def generate(self, prompt_token_ids: list[list[Token]],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
-        """One output per prompt, in order. sampling_params: one for all, or one per prompt."""
+                 use_tqdm: bool = False, speakers: list | None = None, head: str | None = None) -> list[RequestOutput]:
+        """One output per prompt, in order. sampling_params: one for all, or one per prompt.
+        Audio models: speakers gives one speaker vector (or None) per prompt; head="text"
+        runs the text-refine head instead of audio frames."""
         params = sampling_params or SamplingParams()
         params = params if isinstance(params, list) else [params] * len(prompt_token_ids)
         if len(params) != len(prompt_token_ids):
             raise ValueError(f"got {len(params)} sampling params for {len(prompt_token_ids)} prompts")
-        ids = [f"offline-{i}" for i in range(len(prompt_token_ids))]
-        for rid, prompt, p in zip(ids, prompt_token_ids, params):
-            self.engine.add_request(rid, prompt, p)
+        speakers = speakers or [None] * len(prompt_token_ids)
+        if len(speakers) != len(prompt_token_ids):
+            raise ValueError(f"got {len(speakers)} speakers for {len(prompt_token_ids)} prompts")
+        ids = [f"offline-{next(self._ids)}" for _ in prompt_token_ids]
+        for rid, prompt, p, spk in zip(ids, prompt_token_ids, params, speakers):
+            self.engine.add_request(rid, prompt, p, head=head, speaker=spk)
         done: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), desc="generating", disable=not use_tqdm) as bar:
             while self.engine.has_unfinished():

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -39,16 +38,22 @@ SIZES = {
 
 def write_tokenizer(out: Path, text_vocab: int) -> dict[str, int]:
     """asset/tokenizer: a BertTokenizerFast whose vocabulary + special tokens has text_vocab entries."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
     from transformers import BertTokenizerFast
 
-    with tempfile.TemporaryDirectory() as tmp:
-        vf = Path(tmp) / "vocab.txt"
-        vf.write_text("\n".join(demo_vocab(text_vocab - len(SPECIAL_TOKENS))) + "\n")
-        tok = BertTokenizerFast(vocab_file=str(vf), do_lower_case=True, tokenize_chinese_chars=True)
+    vocab = demo_vocab(text_vocab - len(SPECIAL_TOKENS))
+    wp = Tokenizer(models.WordPiece({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
+    wp.normalizer = normalizers.BertNormalizer(lowercase=True, handle_chinese_chars=True)
+    wp.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok = BertTokenizerFast(tokenizer_object=wp, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                            sep_token="[SEP]", mask_token="[MASK]")
     tok.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS})
     assert len(tok) == text_vocab, (len(tok), text_vocab)
     out.mkdir(parents=True, exist_ok=True)
     tok.save_pretrained(str(out))
+    (out / "special_tokens_map.json").write_text(json.dumps(
+        {"unk_token": "[UNK]", "pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+         "mask_token": "[MASK]", "additional_special_tokens": SPECIAL_TOKENS}, indent=2))
     return {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
 
 
