@@ -29,10 +29,15 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def build_empty(factory: Callable[[], nn.Module], device: torch.device, dtype: torch.dtype) -> nn.Module:
-    """Construct on the meta device (no memory, no init), then allocate uninitialised storage."""
+    """Construct on the meta device (no memory, no init), then allocate uninitialised storage.
+    Modules with computed (non-checkpoint) buffers refill them in init_buffers()."""
     with default_dtype(dtype), torch.device("meta"):
         model = factory()
-    return model.to_empty(device=device)
+    model = model.to_empty(device=device)
+    for m in model.modules():
+        if hasattr(m, "init_buffers"):
+            m.init_buffers()
+    return model
 
 
 def iter_safetensors(files: list[Path]) -> Iterator[tuple[Path, str, torch.Tensor]]:

@@ -1,0 +1,78 @@
+"""Load the release's DVAE and Vocos from asset/*.safetensors (and write random ones for demos)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from velocity.model.loader import build_empty, fill, iter_safetensors
+from velocity.tts.dvae import DVAE, DVAEConfig
+from velocity.tts.vocos import Vocos, VocosConfig
+
+DVAE_KEEP = ("coef", "decoder.", "out_conv.", "vq_layer.quantizer.rvqs.")
+VOCOS_KEEP = ("backbone.", "head.out.")
+
+
+def _keep(prefixes: tuple[str, ...]):
+    def rename(name: str) -> str | None:   # the encoder, mel extractor and windows are not used
+        return name if name.startswith(prefixes) else None
+    return rename
+
+
+def load_dvae(folder: str | Path, device: torch.device = torch.device("cpu"),
+              dtype: torch.dtype = torch.float32) -> DVAE:
+    model = build_empty(DVAE, device, dtype)
+    fill(model, iter_safetensors([Path(folder) / "asset" / "DVAE.safetensors"]), rename=_keep(DVAE_KEEP))
+    return model.eval()
+
+
+def load_vocos(folder: str | Path, device: torch.device = torch.device("cpu"),
+               dtype: torch.dtype = torch.float32) -> Vocos:
+    model = build_empty(Vocos, device, dtype)
+    fill(model, iter_safetensors([Path(folder) / "asset" / "Vocos.safetensors"]), rename=_keep(VOCOS_KEEP))
+    return model.eval()
+
+
+def _randomise(model: nn.Module, g: torch.Generator, std: float = 0.02) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, p in model.state_dict().items():
+        if name.endswith("gamma"):
+            t = torch.full(p.shape, 0.1)
+        elif name.endswith(("norm.weight", "coef")):
+            t = 1 + torch.rand(p.shape, generator=g) * 0.1
+        elif name.endswith("bias"):
+            t = torch.zeros(p.shape)
+        else:
+            fan_in = p[0].numel() if p.dim() > 1 else 1
+            t = torch.randn(p.shape, generator=g) * max(std, 1 / math.sqrt(fan_in))
+        out[name] = t.contiguous()
+    return out
+
+
+def mel_filterbank(n_fft: int, n_mels: int, sample_rate: int) -> torch.Tensor:
+    """[n_fft/2 + 1, n_mels] triangular HTK mel filters (only stored, for the release's layout)."""
+    def mel(f):
+        return 2595 * torch.log10(1 + f / 700)
+    freqs = torch.linspace(0, sample_rate / 2, n_fft // 2 + 1)
+    pts = 700 * (10 ** (torch.linspace(0, float(mel(torch.tensor(sample_rate / 2.0))), n_mels + 2) / 2595) - 1)
+    lo, mid, hi = pts[:-2], pts[1:-1], pts[2:]
+    up = (freqs[:, None] - lo) / (mid - lo)
+    down = (hi - freqs[:, None]) / (hi - mid)
+    return torch.clamp(torch.minimum(up, down), min=0)
+
+
+def random_dvae_tensors(g: torch.Generator) -> dict[str, torch.Tensor]:
+    t = _randomise(DVAE(DVAEConfig()), g)
+    return t
+
+
+def random_vocos_tensors(g: torch.Generator) -> dict[str, torch.Tensor]:
+    cfg = VocosConfig()
+    t = _randomise(Vocos(cfg), g)
+    t["head.out.weight"] *= 0.1          # keep the random magnitudes moderate
+    t["feature_extractor.mel_spec.spectrogram.window"] = torch.hann_window(cfg.n_fft)
+    t["feature_extractor.mel_spec.mel_scale.fb"] = mel_filterbank(cfg.n_fft, cfg.n_mels, cfg.sample_rate)
+    t["head.istft.window"] = torch.hann_window(cfg.n_fft)
+    return t
