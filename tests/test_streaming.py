@@ -1,0 +1,82 @@
+"""Chunked streaming decode against a whole-utterance decode."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from velocity.tts.audio_models import load_dvae, load_vocos
+from velocity.tts.checkpoint import write_checkpoint
+from velocity.tts.streaming import AudioDecoder, ChunkSchedule, StreamingDecoder
+
+T = 150   # frames: 3.2 s of audio
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory):
+    ckpt = write_checkpoint(tmp_path_factory.mktemp("stream") / "tiny", "tiny", seed=2)
+    return AudioDecoder(load_dvae(ckpt), load_vocos(ckpt))
+
+
+@pytest.fixture(scope="module")
+def frames():
+    g = torch.Generator().manual_seed(0)
+    return [tuple(torch.randint(0, 625, (4,), generator=g).tolist()) for _ in range(T)]
+
+
+@pytest.fixture(scope="module")
+def whole(decoder, frames):
+    return decoder.decode(torch.tensor(frames).T[None])[0]
+
+
+def ser_db(ref: torch.Tensor, x: torch.Tensor) -> float:
+    """Signal-to-error ratio over the whole signal."""
+    return float(10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum().clamp_min(1e-30)))
+
+
+def stream(decoder, frames, schedule, step, **kw):
+    sd = StreamingDecoder(decoder, schedule, **kw)
+    chunks = []
+    for i in range(0, len(frames), step):                # frames arrive a few at a time
+        chunks += sd.push(frames[i:i + step])
+    chunks += sd.push([], final=True)
+    assert [c[0] for c in chunks] == list(range(len(chunks)))
+    return chunks
+
+
+def test_context_is_the_receptive_field(decoder):
+    # DVAE: conv_in 2 + 12 blocks x 6 + out_conv 1 = 75 mel; Vocos: 3 + 8 x 3 = 27; ISTFT 2 -> 104 mel
+    assert decoder.exact_context == 52
+
+
+@pytest.mark.parametrize("schedule,step", [(ChunkSchedule(1, 1), 1), (ChunkSchedule(12, 36), 5),
+                                           (ChunkSchedule(4, 24), 7), (ChunkSchedule(200, 200), 3)])
+def test_exact_context_chunks_equal_the_whole_decode(decoder, frames, whole, schedule, step):
+    chunks = stream(decoder, frames, schedule, step)
+    audio = torch.cat([c[1] for c in chunks])
+    assert audio.shape == whole.shape == (T * 512,)
+    # float32 rounding only: 100 dB SER is about 1e-5 relative error
+    assert ser_db(whole, audio) > 100, ser_db(whole, audio)
+    sizes = [len(c[1]) // 512 for c in chunks]
+    assert sizes[0] == min(schedule.first, T) and sum(sizes) == T
+
+
+def test_seams_have_no_jumps_larger_than_inside_chunks(decoder, frames, whole):
+    chunks = stream(decoder, frames, ChunkSchedule(8, 24), 4)
+    audio = torch.cat([c[1] for c in chunks])
+    diffs = (audio[1:] - audio[:-1]).abs()
+    seams = torch.tensor([sum(len(c[1]) for c in chunks[:i]) - 1 for i in range(1, len(chunks))])
+    assert diffs[seams].max() <= diffs.max()
+    torch.testing.assert_close(diffs[seams], (whole[1:] - whole[:-1]).abs()[seams], rtol=1e-3, atol=1e-6)
+
+
+def test_a_chunk_waits_for_its_lookahead(decoder, frames):
+    sd = StreamingDecoder(decoder, ChunkSchedule(10, 20), lookahead=6)
+    assert sd.push(frames[:15]) == []                    # needs 10 + 6 frames
+    got = sd.push(frames[15:16])
+    assert [i for i, _ in got] == [0] and got[0][1].shape == (10 * 512,)
+
+
+def test_short_lookahead_stays_above_40_db(decoder, frames, whole):
+    """The latency trade: 16 frames (0.34 s) of lookahead instead of the exact 52."""
+    chunks = stream(decoder, frames, ChunkSchedule(12, 36), 4, lookahead=16)
+    assert ser_db(whole, torch.cat([c[1] for c in chunks])) > 40
