@@ -105,3 +105,25 @@ def test_sampling_follows_the_distribution():
 def test_bad_params_name_the_parameter(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SamplingParams(**bad)
+
+
+def test_windowed_penalty_counts_each_occurrence_per_codebook():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(1, 2, 10, generator=g)
+    s = seq(SamplingParams(temperature=0, repetition_penalty=2.0), prompt=[7], out=[(1, 2), (1, 3), (4, 2)])
+
+    def expect(counts):
+        e = logits.clone()
+        for (k, t), n in counts.items():
+            v = e[0, k, t]
+            e[0, k, t] = v * 2.0 ** n if v < 0 else v / 2.0 ** n
+        return e
+
+    sm = Sampler(torch.device("cpu"))
+    # the head's default window (2): frames (1, 3), (4, 2)
+    torch.testing.assert_close(sm.apply_penalties(logits, [s], set(), window=2),
+                               expect({(0, 1): 1, (0, 4): 1, (1, 3): 1, (1, 2): 1}), rtol=0, atol=0)
+    # a request's own window (3) wins: code 1 twice in codebook 0, code 2 twice in codebook 1
+    s.params.repetition_window = 3
+    torch.testing.assert_close(sm.apply_penalties(logits, [s], set(), window=2),
+                               expect({(0, 1): 2, (0, 4): 1, (1, 2): 2, (1, 3): 1}), rtol=0, atol=0)

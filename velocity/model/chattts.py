@@ -38,7 +38,8 @@ class ChatTTSGPT(nn.Module):
         self.head_code = nn.ModuleList(nn.Linear(H, num_audio_tokens, bias=False) for _ in range(num_vq))
         self.heads = {
             # the last code of the audio vocabulary ends the sequence
-            "audio": Head("audio", self.audio_logits, num_vq, num_audio_tokens, {num_audio_tokens - 1}, p_first=True),
+            "audio": Head("audio", self.audio_logits, num_vq, num_audio_tokens, {num_audio_tokens - 1}, p_first=True,
+                          repetition_window=16),
             "text": Head("text", lambda h: self.head_text(h).float()[:, None], 1, num_text_tokens,
                          text_stop_ids, p_first=True),
         }
@@ -65,10 +66,7 @@ class ChatTTSGPT(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata,
                 overrides: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        x = self.embed(input_ids)
-        if overrides is not None:
-            x[overrides[0]] = overrides[1].to(x.dtype)
-        return self.model(x, positions, md)
+        return self.model(self.embed(input_ids), positions, md, overrides)
 
     def fused_weight(self, name: str) -> tuple[str, int, int] | None:
         return fused_weight(self.model.layers[0], name)

@@ -17,3 +17,4 @@ class Head:
     vocab_size: int
     stop_ids: set[int] = field(default_factory=set)
     p_first: bool = False            # top-p before top-k (the ChatTTS reference's order)
+    repetition_window: int | None = None   # used when a request gives none (ChatTTS audio: 16 frames)

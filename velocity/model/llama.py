@@ -99,7 +99,11 @@ class LlamaBody(nn.Module):
         cos, sin = rope(torch.empty(0, device=device, dtype=dtype), pos)
         self.rope_cos, self.rope_sin = cos[0], sin[0]
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata,
+                overrides: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x: [T, H] embeddings; overrides: (token index [n], embeddings [n, H]) replace rows of x."""
+        if overrides is not None:
+            x[overrides[0]] = overrides[1].to(x.dtype)
         cos = self.rope_cos[positions].unsqueeze(1)   # [T, 1, D]
         sin = self.rope_sin[positions].unsqueeze(1)
         for layer in self.layers:
@@ -133,10 +137,7 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata,
                 overrides: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """input_ids: [T]; overrides: (flat token index [n], embeddings [n, H]) -> hidden [T, H]"""
-        x = self.embed_tokens(input_ids)
-        if overrides is not None:
-            x[overrides[0]] = overrides[1].to(x.dtype)
-        return self.model(x, positions, md)
+        return self.model(self.embed_tokens(input_ids), positions, md, overrides)
 
     def check_prompt(self, prompt: list) -> None:
         vocab = self.config.vocab_size

@@ -109,7 +109,7 @@ def load_llama_causal_lm(path: str | Path, device: torch.device, dtype: torch.dt
         raise WeightError(f"{path}: no *.safetensors files (only safetensors are loaded, never pickle)")
     model = build_empty(lambda: LlamaForCausalLM(cfg), device, dtype)
     tie = getattr(cfg, "tie_word_embeddings", False)
-    names = {n for f in files for n in safe_open(str(f), framework="pt").keys()}
+    names = {n for f in files for n in tensor_shapes(f)}
     tie = tie or "lm_head.weight" not in names
     if tie:
         model.lm_head.weight = model.embed_tokens.weight

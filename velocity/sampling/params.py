@@ -10,9 +10,10 @@ class SamplingParams:
     """How one request samples; every field applies to that request alone.
 
     temperature 0 is greedy (exact argmax); for audio frames it may be a list, one per
-    codebook. top_k 0 and top_p 1 switch those filters off. repetition_window None applies
-    transformers' rule (every earlier token, prompt included, penalised once); N applies
-    ChatTTS's (each occurrence in the last N generated frames penalised again, per codebook).
+    codebook. top_k 0 and top_p 1 switch those filters off. repetition_window N applies
+    ChatTTS's rule (each occurrence in the last N generated tokens penalised again, per
+    codebook); None takes the head's default: 16 frames for ChatTTS audio, and for text
+    transformers' rule (every earlier token, prompt included, penalised once).
     """
 
     temperature: float | list[float] = 1.0

@@ -51,12 +51,13 @@ class Sampler:
 
     @torch.no_grad()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence], stop_ids: set[int],
-                 p_first: bool = False) -> list[Token]:
+                 p_first: bool = False, window: int | None = None) -> list[Token]:
+        """window: the repetition window of requests that set none (the head's default)."""
         if logits.dim() == 2:
             logits = logits[:, None]
         B, K, V = logits.shape
         dev = logits.device
-        logits = self.apply_penalties(logits, seqs, stop_ids)
+        logits = self.apply_penalties(logits, seqs, stop_ids, window)
         tokens = logits.argmax(dim=-1)                                   # [B, K] greedy rows
         rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if rows:
@@ -77,7 +78,8 @@ class Sampler:
             tokens[idx] = (probs / noise).argmax(dim=-1)                 # exponential race = categorical draw
         return [t[0] if K == 1 else tuple(t) for t in tokens.tolist()]
 
-    def apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence], stop_ids: set[int]) -> torch.Tensor:
+    def apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence], stop_ids: set[int],
+                        window: int | None = None) -> torch.Tensor:
         """Repetition penalty and min_new_tokens' stop mask. logits: [B, K, V]"""
         B, K, V = logits.shape
         dev = logits.device
@@ -87,7 +89,7 @@ class Sampler:
             counts = torch.zeros(len(pen), K, V, device=dev)
             for j, i in enumerate(pen):
                 s = seqs[i]
-                w = s.params.repetition_window
+                w = s.params.repetition_window or window
                 # audio frames: only generated frames count (the prompt is text)
                 hist = (s.token_ids if K == 1 else s.output_token_ids) if w is None else s.output_token_ids[-w:]
                 if hist:
