@@ -48,11 +48,11 @@ else
 fi
 # The python stub finds the venv's packages through the venv's bin/ first on PATH.
 [[ -d "$VENV/bin" ]] && export PATH="$VENV/bin:$PATH"
-export VELOCITY_WEIGHTS="$WEIGHTS"
+export VELOCITY_WEIGHTS="$(realpath -m "$WEIGHTS")"
 
 echo "[serve] tritonserver: $server"
 echo "[serve] models:       $REPO"
-echo "[serve] weights:      $WEIGHTS"
+echo "[serve] weights:      $VELOCITY_WEIGHTS"
 echo "[serve] gRPC    localhost:$GRPC_PORT"
 echo "[serve] HTTP    http://localhost:$HTTP_PORT   (ready: /v2/health/ready)"
 echo "[serve] metrics http://localhost:$METRICS_PORT/metrics"
