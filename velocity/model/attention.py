@@ -1,6 +1,7 @@
 """Paged attention in plain torch, vectorized over sequences and blocks."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,8 @@ class AttentionMetadata:
     attn_mask: torch.Tensor           # [B, 1, Q, W * block_size] True where a query may attend
     q_index: torch.Tensor | None = None   # [B, Q] flat token index of each padded query
     out_index: torch.Tensor | None = None  # [T] index into the flattened [B * Q] output
+    context_lens: torch.Tensor | None = None  # [B], decode only: for the C++ decode kernel
+    kernel: Callable | None = None         # cpu_kernels.paged_decode_kernel(), when in use
 
 
 def build_attn_mask(q_pos: torch.Tensor, num_keys: int) -> torch.Tensor:
@@ -37,6 +40,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     N, S, Hkv, _ = k_cache.shape
     k_cache.view(N * S, Hkv, D).index_copy_(0, md.slot_mapping, k)
     v_cache.view(N * S, Hkv, D).index_copy_(0, md.slot_mapping, v)
+    if md.kernel is not None:   # decode: read keys and values straight from the paged cache
+        return md.kernel(q, k_cache, v_cache, md.block_tables, md.context_lens, scale).view(T, Hq * D)
     B, W = md.block_tables.shape
     blocks = md.block_tables.view(-1)
     keys = k_cache.index_select(0, blocks).view(B, W * S, Hkv, D).transpose(1, 2)   # [B, Hkv, L, D]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -30,8 +31,10 @@ class ModelRunner:
     """
 
     def __init__(self, model: nn.Module, block_size: int, scratch_block: int, max_model_len: int,
-                 max_num_seqs: int, device: torch.device, use_cuda_graphs: bool) -> None:
+                 max_num_seqs: int, device: torch.device, use_cuda_graphs: bool,
+                 decode_kernel: Callable | None = None) -> None:
         self.model = model
+        self.decode_kernel = decode_kernel
         self.block_size = block_size
         self.scratch_block = scratch_block
         self.device = device
@@ -67,7 +70,9 @@ class ModelRunner:
         md = AttentionMetadata(slot_mapping=torch.tensor(slots, device=dev),
                                block_tables=torch.tensor(tables, device=dev), attn_mask=None)
         Q = max(len(r) for r in q_rows)
-        if Q == 1:   # decode only
+        if Q == 1 and self.decode_kernel is not None:   # decode only, C++ kernel: no mask needed
+            md.kernel, md.context_lens = self.decode_kernel, pos_t + 1
+        elif Q == 1:   # decode only
             md.attn_mask = build_attn_mask(pos_t[:, None], W * S)
         else:
             q_index = torch.tensor([[r[min(i, len(r) - 1)] for i in range(Q)] for r in q_rows], device=dev)

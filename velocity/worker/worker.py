@@ -8,6 +8,7 @@ import torch
 from velocity.config import EngineConfig
 from velocity.engine.scheduler import SchedulerOutput
 from velocity.model.attention import AttentionMetadata, build_attn_mask
+from velocity.model.cpu_kernels import paged_decode_kernel
 from velocity.model.loader import load_model
 from velocity.sampling.sampler import Sampler
 from velocity.worker.cache_engine import CacheEngine, bytes_per_block
@@ -53,8 +54,9 @@ class Worker:
         self.cache = CacheEngine(self.model, self.num_blocks, self.num_cpu_blocks, config.block_size,
                                  self.device, self.dtype)
         use_graphs = self.device.type == "cuda" and not config.enforce_eager
+        kernel = paged_decode_kernel() if self.device.type == "cpu" and self.dtype == torch.float32 else None
         self.runner = ModelRunner(self.model, config.block_size, self.cache.scratch_block, self.max_model_len,
-                                  config.max_num_seqs, self.device, use_graphs)
+                                  config.max_num_seqs, self.device, use_graphs, kernel)
         self.sampler = Sampler(self.device)
 
     def _blocks_from_budget(self, block_bytes: int) -> int:
