@@ -53,25 +53,32 @@ def params(n: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True)
 
 
-def bandwidth_gbs() -> float:
+def bandwidth_gbs(device: str) -> float:
     """Read bandwidth: best of 5 sums over a 512 MiB tensor."""
-    x = torch.ones(128 << 20)
+    x = torch.ones(128 << 20, device=device)
     best = min(_timed(lambda: x.sum()) for _ in range(5))
     return x.numel() * 4 / best / 1e9
 
 
 def _timed(fn) -> float:
+    _sync()
     t = time.perf_counter()
     fn()
+    _sync()
     return time.perf_counter() - t
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 @torch.no_grad()
 def hf_generate(model, prompts: list[list[int]], n: int) -> None:
     """Greedy generate of exactly n tokens for a batch, left-padded."""
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
     model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
 
 
@@ -85,23 +92,25 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="4 layers, fewer requests")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "engine_cpu"))
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_grad_enabled(False)
     layers = 4 if args.quick else 20
     n_req, n_single = (16, 4) if args.quick else (64, 8)
     prompts, olens = workload(n_req)
+    dev_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     res: dict = {"hardware": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-                              "device": args.device, "torch": torch.__version__},
+                              "device": args.device, "device_name": dev_name, "torch": torch.__version__},
                  "model": {"hidden": 768, "mlp": 3072, "heads": 12, "layers": layers, "vocab": 21178,
-                           "dtype": "float32"},
+                           "dtype": args.dtype},
                  "workload": {"requests": n_req, "prompt_len": "8-64", "output_len": "32-256",
                               "total_output_tokens": sum(olens)}}
     with tempfile.TemporaryDirectory() as tmp:
-        hf = chattts_body(Path(tmp), layers).to(args.device)
+        hf = chattts_body(Path(tmp), layers).to(args.device, getattr(torch, args.dtype))
         weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())
         res["model"]["weight_bytes"] = weight_bytes
-        bw = bandwidth_gbs()
+        bw = bandwidth_gbs(args.device)
         res["bandwidth_GBs"] = bw
         log.info("weights %.0f MB, read bandwidth %.1f GB/s", weight_bytes / 1e6, bw)
         runs = {}
@@ -118,13 +127,15 @@ def main() -> None:
             hf_generate(hf, prompts[i:i + bs], max(olens[i:i + bs]))
         runs["transformers_padded_b32"] = sum(olens) / (time.perf_counter() - t)
 
-        for c in (1, 8, 32):
-            llm = LLM(tmp, device=args.device, max_num_seqs=c, block_size=16, num_kv_blocks=2048)
+        cuda = args.device.startswith("cuda")
+        for c, eager in [(1, False), (8, False), (32, False)] + ([(32, True)] if cuda else []):
+            llm = LLM(tmp, device=args.device, dtype=args.dtype, max_num_seqs=c, block_size=16, num_kv_blocks=2048,
+                      enforce_eager=eager)
             sub = n_single if c == 1 else n_req
             llm.generate([prompts[0]], params(4))                     # warm up
             t = time.perf_counter()
             llm.generate(prompts[:sub], [params(n) for n in olens[:sub]], use_tqdm=True)
-            runs[f"velocity_c{c}"] = sum(olens[:sub]) / (time.perf_counter() - t)
+            runs[f"velocity_c{c}" + ("_eager" if eager else "")] = sum(olens[:sub]) / (time.perf_counter() - t)
             if c == 1:
                 v_step = decode_step_time(lambda n: llm.generate([prompts[0]], params(n)))
             del llm
@@ -138,6 +149,8 @@ def main() -> None:
         "velocity_c8_vs_transformers_one_at_a_time": runs["velocity_c8"] / runs["transformers_one_at_a_time"],
         "velocity_c1_vs_transformers_one_at_a_time": runs["velocity_c1"] / runs["transformers_one_at_a_time"],
     }
+    if "velocity_c32_eager" in runs:
+        res["ratios"]["velocity_c32_cuda_graphs_vs_eager"] = runs["velocity_c32"] / runs["velocity_c32_eager"]
     res["batch1_decode"] = {
         "velocity_ms": v_step * 1e3, "transformers_ms": h_step * 1e3, "bandwidth_bound_ms": bound * 1e3,
         "velocity_vs_transformers": v_step / h_step,
@@ -174,7 +187,9 @@ def plot(res: dict, path: Path) -> None:
     b.set_title(f"Batch-1 decode vs bound ({res['bandwidth_GBs']:.1f} GB/s read)")
     for i, k in enumerate(keys):
         b.text(i, d[k], f"{d[k]:.1f}", ha="center", va="bottom", fontsize=8)
-    fig.suptitle(f"velocity engine on {res['hardware']['device']} ({res['hardware']['threads']} threads)")
+    hw = res["hardware"]
+    where = hw.get("device_name") if hw["device"] != "cpu" else f"cpu ({hw['threads']} threads)"
+    fig.suptitle(f"velocity engine on {where}, {res['model']['dtype']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -6,9 +6,26 @@ import torch
 
 from llama_ref import assert_same, hf_greedy, make_llama, prompts
 from velocity import LLM, SamplingParams
+from velocity.worker.model_runner import graph_batch_sizes, graph_context_blocks
 
-pytestmark = [pytest.mark.cuda,
+needs_cuda = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")]
+
+
+def test_graph_shapes_cover_every_batch_and_context():
+    """Runs on CPU: the captured (batch, width) grid covers every batch size and context length."""
+    assert graph_batch_sizes(1) == [1] and graph_batch_sizes(12) == [1, 2, 4, 8, 12]
+    assert graph_batch_sizes(32) == [1, 2, 4, 8, 16, 32]
+    assert graph_context_blocks(256, 16) == [4, 8, 16, 32, 64, 128, 256]
+    assert graph_context_blocks(3, 16) == [3]
+    assert graph_context_blocks(7, 16) == [4, 7]
+    for max_blocks in range(1, 300, 7):
+        w = graph_context_blocks(max_blocks, 16)
+        assert w == sorted(set(w)) and w[-1] == max_blocks
+        # the chosen width is never more than 2x what the batch needs (beyond the smallest)
+        for need in range(1, max_blocks + 1):
+            chosen = next(x for x in w if x >= need)
+            assert chosen <= max(2 * need, w[0])
 
 
 def greedy(n):
@@ -16,6 +33,8 @@ def greedy(n):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@needs_cuda[0]
+@needs_cuda[1]
 def test_cuda_graph_decode_equals_eager(tmp_path, dtype):
     make_llama(tmp_path, num_attention_heads=8, num_key_value_heads=2, hidden_size=128)
     ps = prompts([1, 5, 17, 33, 64, 2, 9, 40, 3, 70, 12], seed=4)   # 11: padded up to the 16 graph
@@ -23,7 +42,10 @@ def test_cuda_graph_decode_equals_eager(tmp_path, dtype):
     for eager in (True, False):
         llm = LLM(str(tmp_path), device="cuda", dtype=dtype, block_size=16, num_kv_blocks=512,
                   max_num_seqs=16, enforce_eager=eager)
-        assert bool(llm.engine.worker.runner.graphs) is not eager
+        runner = llm.engine.worker.runner
+        assert bool(runner.graphs) is not eager
+        if not eager:    # prompts of 1..70 tokens + 32 new: decoding crosses the 64- and 128-token widths
+            assert {w * 16 for _, w in runner.graphs} >= {64, 128}
         outs[eager] = [o.token_ids for o in llm.generate(ps, greedy(32))]
         # batches of every size 1..11 replay graphs as requests finish at different times
         outs[eager, "mixed"] = [o.token_ids for o in llm.generate(ps, [greedy(4 + 3 * i) for i in range(len(ps))])]
@@ -31,6 +53,8 @@ def test_cuda_graph_decode_equals_eager(tmp_path, dtype):
     assert_same(outs[False, "mixed"], outs[True, "mixed"], ps, f"CUDA graphs vs eager, staggered ({dtype})")
 
 
+@needs_cuda[0]
+@needs_cuda[1]
 def test_cuda_float32_equals_transformers(tmp_path):
     torch.backends.cuda.matmul.allow_tf32 = False
     model = make_llama(tmp_path)
@@ -38,3 +62,33 @@ def test_cuda_float32_equals_transformers(tmp_path):
     refs = [hf_greedy(model, p, 24) for p in ps]
     llm = LLM(str(tmp_path), device="cuda", dtype="float32", block_size=16, num_kv_blocks=256, max_num_seqs=8)
     assert_same([o.token_ids for o in llm.generate(ps, greedy(24))], refs, ps, "CUDA graphs fp32 vs transformers")
+
+
+@needs_cuda[0]
+@needs_cuda[1]
+def test_chattts_frames_on_cuda_graphs_equal_reference_and_seeds_match_eager(tmp_path):
+    """Four-codebook frames and speakers through the captured graphs: fp32 greedy equals the plain
+    CPU reference; a seeded sampled request gives the same frames with graphs and eager."""
+    from chattts_ref import RefChatTTS
+    from velocity.tts.checkpoint import write_checkpoint
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
+    ref = RefChatTTS(ckpt)
+    texts = ["hello", "hello world this is speech", "你好世界", "a", "the world and you and it is to speech"]
+    ps = [ref.ids(f"[Stts][spk_emb][speed_5]{t}[Ptts]") for t in texts]
+    g = torch.Generator().manual_seed(3)
+    spk = [torch.randn(64, generator=g) for _ in texts]
+    refs = [ref.greedy_frames(p, 16, s) for p, s in zip(ps, spk)]
+    sampled = SamplingParams(temperature=0.7, top_p=0.9, top_k=20, repetition_penalty=1.05, max_new_tokens=16, seed=5)
+    seeded = {}
+    for eager in (False, True):
+        llm = LLM(str(ckpt), device="cuda", dtype="float32", block_size=16, num_kv_blocks=256, max_num_seqs=8,
+                  enforce_eager=eager)
+        got = [o.token_ids for o in llm.generate(ps, SamplingParams(temperature=0.0, max_new_tokens=16),
+                                                 speakers=spk)]
+        for i, (a, r) in enumerate(zip(got, refs)):
+            assert a == r, f"eager={eager} prompt {i}:\n velocity:  {a}\n reference: {r}"
+        seeded[eager] = [o.token_ids for o in llm.generate(ps, sampled, speakers=spk)]
+        assert llm.engine.block_manager.num_used_blocks == 0
+    assert seeded[False] == seeded[True]

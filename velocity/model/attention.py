@@ -43,7 +43,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     if md.kernel is not None:   # decode: read keys and values straight from the paged cache
         return md.kernel(q, k_cache, v_cache, md.block_tables, md.context_lens, scale).view(T, Hq * D)
     B, W = md.block_tables.shape
-    blocks = md.block_tables.view(-1)
+    blocks = md.block_tables.reshape(-1)
     keys = k_cache.index_select(0, blocks).view(B, W * S, Hkv, D).transpose(1, 2)   # [B, Hkv, L, D]
     vals = v_cache.index_select(0, blocks).view(B, W * S, Hkv, D).transpose(1, 2)
     if md.q_index is None:

@@ -22,12 +22,27 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     return sizes + [max_num_seqs]
 
 
+def graph_context_blocks(max_blocks: int, block_size: int, smallest_tokens: int = 64) -> list[int]:
+    """Context widths (in blocks) to capture: 64, 128, 256, ... tokens, then max_blocks.
+
+    A decode graph attends over its whole captured width (a masked dense attention), so one
+    graph per width keeps the work within 2x of the batch's longest context instead of
+    always paying for max_model_len.
+    """
+    widths, tokens = [], smallest_tokens
+    while -(-tokens // block_size) < max_blocks:
+        widths.append(-(-tokens // block_size))
+        tokens *= 2
+    return sorted(set(widths)) + [max_blocks]
+
+
 class ModelRunner:
     """Prepares positions, slot mapping, block tables and masks for a mixed prefill/decode batch.
 
     On CUDA (unless enforce_eager) decode-only steps replay CUDA graphs captured for batch
-    sizes 1, 2, 4, ... max_num_seqs, largest first with one memory pool; a batch is padded
-    up to the next captured size, its padding rows writing to the scratch block.
+    sizes 1, 2, 4, ... max_num_seqs and context widths 64, 128, ... max_model_len tokens,
+    largest first with one memory pool; a batch is padded up to the next captured size and
+    width, its padding rows writing to the scratch block.
     """
 
     def __init__(self, model: nn.Module, block_size: int, scratch_block: int, max_model_len: int,
@@ -39,7 +54,7 @@ class ModelRunner:
         self.scratch_block = scratch_block
         self.device = device
         self.max_blocks_per_seq = -(-max_model_len // block_size)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}   # (batch, context blocks) ->
         if use_cuda_graphs:
             self.capture(max_num_seqs)
 
@@ -87,21 +102,22 @@ class ModelRunner:
     def run(self, seqs: list[Sequence]) -> torch.Tensor:
         """-> hidden state [B, H] of the last token of each sequence"""
         is_decode = all(s.num_new_tokens == 1 for s in seqs)
-        if is_decode and self.graphs and len(seqs) <= max(self.graphs):
+        if is_decode and self.graphs and len(seqs) <= self.graph_sizes[-1]:
             return self._replay(seqs)
         ids, pos, md, last, overrides = self.prepare(seqs)
         return self.model(ids, pos, md, overrides)[last]
 
     # -- CUDA graphs -----------------------------------------------------------------
-    def _static_forward(self, bs: int) -> torch.Tensor:
+    def _static_forward(self, bs: int, width: int) -> torch.Tensor:
         st = self.static
-        md = AttentionMetadata(slot_mapping=st["slots"][:bs], block_tables=st["tables"][:bs],
-                               attn_mask=build_attn_mask(st["pos"][:bs, None], self.max_blocks_per_seq * self.block_size))
+        md = AttentionMetadata(slot_mapping=st["slots"][:bs], block_tables=st["tables"][:bs, :width],
+                               attn_mask=build_attn_mask(st["pos"][:bs, None], width * self.block_size))
         return self.model(st["ids"][:bs], st["pos"][:bs], md)
 
     @torch.inference_mode()
     def capture(self, max_num_seqs: int) -> None:
-        sizes = graph_batch_sizes(max_num_seqs)
+        self.graph_sizes = sizes = graph_batch_sizes(max_num_seqs)
+        self.graph_widths = widths = graph_context_blocks(self.max_blocks_per_seq, self.block_size)
         n, dev = sizes[-1], self.device
         self.static = {
             "ids": self.model.token_tensor([self.model.pad_token] * n, dev),
@@ -109,33 +125,37 @@ class ModelRunner:
             "slots": torch.full((n,), self.scratch_block * self.block_size, dtype=torch.long, device=dev),
             "tables": torch.full((n, self.max_blocks_per_seq), self.scratch_block, dtype=torch.long, device=dev),
         }
-        self.graph_out: dict[int, torch.Tensor] = {}
+        self.graph_out: dict[tuple[int, int], torch.Tensor] = {}
         pool = None
-        for bs in reversed(sizes):   # largest first: smaller graphs reuse its pool memory
-            self._static_forward(bs)  # warm up (lazy init, autotuning) outside the graph
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                self.graph_out[bs] = self._static_forward(bs)
-            pool = g.pool() if pool is None else pool
-            self.graphs[bs] = g
+        for w in reversed(widths):   # largest first: smaller graphs reuse its pool memory
+            for bs in reversed(sizes):
+                self._static_forward(bs, w)  # warm up (lazy init, autotuning) outside the graph
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    self.graph_out[bs, w] = self._static_forward(bs, w)
+                pool = g.pool() if pool is None else pool
+                self.graphs[bs, w] = g
         torch.cuda.synchronize()
-        logger.info("captured CUDA graphs for decode batch sizes %s", sizes)
+        logger.info("captured %d CUDA graphs: decode batch sizes %s x context widths %s tokens", len(self.graphs),
+                    sizes, [w * self.block_size for w in widths])
 
     def _replay(self, seqs: list[Sequence]) -> torch.Tensor:
         B = len(seqs)
-        bs = next(b for b in sorted(self.graphs) if b >= B)
+        bs = next(b for b in self.graph_sizes if b >= B)
+        w = next(w for w in self.graph_widths if w >= max(len(s.block_table) for s in seqs))
         S, st = self.block_size, self.static
         pos = [len(s) - 1 for s in seqs]
         st["ids"][:B] = self.token_tensor([s.token(p) for s, p in zip(seqs, pos)])
-        st["pos"][:B] = torch.tensor(pos)
-        st["slots"][:B] = torch.tensor([s.block_table[p // S] * S + p % S for s, p in zip(seqs, pos)])
-        st["tables"][:B] = torch.tensor([s.block_table + [self.scratch_block] * (self.max_blocks_per_seq - len(s.block_table))
-                                         for s in seqs])
-        st["ids"][B:bs] = self.model.token_tensor([self.model.pad_token], self.device)  # padding rows:
-        # position 0, writing to the scratch block
+        rows = [[p, s.block_table[p // S] * S + p % S] for s, p in zip(seqs, pos)]
+        pos_slots = torch.tensor(rows, dtype=torch.long).T.to(self.device, non_blocking=True)   # [2, B]
+        st["pos"][:B], st["slots"][:B] = pos_slots[0], pos_slots[1]
+        tables = torch.tensor([s.block_table + [self.scratch_block] * (w - len(s.block_table)) for s in seqs])
+        st["tables"][:B, :w] = tables.to(self.device, non_blocking=True)
+        # padding rows: position 0, writing to the scratch block
+        st["ids"][B:bs] = self.model.token_tensor([self.model.pad_token], self.device)
         st["pos"][B:bs] = 0
         st["slots"][B:bs] = self.scratch_block * S
-        st["tables"][B:bs] = self.scratch_block
-        self.graphs[bs].replay()
-        return self.graph_out[bs][:B]
+        st["tables"][B:bs, :w] = self.scratch_block
+        self.graphs[bs, w].replay()
+        return self.graph_out[bs, w][:B]
