@@ -90,7 +90,7 @@ def read_json(path: Path) -> dict:
     if not path.is_file():
         raise WeightError(f"{path}: file missing")
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise WeightError(f"{path}: not valid JSON ({e})") from e
 

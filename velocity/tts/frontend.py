@@ -1,6 +1,7 @@
 """Text front end: normalise, split into sentences, build the prompt, tokenize with the release's tokenizer."""
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,8 @@ class TextFrontend:
         if not (path / "tokenizer.json").is_file():
             raise FileNotFoundError(f"{path / 'tokenizer.json'}: tokenizer file missing")
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+        cfg = Path(folder) / "asset" / "gpt" / "config.json"
+        self.speaker_dim = json.loads(cfg.read_text(encoding="utf-8")).get("hidden_size", 768) if cfg.is_file() else 768
         vocab = self.tokenizer.get_vocab()
         self.normalizer = Normalizer(keep=lambda ch: ch in vocab)
 

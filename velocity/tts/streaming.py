@@ -45,6 +45,47 @@ class ChunkSchedule:
             end += self.rest
 
 
+@dataclass
+class CodeChunk:
+    """Frames [start - context, end + lookahead) as far as known; the audio kept is `length` frames."""
+
+    index: int
+    codes: list[tuple[int, ...]]
+    context: int                   # leading frames that are context only
+    length: int                    # frames whose audio this chunk produces
+
+
+class FrameChunker:
+    """Cuts a stream of frames into chunks: push(frames) -> chunks ready now; finish() -> the rest.
+    A chunk is ready once `lookahead` frames past its end exist."""
+
+    def __init__(self, schedule: ChunkSchedule, left: int, lookahead: int) -> None:
+        self.schedule, self.left, self.lookahead = schedule, left, lookahead
+        self.frames: list[tuple[int, ...]] = []
+        self._bounds = schedule.bounds()
+        self._next_end = next(self._bounds)
+        self.emitted = 0           # frames already handed out in chunks
+        self.index = 0
+
+    def _cut(self, end: int) -> CodeChunk:
+        lo, hi = max(0, self.emitted - self.left), min(len(self.frames), end + self.lookahead)
+        chunk = CodeChunk(self.index, self.frames[lo:hi], self.emitted - lo, end - self.emitted)
+        self.index += 1
+        self.emitted = end
+        return chunk
+
+    def push(self, frames: list[tuple[int, ...]]) -> list[CodeChunk]:
+        self.frames += frames
+        out = []
+        while len(self.frames) >= self._next_end + self.lookahead:
+            out.append(self._cut(self._next_end))
+            self._next_end = next(self._bounds)
+        return out
+
+    def finish(self) -> list[CodeChunk]:
+        return [self._cut(len(self.frames))] if len(self.frames) > self.emitted else []
+
+
 class AudioDecoder:
     """codes -> waveform through DVAE and Vocos. samples_per_frame = 2 mel frames * hop."""
 
@@ -58,17 +99,10 @@ class AudioDecoder:
         """codes [B, num_vq, T] -> audio [B, T * 512]"""
         return self.vocos(self.dvae(codes))
 
-    @torch.inference_mode()
-    def decode_span(self, codes: torch.Tensor, start: int, end: int, left: int | None = None,
-                    lookahead: int | None = None) -> torch.Tensor:
-        """Audio of frames [start, end) from the codes around them. codes: [B, num_vq, T] (all known
-        so far; frames past `end + lookahead` are not read) -> [B, (end - start) * 512]"""
-        left = self.exact_context if left is None else left
-        lookahead = self.exact_context if lookahead is None else lookahead
-        lo, hi = max(0, start - left), min(codes.shape[-1], end + lookahead)
-        audio = self.decode(codes[..., lo:hi])
+    def decode_chunk(self, codes: torch.Tensor, context: int, length: int) -> torch.Tensor:
+        """codes [B, num_vq, T] of a chunk -> audio of its frames [context, context + length)"""
         n = self.samples_per_frame
-        return audio[..., (start - lo) * n:(end - lo) * n]
+        return self.decode(codes)[..., context * n:(context + length) * n]
 
 
 class StreamingDecoder:
@@ -76,29 +110,12 @@ class StreamingDecoder:
 
     def __init__(self, decoder: AudioDecoder, schedule: ChunkSchedule = ChunkSchedule(),
                  left: int | None = None, lookahead: int | None = None) -> None:
-        self.decoder, self.schedule = decoder, schedule
-        self.left = decoder.exact_context if left is None else left
-        self.lookahead = decoder.exact_context if lookahead is None else lookahead
-        self.frames: list[tuple[int, ...]] = []
-        self._bounds = schedule.bounds()
-        self._next_end = next(self._bounds)
-        self.emitted = 0           # frames whose audio has been returned
-        self.chunk_index = 0
+        self.decoder = decoder
+        self.chunker = FrameChunker(schedule, decoder.exact_context if left is None else left,
+                                    decoder.exact_context if lookahead is None else lookahead)
 
     def push(self, frames: list[tuple[int, ...]], final: bool = False) -> list[tuple[int, torch.Tensor]]:
         """Add frames; returns [(chunk index, audio [n * 512])] for every chunk now complete."""
-        self.frames += frames
-        out = []
-        while True:
-            end = min(self._next_end, len(self.frames)) if final else self._next_end
-            ready = final or len(self.frames) >= end + self.lookahead
-            if not ready or end <= self.emitted:
-                break
-            codes = torch.tensor(self.frames, dtype=torch.long).T[None]        # [1, num_vq, T]
-            audio = self.decoder.decode_span(codes, self.emitted, end, self.left, self.lookahead)[0]
-            out.append((self.chunk_index, audio))
-            self.chunk_index += 1
-            self.emitted = end
-            if end == self._next_end:
-                self._next_end = next(self._bounds)
-        return out
+        chunks = self.chunker.push(frames) + (self.chunker.finish() if final else [])
+        return [(c.index, self.decoder.decode_chunk(torch.tensor(c.codes, dtype=torch.long).T[None],
+                                                     c.context, c.length)[0]) for c in chunks]

@@ -1,0 +1,45 @@
+"""Triton adapter: the `tts` stream through BLS, chunks joined in CHUNK_INDEX order."""
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from velocity.serving.requests import parse_tts_request
+from velocity.serving.settings import Settings
+from velocity.tts.frontend import TextFrontend
+
+INPUTS = ["TEXT", "PROMPT", "SPEAKER", "TEMPERATURE", "TOP_P", "TOP_K", "REPETITION_PENALTY", "MAX_NEW_TOKENS", "SEED"]
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        self.settings = Settings.from_env()
+        try:
+            self.frontend = TextFrontend(self.settings.weights)
+        except Exception as e:
+            raise pb_utils.TritonModelException(f"tts_offline: cannot load {self.settings.weights}: {e}")
+
+    def execute(self, requests: list) -> list:
+        return [self._one(r) for r in requests]
+
+    def _one(self, request):
+        inputs = [t for n in INPUTS if (t := pb_utils.get_input_tensor_by_name(request, n)) is not None]
+        # Validate here too: an error from inside the ensemble loses its code (INVALID_ARG would
+        # reach the client as INTERNAL). The front end is cheap next to generation.
+        get = lambda name: (t.as_numpy() if (t := pb_utils.get_input_tensor_by_name(request, name)) is not None  # noqa: E731
+                            else None)
+        try:
+            parse_tts_request(get, self.settings, self.frontend)
+        except ValueError as e:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))
+        bls = pb_utils.InferenceRequest(model_name="tts", requested_output_names=["WAVEFORM", "CHUNK_INDEX"],
+                                        inputs=inputs)
+        chunks = {}
+        for resp in bls.exec(decoupled=True):
+            if resp.has_error():
+                return pb_utils.InferenceResponse(error=resp.error())
+            wav = pb_utils.get_output_tensor_by_name(resp, "WAVEFORM")
+            if wav is None:          # the empty final response
+                continue
+            idx = int(pb_utils.get_output_tensor_by_name(resp, "CHUNK_INDEX").as_numpy().reshape(-1)[0])
+            chunks[idx] = wav.as_numpy().reshape(-1)
+        audio = np.concatenate([chunks[i] for i in sorted(chunks)]) if chunks else np.zeros(0, np.float32)
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("WAVEFORM", audio[None].astype(np.float32))])

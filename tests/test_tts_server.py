@@ -1,0 +1,252 @@
+"""The model repository on a real tritonserver with the tiny demo checkpoint."""
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from triton_server import ROOT, TritonServer
+from velocity.tts.checkpoint import write_checkpoint
+
+pytestmark = pytest.mark.server
+
+DTYPES = {"TEXT": ("BYTES", object), "PROMPT": ("BYTES", object), "SPEAKER": ("BYTES", object),
+          "TEMPERATURE": ("FP32", np.float32), "TOP_P": ("FP32", np.float32), "TOP_K": ("INT32", np.int32),
+          "REPETITION_PENALTY": ("FP32", np.float32), "MAX_NEW_TOKENS": ("INT32", np.int32),
+          "SEED": ("INT64", np.int64)}
+
+
+def make_inputs(module, values: dict):
+    out = []
+    for name, v in values.items():
+        dt, np_t = DTYPES[name]
+        arr = np.array([[v.encode() if isinstance(v, str) else v]], dtype=np_t)
+        t = module.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr)
+        out.append(t)
+    return out
+
+
+def stream_tts(url: str, values: dict, timeout: float = 120) -> tuple[list[tuple[int, np.ndarray]], str | None]:
+    """One request on its own gRPC stream: [(chunk index, audio)], error or None."""
+    client = grpcclient.InferenceServerClient(url)
+    got: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    client.async_stream_infer("tts", make_inputs(grpcclient, values), enable_empty_final_response=True)
+    chunks, error = [], None
+    try:
+        while True:
+            result, err = got.get(timeout=timeout)
+            if err is not None:
+                error = str(err)
+                break
+            # The ensemble may put the final flag on the last chunk's response or send it empty.
+            if result.as_numpy("WAVEFORM") is not None:
+                chunks.append((int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0]),
+                               result.as_numpy("WAVEFORM").reshape(-1)))
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    return chunks, error
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tts")
+    ckpt = write_checkpoint(d / "tiny", "tiny", seed=0)
+    s = TritonServer(repo=ROOT / "model_repository", log_path=d / "server.log",
+                     env={"VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_KV_CACHE_BYTES": str(32 << 20),
+                          "VELOCITY_MAX_NEW_TOKENS": "200", "VELOCITY_CHUNK_FIRST": "4",
+                          "VELOCITY_CHUNK_REST": "8", "VELOCITY_LOOKAHEAD": "4"})
+    s.start(timeout=400)
+    yield s
+    s.stop()
+
+
+GOOD = {"TEXT": "Hello world. 你好，世界。", "SEED": 7, "MAX_NEW_TOKENS": 24, "TEMPERATURE": 0.8}
+
+
+def test_stream_in_order_whole_frames_and_seeded(server):
+    chunks, err = stream_tts(server.grpc_url, GOOD)
+    assert err is None, server.log()
+    assert [i for i, _ in chunks] == list(range(len(chunks))) and len(chunks) >= 2
+    audio = np.concatenate([a for _, a in chunks])
+    assert audio.dtype == np.float32 and len(audio) % 512 == 0 and 0 < len(audio) <= 2 * 24 * 512
+    again, _ = stream_tts(server.grpc_url, GOOD)
+    np.testing.assert_array_equal(np.concatenate([a for _, a in again]), audio)
+
+
+def test_offline_equals_stream_over_grpc_and_http(server):
+    chunks, _ = stream_tts(server.grpc_url, GOOD)
+    streamed = np.concatenate([a for _, a in chunks])
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    whole = g.infer("tts_offline", make_inputs(grpcclient, GOOD)).as_numpy("WAVEFORM").reshape(-1)
+    np.testing.assert_allclose(whole, streamed, rtol=0, atol=0)
+    h = httpclient.InferenceServerClient(server.http_url)
+    via_http = h.infer("tts_offline", make_inputs(httpclient, GOOD)).as_numpy("WAVEFORM").reshape(-1)
+    np.testing.assert_array_equal(via_http, streamed)
+
+
+def test_http_generate_stream(server):
+    body = {"TEXT": "Hi there.", "SEED": 3, "MAX_NEW_TOKENS": 16}
+    req = urllib.request.Request(f"http://{server.http_url}/v2/models/tts/generate_stream",
+                                 data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        events = [json.loads(line[6:]) for line in r.read().splitlines() if line.startswith(b"data: ")]
+    chunks = [e for e in events if "WAVEFORM" in e]
+    assert chunks and [e["CHUNK_INDEX"] for e in chunks] == list(range(len(chunks)))
+    grpc_chunks, _ = stream_tts(server.grpc_url, body)
+    np.testing.assert_allclose(np.concatenate([np.asarray(e["WAVEFORM"], np.float32) for e in chunks]),
+                               np.concatenate([a for _, a in grpc_chunks]), rtol=0, atol=1e-6)
+
+
+def test_sixteen_concurrent_streams(server):
+    results = {}
+
+    def run(i):
+        results[i] = stream_tts(server.grpc_url, {"TEXT": f"Stream number {i}.", "SEED": i, "MAX_NEW_TOKENS": 20})
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert len(results) == 16
+    for i, (chunks, err) in results.items():
+        assert err is None and chunks, (i, err)
+        assert [c for c, _ in chunks] == list(range(len(chunks)))
+    for i in (0, 9):   # what a stream got in the crowd is what it gets alone (seeded)
+        alone, _ = stream_tts(server.grpc_url, {"TEXT": f"Stream number {i}.", "SEED": i, "MAX_NEW_TOKENS": 20})
+        np.testing.assert_array_equal(np.concatenate([a for _, a in alone]),
+                                      np.concatenate([a for _, a in results[i][0]]))
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"TEXT": "   "}, "TEXT must not be empty"),
+    ({"TEXT": "x" * 2001}, "TEXT has 2001 characters; the limit is 2000"),
+    ({"TEXT": "hi", "TEMPERATURE": -1.0}, "TEMPERATURE must be >= 0"),
+    ({"TEXT": "hi", "TOP_P": 1.5}, r"TOP_P must be in \(0, 1\]"),
+    ({"TEXT": "hi", "TOP_K": -3}, "TOP_K must be >= 0"),
+    ({"TEXT": "hi", "MAX_NEW_TOKENS": 0}, r"MAX_NEW_TOKENS must be in \[1, 200\]"),
+    ({"TEXT": "hi", "MAX_NEW_TOKENS": 5000}, r"MAX_NEW_TOKENS must be in \[1, 200\]"),
+    ({"TEXT": "hi", "SPEAKER": "not a speaker"}, "SPEAKER is not a valid speaker string"),
+    ({"TEXT": "hi", "PROMPT": "say it"}, "PROMPT must hold only control tokens"),
+])
+def test_bad_inputs_invalid_arg_then_good_request(server, bad, match):
+    import re
+    # Streaming through the ensemble: gRPC stream errors carry a message but no status code.
+    chunks, err = stream_tts(server.grpc_url, bad)
+    assert err is not None and re.search(match, err) and not chunks, err
+    # Unary: INVALID_ARGUMENT (gRPC) and 400 (HTTP), with the same message.
+    with pytest.raises(InferenceServerException) as e:
+        grpcclient.InferenceServerClient(server.grpc_url).infer("tts_offline", make_inputs(grpcclient, bad))
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and re.search(match, e.value.message()), e.value
+    with pytest.raises(InferenceServerException) as e:
+        httpclient.InferenceServerClient(server.http_url).infer("tts_offline", make_inputs(httpclient, bad))
+    assert e.value.status() == "400" and re.search(match, e.value.message()), e.value
+    ok, err2 = stream_tts(server.grpc_url, {"TEXT": "fine.", "MAX_NEW_TOKENS": 8, "SEED": 1})
+    assert err2 is None and ok
+
+
+@pytest.mark.parametrize("name,dt,arr,match", [
+    ("TEMPERATURE", "INT32", np.array([[1]], np.int32), "TEMPERATURE.*data-type"),
+    ("TEXT", "BYTES", np.array([[b"a", b"b"]], dtype=object), "shape for input 'TEXT'"),
+])
+def test_wrong_dtype_or_shape_is_invalid_arg(server, name, dt, arr, match):
+    import re
+    inputs = [] if name == "TEXT" else make_inputs(grpcclient, {"TEXT": "hi"})
+    t = grpcclient.InferInput(name, list(arr.shape), dt)
+    t.set_data_from_numpy(arr)
+    with pytest.raises(InferenceServerException) as e:
+        grpcclient.InferenceServerClient(server.grpc_url).infer("tts_offline", inputs + [t])
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and re.search(match, e.value.message()), e.value
+
+
+def test_non_utf8_text_is_rejected(server):
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    t = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
+    t.set_data_from_numpy(np.array([[b"\xff\xfe bad"]], dtype=object))
+    with pytest.raises(InferenceServerException, match="TEXT must be UTF-8") as e:
+        g.infer("tts_offline", [t])
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+
+
+def metric(server, name: str) -> float:
+    for line in server.metrics().splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in metrics:\n{server.metrics()[:3000]}")
+
+
+def wait_for(cond, timeout=30.0):
+    import time
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.2)
+    return cond()
+
+
+def test_metrics_and_cancelling_a_stream_to_llm_frees_its_blocks(server):
+    before = metric(server, "velocity_frames_generated_total")
+    stream_tts(server.grpc_url, {"TEXT": "Count my frames.", "SEED": 5, "MAX_NEW_TOKENS": 12})
+    assert metric(server, "velocity_frames_generated_total") > before
+    assert metric(server, "velocity_time_to_first_chunk_seconds_count") >= 1
+    assert wait_for(lambda: metric(server, "velocity_kv_blocks_used") == 0)
+    idle_free = metric(server, "velocity_kv_blocks_free")
+
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    fe = g.infer("text_frontend", make_inputs(grpcclient, {"TEXT": "A long one.", "MAX_NEW_TOKENS": 200}))
+    inputs = []
+    for name, dt in [("TOKEN_IDS", "INT32"), ("SENTENCE_LENGTHS", "INT32"), ("SPEAKER_VECTOR", "FP32"),
+                     ("PARAMS_F", "FP32"), ("PARAMS_I", "INT64")]:
+        arr = fe.as_numpy(name)
+        t = grpcclient.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr)
+        inputs.append(t)
+    frames_before = metric(server, "velocity_frames_generated_total")
+    got: queue.Queue = queue.Queue()
+    g.start_stream(callback=lambda result, error: got.put((result, error)))
+    g.async_stream_infer("llm", inputs, enable_empty_final_response=True)
+    first, err = got.get(timeout=120)
+    assert err is None and first.as_numpy("CODES") is not None
+    g.stop_stream(cancel_requests=True)
+    assert wait_for(lambda: metric(server, "velocity_kv_blocks_used") == 0 and
+                    metric(server, "velocity_running_sequences") == 0)
+    assert metric(server, "velocity_kv_blocks_free") == idle_free
+    # aborted early: far fewer than the 200 frames it was allowed
+    assert metric(server, "velocity_frames_generated_total") - frames_before < 150
+
+
+def test_cancelling_through_the_ensemble_finishes_within_max_new_tokens_and_leaks_nothing(server):
+    """2.51 does not pass cancellation through an ensemble: the llm request runs on, bounded by
+    MAX_NEW_TOKENS, and then frees everything."""
+    assert wait_for(lambda: metric(server, "velocity_kv_blocks_used") == 0)
+    idle_free = metric(server, "velocity_kv_blocks_free")
+    frames_before = metric(server, "velocity_frames_generated_total")
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    got: queue.Queue = queue.Queue()
+    g.start_stream(callback=lambda result, error: got.put((result, error)))
+    g.async_stream_infer("tts", make_inputs(grpcclient, {"TEXT": "One sentence only", "MAX_NEW_TOKENS": 40,
+                                                         "SEED": 2, "REPETITION_PENALTY": 1.0}),
+                         enable_empty_final_response=True)
+    first, err = got.get(timeout=120)
+    assert err is None and first.as_numpy("WAVEFORM") is not None
+    g.stop_stream(cancel_requests=True)
+    assert wait_for(lambda: metric(server, "velocity_kv_blocks_used") == 0 and
+                    metric(server, "velocity_running_sequences") == 0, timeout=120)
+    assert metric(server, "velocity_kv_blocks_free") == idle_free
+    assert metric(server, "velocity_frames_generated_total") - frames_before <= 40
+    ok, err2 = stream_tts(server.grpc_url, {"TEXT": "still serving.", "MAX_NEW_TOKENS": 8, "SEED": 1})
+    assert err2 is None and ok

@@ -1,0 +1,1 @@
+"""What the Triton models share: settings and request validation."""

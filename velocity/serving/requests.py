@@ -1,0 +1,123 @@
+"""Read and check the inputs of a TTS request; every error names the input and its allowed range."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from velocity.sampling.params import SamplingParams
+from velocity.serving.settings import Settings
+
+PARAM_INPUTS = ("TEMPERATURE", "TOP_P", "TOP_K", "REPETITION_PENALTY", "MAX_NEW_TOKENS", "SEED")
+
+
+def text_input(value: np.ndarray | None, name: str, required: bool, max_chars: int | None = None) -> str | None:
+    """A BYTES tensor holding one UTF-8 string."""
+    if value is None or value.size == 0:
+        if required:
+            raise ValueError(f"{name} is required: one UTF-8 string")
+        return None
+    if value.size != 1:
+        raise ValueError(f"{name} must hold exactly one string, got {value.size}")
+    raw = value.reshape(-1)[0]
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{name} must be UTF-8 text ({e})") from e
+    if required and not text.strip():
+        raise ValueError(f"{name} must not be empty or only whitespace")
+    if max_chars is not None and len(text) > max_chars:
+        raise ValueError(f"{name} has {len(text)} characters; the limit is {max_chars}")
+    return text
+
+
+def _scalar(value: np.ndarray | None, name: str):
+    if value is None or value.size == 0:
+        return None
+    if value.size != 1:
+        raise ValueError(f"{name} must hold one value, got {value.size}")
+    return value.reshape(-1)[0].item()
+
+
+@dataclass
+class AudioRequestParams:
+    temperature: float = 0.3
+    top_p: float = 0.7
+    top_k: int = 20
+    repetition_penalty: float = 1.05
+    max_new_tokens: int = 2048
+    seed: int | None = None
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              repetition_penalty=self.repetition_penalty, max_new_tokens=self.max_new_tokens,
+                              seed=self.seed)
+
+
+def sampling_inputs(get, settings: Settings) -> AudioRequestParams:
+    """get(name) -> np.ndarray | None. Checks each optional sampling input."""
+    p = AudioRequestParams(max_new_tokens=settings.max_new_tokens)
+    t = _scalar(get("TEMPERATURE"), "TEMPERATURE")
+    if t is not None:
+        if not (math.isfinite(t) and t >= 0):
+            raise ValueError(f"TEMPERATURE must be >= 0, got {t}")
+        p.temperature = float(t)
+    v = _scalar(get("TOP_P"), "TOP_P")
+    if v is not None:
+        if not (0 < v <= 1):
+            raise ValueError(f"TOP_P must be in (0, 1], got {v}")
+        p.top_p = float(v)
+    v = _scalar(get("TOP_K"), "TOP_K")
+    if v is not None:
+        if v < 0:
+            raise ValueError(f"TOP_K must be >= 0 (0 = off), got {v}")
+        p.top_k = int(v)
+    v = _scalar(get("REPETITION_PENALTY"), "REPETITION_PENALTY")
+    if v is not None:
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"REPETITION_PENALTY must be > 0, got {v}")
+        p.repetition_penalty = float(v)
+    v = _scalar(get("MAX_NEW_TOKENS"), "MAX_NEW_TOKENS")
+    if v is not None:
+        if not 1 <= v <= settings.max_new_tokens:
+            raise ValueError(f"MAX_NEW_TOKENS must be in [1, {settings.max_new_tokens}], got {v}")
+        p.max_new_tokens = int(v)
+    v = _scalar(get("SEED"), "SEED")
+    if v is not None:
+        if not 0 <= v < 2**63:
+            raise ValueError(f"SEED must be in [0, 2^63), got {v}")
+        p.seed = int(v)
+    return p
+
+
+@dataclass
+class TTSRequest:
+    """A checked TTS request: its sentences' token ids, speaker vector (empty: none), sampling."""
+    sentences: list
+    speaker: np.ndarray
+    params: AudioRequestParams
+
+
+def parse_tts_request(get, settings: Settings, frontend) -> TTSRequest:
+    """get(name) -> np.ndarray | None for TEXT, PROMPT, SPEAKER and the sampling inputs.
+
+    Raises ValueError naming the bad input and its allowed range (INVALID_ARG for Triton).
+    """
+    from velocity.tts.frontend import DEFAULT_PROMPT
+    from velocity.tts.speaker import SpeakerError, decode_speaker
+
+    text = text_input(get("TEXT"), "TEXT", required=True, max_chars=settings.max_text_chars)
+    prompt = text_input(get("PROMPT"), "PROMPT", required=False) or DEFAULT_PROMPT
+    speaker = text_input(get("SPEAKER"), "SPEAKER", required=False)
+    params = sampling_inputs(get, settings)
+    vec = np.zeros(0, np.float32)
+    if speaker and speaker.strip():
+        try:
+            vec = decode_speaker(speaker, frontend.speaker_dim)
+        except SpeakerError as e:
+            raise ValueError(f"SPEAKER is not a valid speaker string: {e}") from e
+    sentences, _ = frontend.encode(text, speaker=vec.size > 0, prompt=prompt)
+    if not sentences:
+        raise ValueError("TEXT has nothing to speak after normalisation")
+    return TTSRequest(sentences, vec, params)
