@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import queue
 import threading
-import urllib.error
 import urllib.request
 
 import numpy as np
@@ -13,51 +12,22 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from triton_server import ROOT, TritonServer
+from client.tts_client import ServerError, make_inputs, stream_grpc
+from client.tts_client import main as client_main
+from triton_server import ROOT, TritonServer, free_port
 from velocity.tts.checkpoint import write_checkpoint
 
 pytestmark = pytest.mark.server
 
-DTYPES = {"TEXT": ("BYTES", object), "PROMPT": ("BYTES", object), "SPEAKER": ("BYTES", object),
-          "TEMPERATURE": ("FP32", np.float32), "TOP_P": ("FP32", np.float32), "TOP_K": ("INT32", np.int32),
-          "REPETITION_PENALTY": ("FP32", np.float32), "MAX_NEW_TOKENS": ("INT32", np.int32),
-          "SEED": ("INT64", np.int64)}
-
-
-def make_inputs(module, values: dict):
-    out = []
-    for name, v in values.items():
-        dt, np_t = DTYPES[name]
-        arr = np.array([[v.encode() if isinstance(v, str) else v]], dtype=np_t)
-        t = module.InferInput(name, list(arr.shape), dt)
-        t.set_data_from_numpy(arr)
-        out.append(t)
-    return out
-
-
-def stream_tts(url: str, values: dict, timeout: float = 120) -> tuple[list[tuple[int, np.ndarray]], str | None]:
-    """One request on its own gRPC stream: [(chunk index, audio)], error or None."""
-    client = grpcclient.InferenceServerClient(url)
-    got: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: got.put((result, error)))
-    client.async_stream_infer("tts", make_inputs(grpcclient, values), enable_empty_final_response=True)
-    chunks, error = [], None
+def stream_tts(url: str, values: dict) -> tuple[list[tuple[int, np.ndarray]], str | None]:
+    """One request on its own gRPC stream through the shipped client: [(chunk index, audio)], error or None."""
+    chunks = []
     try:
-        while True:
-            result, err = got.get(timeout=timeout)
-            if err is not None:
-                error = str(err)
-                break
-            # The ensemble may put the final flag on the last chunk's response or send it empty.
-            if result.as_numpy("WAVEFORM") is not None:
-                chunks.append((int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0]),
-                               result.as_numpy("WAVEFORM").reshape(-1)))
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                break
-    finally:
-        client.stop_stream()
-        client.close()
-    return chunks, error
+        for c in stream_grpc(url, values, timeout=120):
+            chunks.append(c)
+    except ServerError as e:
+        return chunks, str(e)
+    return chunks, None
 
 
 @pytest.fixture(scope="module")
@@ -250,3 +220,30 @@ def test_cancelling_through_the_ensemble_finishes_within_max_new_tokens_and_leak
     assert metric(server, "velocity_frames_generated_total") - frames_before <= 40
     ok, err2 = stream_tts(server.grpc_url, {"TEXT": "still serving.", "MAX_NEW_TOKENS": 8, "SEED": 1})
     assert err2 is None and ok
+
+
+def test_client_cli_grpc_http_offline_write_the_same_wav(server, tmp_path, caplog):
+    import logging
+
+    import soundfile as sf
+    caplog.set_level(logging.INFO)
+    common = ["--seed", "11", "--max-new-tokens", "20", "--speaker-seed", "3", "--speaker-dim", "64"]
+    text = tmp_path / "in.txt"
+    text.write_text("Hello there. 你好。", encoding="utf-8")
+    wavs = {}
+    for mode, url in [("grpc", server.grpc_url), ("http", server.http_url), ("offline", server.grpc_url)]:
+        out = tmp_path / f"{mode}.wav"
+        flags = {"grpc": [], "http": ["--http"], "offline": ["--offline"]}[mode]
+        assert client_main(["--file", str(text), "-o", str(out), "--url", url, *flags, *common]) == 0
+        wavs[mode], sr = sf.read(out, dtype="float32")
+        assert sr == 24000 and len(wavs[mode]) > 0 and len(wavs[mode]) % 512 == 0
+    np.testing.assert_array_equal(wavs["grpc"], wavs["offline"])
+    np.testing.assert_allclose(wavs["http"], wavs["grpc"], rtol=0, atol=1e-6)   # JSON floats round trip
+    assert "first audio after" in caplog.text and "RTF" in caplog.text
+
+
+def test_client_cli_says_when_the_server_is_down(tmp_path, caplog):
+    out = tmp_path / "x.wav"
+    assert client_main(["hi", "-o", str(out), "--url", f"localhost:{free_port()}"]) == 1
+    assert "no Triton server at" in caplog.text and "make serve" in caplog.text
+    assert not out.exists()

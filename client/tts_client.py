@@ -1,0 +1,223 @@
+"""Streaming TTS client: text in, a WAV file out, written as chunks arrive.
+
+    velocity-tts-client "Hello world." -o hello.wav               # gRPC stream through `tts`
+    velocity-tts-client --file story.txt -o story.wav --seed 7
+    velocity-tts-client "Hello." -o h.wav --http                  # HTTP generate_stream (SSE)
+    velocity-tts-client "Hello." -o h.wav --offline               # tts_offline, one response
+
+Prints time to first audio, total time, audio seconds and the real-time factor.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import queue
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SAMPLE_RATE = 24000
+log = logging.getLogger("velocity-tts-client")
+
+# Input name -> (Triton datatype, numpy dtype)
+INPUTS = {"TEXT": ("BYTES", object), "PROMPT": ("BYTES", object), "SPEAKER": ("BYTES", object),
+          "TEMPERATURE": ("FP32", np.float32), "TOP_P": ("FP32", np.float32), "TOP_K": ("INT32", np.int32),
+          "REPETITION_PENALTY": ("FP32", np.float32), "MAX_NEW_TOKENS": ("INT32", np.int32),
+          "SEED": ("INT64", np.int64)}
+
+
+class ServerError(RuntimeError):
+    """The server is unreachable, the model not ready, or the request failed."""
+
+
+@dataclass
+class Result:
+    """One request's audio and timings (seconds from sending)."""
+    audio: np.ndarray
+    chunk_times: list[float] = field(default_factory=list)
+    total: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return len(self.audio) / SAMPLE_RATE
+
+    @property
+    def first_audio(self) -> float | None:
+        return self.chunk_times[0] if self.chunk_times else None
+
+    @property
+    def rtf(self) -> float:
+        return self.total / self.seconds if self.seconds else float("inf")
+
+
+def make_inputs(module, values: dict) -> list:
+    """tritonclient InferInputs, each [1, 1], for the given TTS inputs (None values left out)."""
+    out = []
+    for name, v in values.items():
+        if v is None:
+            continue
+        dt, np_t = INPUTS[name]
+        arr = np.array([[v.encode() if isinstance(v, str) else v]], dtype=np_t)
+        t = module.InferInput(name, [1, 1], dt)
+        t.set_data_from_numpy(arr)
+        out.append(t)
+    return out
+
+
+def check_ready(client, model: str, where: str) -> None:
+    try:
+        live = client.is_server_live()
+    except Exception as e:
+        raise ServerError(f"no Triton server at {where} ({e}); start one with `make serve`") from e
+    if not live or not client.is_model_ready(model):
+        raise ServerError(f"model '{model}' is not ready on {where}; see the server log (make serve)")
+
+
+def stream_grpc(url: str, values: dict, timeout: float = 600) -> Iterator[tuple[int, np.ndarray]]:
+    """Yield (chunk index, audio) as the `tts` ensemble streams them over one gRPC stream."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    check_ready(client, "tts", url)
+    got: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        client.async_stream_infer("tts", make_inputs(grpcclient, values), enable_empty_final_response=True)
+        while True:
+            result, error = got.get(timeout=timeout)
+            if error is not None:
+                raise ServerError(str(error))
+            wav = result.as_numpy("WAVEFORM")
+            if wav is not None:     # the final flag comes on the last chunk or on an empty response
+                yield int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0]), wav.reshape(-1)
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+
+
+def stream_http(url: str, values: dict, timeout: float = 600) -> Iterator[tuple[int, np.ndarray]]:
+    """Yield (chunk index, audio) from POST /v2/models/tts/generate_stream (server-sent events)."""
+    body = json.dumps({k: v for k, v in values.items() if v is not None}).encode()
+    req = urllib.request.Request(f"http://{url}/v2/models/tts/generate_stream", data=body,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            for line in r:
+                if not line.startswith(b"data: "):
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    raise ServerError(event["error"])
+                if "WAVEFORM" in event:
+                    yield int(np.ravel(event["CHUNK_INDEX"])[0]), np.asarray(event["WAVEFORM"], np.float32).reshape(-1)
+    except urllib.error.HTTPError as e:
+        raise ServerError(f"HTTP {e.code}: {e.read().decode(errors='replace')}") from e
+    except urllib.error.URLError as e:
+        raise ServerError(f"no Triton server at http://{url} ({e.reason}); start one with `make serve`") from e
+
+
+def offline_grpc(url: str, values: dict) -> Iterator[tuple[int, np.ndarray]]:
+    """The whole waveform from `tts_offline` in one response, as a single chunk."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(url)
+    check_ready(client, "tts_offline", url)
+    try:
+        res = client.infer("tts_offline", make_inputs(grpcclient, values))
+    except InferenceServerException as e:
+        raise ServerError(e.message()) from e
+    yield 0, res.as_numpy("WAVEFORM").reshape(-1)
+
+
+def synthesize(chunks: Iterator[tuple[int, np.ndarray]], wav_path: str | None = None) -> Result:
+    """Collect chunks in index order, appending each to the WAV file as soon as it is next in line."""
+    import soundfile as sf
+
+    t0 = time.perf_counter()
+    res = Result(np.zeros(0, np.float32))
+    pending: dict[int, np.ndarray] = {}
+    parts: list[np.ndarray] = []
+    out = None       # opened at the first chunk: a failed request leaves no file behind
+    try:
+        for idx, audio in chunks:
+            res.chunk_times.append(time.perf_counter() - t0)
+            pending[idx] = audio
+            while len(parts) in pending:
+                parts.append(pending.pop(len(parts)))
+                if wav_path:
+                    out = out or sf.SoundFile(wav_path, "w", SAMPLE_RATE, 1, "FLOAT")
+                    out.write(parts[-1])
+                    out.flush()
+    finally:
+        if out is not None:
+            out.close()
+    if pending:
+        raise ServerError(f"chunks {sorted(pending)} arrived but chunk {len(parts)} never did")
+    res.total = time.perf_counter() - t0
+    res.audio = np.concatenate(parts) if parts else res.audio
+    return res
+
+
+def speaker_from_seed(seed: int, dim: int) -> str:
+    from velocity.tts.speaker import encode_speaker, random_speaker
+    return encode_speaker(random_speaker(seed, dim))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="velocity-tts-client", description=__doc__.split("\n")[0])
+    ap.add_argument("text", nargs="?", help="text to speak (or --file)")
+    ap.add_argument("--file", help="read the text from this UTF-8 file")
+    ap.add_argument("-o", "--out", default="out.wav", help="WAV file to write (default out.wav)")
+    ap.add_argument("--url", default=None, help="server address (default localhost:8001 gRPC, localhost:8000 HTTP)")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--http", action="store_true", help="HTTP generate_stream instead of a gRPC stream")
+    mode.add_argument("--offline", action="store_true", help="tts_offline: the whole waveform in one response")
+    spk = ap.add_mutually_exclusive_group()
+    spk.add_argument("--speaker", help="a speaker string from the ChatTTS release")
+    spk.add_argument("--speaker-seed", type=int, help="a random speaker made from this seed")
+    ap.add_argument("--speaker-dim", type=int, default=768, help="speaker size for --speaker-seed (release: 768)")
+    ap.add_argument("--prompt", help="control tokens, e.g. [speed_5] (server default)")
+    ap.add_argument("--temperature", type=float)
+    ap.add_argument("--top-p", type=float)
+    ap.add_argument("--top-k", type=int)
+    ap.add_argument("--repetition-penalty", type=float)
+    ap.add_argument("--max-new-tokens", type=int)
+    ap.add_argument("--seed", type=int, help="sampling seed: the same seed gives the same audio")
+    args = ap.parse_args(argv)
+    if (args.text is None) == (args.file is None):
+        ap.error("give the text as an argument or with --file (one of them)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    text = args.text if args.file is None else open(args.file, encoding="utf-8").read()
+    speaker = args.speaker or (speaker_from_seed(args.speaker_seed, args.speaker_dim)
+                               if args.speaker_seed is not None else None)
+    values = {"TEXT": text, "SPEAKER": speaker, "PROMPT": args.prompt, "TEMPERATURE": args.temperature,
+              "TOP_P": args.top_p, "TOP_K": args.top_k, "REPETITION_PENALTY": args.repetition_penalty,
+              "MAX_NEW_TOKENS": args.max_new_tokens, "SEED": args.seed}
+    url = args.url or ("localhost:8000" if args.http else "localhost:8001")
+    source = (stream_http if args.http else offline_grpc if args.offline else stream_grpc)(url, values)
+    try:
+        res = synthesize(source, args.out)
+    except ServerError as e:
+        log.error("error: %s", e)
+        return 1
+    log.info("%s: %.2f s of audio in %d chunk(s); first audio after %.3f s, total %.3f s, RTF %.3f",
+             args.out, res.seconds, len(res.chunk_times), res.first_audio or float("nan"), res.total, res.rtf)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
