@@ -1,0 +1,215 @@
+"""Serving benchmark: a concurrency sweep of gRPC streams against a running server.
+
+    make serve WEIGHTS=checkpoints/demo-full &         # or scripts/serve.sh --weights ...
+    .venv/bin/python -m client.bench --weights checkpoints/demo-full
+
+Each level keeps `concurrency` streams in flight (each its own gRPC stream) over the shipped
+English and Chinese sentences (client/texts.txt) and reports time to first audio
+(avg/p50/p90/p99), second-chunk latency, total latency, RTF, audio seconds generated per
+second and errors, with the server's own statistics diffed before and after. With
+--weights it also runs the same texts in this process (front end + velocity + decoder, no
+Triton) at concurrency 1: the serving overhead is the ratio. Writes JSON and a PNG.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from client.tts_client import SAMPLE_RATE, ServerError, stream_grpc, synthesize
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = Path(__file__).with_name("texts.txt")
+log = logging.getLogger("bench")
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    return float(np.percentile(xs, q)) if xs else None
+
+
+def summary(xs: list[float]) -> dict:
+    return {"avg": statistics.fmean(xs) if xs else None, "p50": pct(xs, 50), "p90": pct(xs, 90), "p99": pct(xs, 99)}
+
+
+def server_stats(url: str) -> dict:
+    """Per model: successes, and summed queue / compute times (ns), from Triton's statistics API."""
+    import tritonclient.grpc as grpcclient
+    st = grpcclient.InferenceServerClient(url).get_inference_statistics(as_json=True)
+    out = {}
+    for m in st.get("model_stats", []):
+        s = m.get("inference_stats", {})
+        out[m["name"]] = {k: int(s.get(k, {}).get(f, 0)) for k, f in
+                          [("success", "count"), ("fail", "count"), ("queue", "ns"), ("compute_infer", "ns")]}
+        out[m["name"]]["success_ns"] = int(s.get("success", {}).get("ns", 0))
+    return out
+
+
+def stats_diff(before: dict, after: dict) -> dict:
+    d = {}
+    for name, a in after.items():
+        b = before.get(name, {})
+        n = a["success"] - b.get("success", 0)
+        if n:
+            d[name] = {"requests": n, "failures": a["fail"] - b.get("fail", 0),
+                       "avg_queue_ms": (a["queue"] - b.get("queue", 0)) / n / 1e6,
+                       "avg_compute_ms": (a["compute_infer"] - b.get("compute_infer", 0)) / n / 1e6}
+    return d
+
+
+def run_level(url: str, texts: list[str], concurrency: int, n_requests: int, values: dict, bar) -> dict:
+    """n_requests over `concurrency` worker threads, each request its own gRPC stream."""
+    results, errors, lock = [], [], threading.Lock()
+    todo = iter(range(n_requests))
+
+    def worker() -> None:
+        while True:
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            try:
+                r = synthesize(stream_grpc(url, {**values, "TEXT": texts[i % len(texts)], "SEED": i}, check=False))
+                with lock:
+                    results.append(r)
+            except (ServerError, Exception) as e:    # count it, keep the sweep going
+                with lock:
+                    errors.append(str(e)[:300])
+            bar.update(1)
+
+    before = server_stats(url)
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    audio = sum(r.seconds for r in results)
+    return {
+        "concurrency": concurrency, "requests": n_requests, "errors": len(errors), "error_samples": errors[:3],
+        "wall_s": wall, "audio_s": audio, "audio_s_per_s": audio / wall,
+        "first_audio_s": summary([r.first_audio for r in results if r.first_audio is not None]),
+        "second_chunk_s": summary([r.chunk_times[1] for r in results if len(r.chunk_times) > 1]),
+        "total_s": summary([r.total for r in results]),
+        "rtf": summary([r.rtf for r in results if r.seconds]),
+        "server": stats_diff(before, server_stats(url)),
+    }
+
+
+def in_process(weights: str, texts: list[str], n: int, values: dict, device: str) -> dict:
+    """The same requests through velocity.tts.pipeline in this process, one at a time."""
+    from velocity.tts.pipeline import TTSPipeline, chattts_params
+    from velocity.tts.streaming import ChunkSchedule
+
+    from velocity.serving.settings import Settings
+    s = Settings.from_env()
+    pipe = TTSPipeline(weights, device=device, schedule=ChunkSchedule(s.chunk_first, s.chunk_rest),
+                       lookahead=s.lookahead)
+    ttfa, rtf, totals = [], [], []
+    list(pipe.stream("Warm up.", params=chattts_params(max_new_tokens=8)))
+    for i in tqdm(range(n), desc="in-process c=1"):
+        t0 = time.perf_counter()
+        times, samples = [], 0
+        for c in pipe.stream(texts[i % len(texts)], params=chattts_params(
+                max_new_tokens=values["MAX_NEW_TOKENS"], seed=i)):
+            times.append(time.perf_counter() - t0)
+            samples += len(c.audio)
+        total = time.perf_counter() - t0
+        if times:
+            ttfa.append(times[0])
+            totals.append(total)
+            rtf.append(total / (samples / SAMPLE_RATE))
+    return {"first_audio_s": summary(ttfa), "total_s": summary(totals), "rtf": summary(rtf)}
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lv = res["levels"]
+    c = [x["concurrency"] for x in lv]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for key, q, style in [("first_audio_s", "p50", "o-"), ("first_audio_s", "p99", "o--"), ("total_s", "p50", "s-")]:
+        a.plot(c, [x[key][q] for x in lv], style, label=f"{key.replace('_s', '').replace('_', ' ')} {q}")
+    if res.get("in_process"):
+        a.axhline(res["in_process"]["first_audio_s"]["avg"], color="gray", ls=":", label="first audio, in-process c=1")
+    a.set_xscale("log", base=2)
+    a.set_yscale("log")
+    a.set_xlabel("concurrent streams")
+    a.set_ylabel("seconds")
+    a.set_title("Latency")
+    a.legend(fontsize=8)
+    b.plot(c, [x["audio_s_per_s"] for x in lv], "o-", label="audio seconds / second")
+    b.set_xscale("log", base=2)
+    b.set_xlabel("concurrent streams")
+    b.set_ylabel("audio seconds generated per second")
+    b2 = b.twinx()
+    b2.plot(c, [x["rtf"]["p50"] for x in lv], "s--", color="tab:red", label="RTF p50")
+    b2.set_ylabel("RTF (p50)")
+    b.set_title("Throughput")
+    b.legend(loc="upper left", fontsize=8)
+    b2.legend(loc="lower right", fontsize=8)
+    fig.suptitle(f"velocity-tts on Triton, {res['hardware']['device']}, {res['checkpoint']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--url", default="localhost:8001")
+    ap.add_argument("--concurrency", default="1,2,4,8,16,32,64")
+    ap.add_argument("--requests", type=int, default=8, help="requests per level at least (and >= concurrency)")
+    ap.add_argument("--max-new-tokens", type=int, default=120, help="frame cap per sentence (random weights rarely stop)")
+    ap.add_argument("--weights", help="also run the in-process baseline on this checkpoint")
+    ap.add_argument("--device", default="cpu", help="for the in-process baseline")
+    ap.add_argument("--hardware", default=None, help="what to print as the hardware (default: this CPU)")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "serving_cpu"))
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    texts = [t for t in TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()]
+    values = {"MAX_NEW_TOKENS": args.max_new_tokens}
+    levels = [int(c) for c in args.concurrency.split(",")]
+    import os
+    res: dict = {"hardware": {"device": args.hardware or f"CPU {platform.machine()}, {os.cpu_count()} cores"},
+                 "checkpoint": Path(args.weights).name if args.weights else "server's",
+                 "max_new_tokens": args.max_new_tokens, "texts": len(texts), "levels": []}
+    if args.weights:
+        res["in_process"] = in_process(args.weights, texts, args.requests, values, args.device)
+        log.info("in-process c=1: %s", json.dumps(res["in_process"]))
+    synthesize(stream_grpc(args.url, {"TEXT": "Warm up.", "MAX_NEW_TOKENS": 8}))   # checks the server too
+    total = sum(max(args.requests, c) for c in levels)
+    with tqdm(total=total, desc="requests") as bar:
+        for c in levels:
+            bar.set_postfix(concurrency=c)
+            lv = run_level(args.url, texts, c, max(args.requests, c), values, bar)
+            res["levels"].append(lv)
+            log.info("c=%d: first audio p50 %.3f p99 %.3f s, RTF p50 %.3f, %.2f audio s/s, %d errors", c,
+                     lv["first_audio_s"]["p50"] or -1, lv["first_audio_s"]["p99"] or -1, lv["rtf"]["p50"] or -1,
+                     lv["audio_s_per_s"], lv["errors"])
+    lv = {x["concurrency"]: x for x in res["levels"]}
+    ratios = {}
+    if 1 in lv and res.get("in_process"):
+        ratios["first_audio_c1_triton_vs_in_process"] = lv[1]["first_audio_s"]["avg"] / res["in_process"]["first_audio_s"]["avg"]
+    if 1 in lv and 16 in lv:
+        ratios["first_audio_p99_c16_vs_c1"] = lv[16]["first_audio_s"]["p99"] / lv[1]["first_audio_s"]["p99"]
+    if 1 in lv and 32 in lv:
+        ratios["audio_s_per_s_c32_vs_c1"] = lv[32]["audio_s_per_s"] / lv[1]["audio_s_per_s"]
+    res["ratios"] = ratios
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=2, ensure_ascii=False))
+    plot(res, out.with_suffix(".png"))
+    log.info("ratios: %s; wrote %s and .png", json.dumps(ratios), out.with_suffix(".json"))
+
+
+if __name__ == "__main__":
+    main()
