@@ -1,6 +1,7 @@
 """CUDA-graph decode == eager decode. Needs a CUDA GPU; skipped (with the reason shown by -ra) without one."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -92,3 +93,27 @@ def test_chattts_frames_on_cuda_graphs_equal_reference_and_seeds_match_eager(tmp
         seeded[eager] = [o.token_ids for o in llm.generate(ps, sampled, speakers=spk)]
         assert llm.engine.block_manager.num_used_blocks == 0
     assert seeded[False] == seeded[True]
+
+
+@needs_cuda[0]
+@needs_cuda[1]
+def test_audio_decoder_and_pipeline_on_cuda(tmp_path):
+    """DVAE + Vocos on CUDA (fp32, TF32 off) match the CPU decode; the whole pipeline streams on CUDA.
+    Tolerance: 1e-3 of the signal's peak, for float32 convolutions and FFTs summed in another order."""
+    from velocity.tts.audio_models import load_dvae, load_vocos
+    from velocity.tts.checkpoint import write_checkpoint
+    from velocity.tts.pipeline import TTSPipeline, chattts_params
+    from velocity.tts.streaming import AudioDecoder
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
+    codes = torch.randint(0, 625, (2, 4, 40), generator=torch.Generator().manual_seed(0))
+    audio = {}
+    for dev in ("cpu", "cuda"):
+        d = torch.device(dev)
+        audio[dev] = AudioDecoder(load_dvae(ckpt, d), load_vocos(ckpt, d)).decode(codes).cpu()
+    peak = audio["cpu"].abs().max()
+    assert (audio["cuda"] - audio["cpu"]).abs().max() <= 1e-3 * peak
+    pipe = TTSPipeline(ckpt, device="cuda", num_kv_blocks=256, max_num_seqs=4)
+    wav = pipe.synthesize("Hello there. 你好。", params=chattts_params(seed=1, max_new_tokens=20))
+    assert wav.dtype == np.float32 and len(wav) > 0 and len(wav) % 512 == 0

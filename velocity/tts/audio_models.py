@@ -25,14 +25,14 @@ def load_dvae(folder: str | Path, device: torch.device = torch.device("cpu"),
               dtype: torch.dtype = torch.float32) -> DVAE:
     model = build_empty(DVAE, device, dtype)
     fill(model, iter_safetensors([Path(folder) / "asset" / "DVAE.safetensors"]), rename=_keep(DVAE_KEEP))
-    return model.eval()
+    return model.to(device).eval()        # the constant buffers were made on the CPU
 
 
 def load_vocos(folder: str | Path, device: torch.device = torch.device("cpu"),
                dtype: torch.dtype = torch.float32) -> Vocos:
     model = build_empty(Vocos, device, dtype)
     fill(model, iter_safetensors([Path(folder) / "asset" / "Vocos.safetensors"]), rename=_keep(VOCOS_KEEP))
-    return model.eval()
+    return model.to(device).eval()        # the constant buffers were made on the CPU
 
 
 def _randomise(model: nn.Module, g: torch.Generator, std: float = 0.02) -> dict[str, torch.Tensor]:

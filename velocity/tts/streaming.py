@@ -96,8 +96,8 @@ class AudioDecoder:
 
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """codes [B, num_vq, T] -> audio [B, T * 512]"""
-        return self.vocos(self.dvae(codes))
+        """codes [B, num_vq, T] -> audio [B, T * 512] (on the decoder's device)"""
+        return self.vocos(self.dvae(codes.to(next(self.vocos.parameters()).device)))
 
     def decode_chunk(self, codes: torch.Tensor, context: int, length: int) -> torch.Tensor:
         """codes [B, num_vq, T] of a chunk -> audio of its frames [context, context + length)"""
