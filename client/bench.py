@@ -104,30 +104,66 @@ def run_level(url: str, texts: list[str], concurrency: int, n_requests: int, val
     }
 
 
-def in_process(weights: str, texts: list[str], n: int, values: dict, device: str) -> dict:
-    """The same requests through velocity.tts.pipeline in this process, one at a time."""
-    from velocity.tts.pipeline import TTSPipeline, chattts_params
-    from velocity.tts.streaming import ChunkSchedule
-
+def in_process(weights: str, texts: list[str], levels: list[int], n_min: int, values: dict, device: str) -> dict:
+    """The same requests through velocity and the decoder in this process (no Triton), keeping
+    `concurrency` requests in flight on one LLMEngine; chunks are decoded in the step loop."""
     from velocity.serving.settings import Settings
+    from velocity.tts.pipeline import TTSPipeline, chattts_params
+    from velocity.tts.streaming import ChunkSchedule, StreamingDecoder
+
     s = Settings.from_env()
     pipe = TTSPipeline(weights, device=device, schedule=ChunkSchedule(s.chunk_first, s.chunk_rest),
-                       lookahead=s.lookahead)
-    ttfa, rtf, totals = [], [], []
+                       lookahead=s.lookahead, max_num_seqs=s.max_num_seqs, kv_cache_bytes=s.kv_cache_bytes)
     list(pipe.stream("Warm up.", params=chattts_params(max_new_tokens=8)))
-    for i in tqdm(range(n), desc="in-process c=1"):
+    eng, end = pipe.engine, pipe.engine.worker.model.num_audio_tokens - 1
+    out: dict = {}
+    for c in levels:
+        n = max(n_min, c)
+        todo, live, done = list(range(n)), {}, []
+
+        def add(st: dict) -> None:
+            rid = f"bench-{c}-{st['i']}-{st['k']}"
+            live[rid] = st
+            eng.add_request(rid, st["sents"][st["k"]], chattts_params(max_new_tokens=values["MAX_NEW_TOKENS"],
+                                                                      seed=st["i"]))
+
         t0 = time.perf_counter()
-        times, samples = [], 0
-        for c in pipe.stream(texts[i % len(texts)], params=chattts_params(
-                max_new_tokens=values["MAX_NEW_TOKENS"], seed=i)):
-            times.append(time.perf_counter() - t0)
-            samples += len(c.audio)
-        total = time.perf_counter() - t0
-        if times:
-            ttfa.append(times[0])
-            totals.append(total)
-            rtf.append(total / (samples / SAMPLE_RATE))
-    return {"first_audio_s": summary(ttfa), "total_s": summary(totals), "rtf": summary(rtf)}
+        with tqdm(total=n, desc=f"in-process c={c}") as bar:
+            while todo or live:
+                while todo and len({id(v) for v in live.values()}) < c:
+                    i = todo.pop(0)
+                    sents, _ = pipe.frontend.encode(texts[i % len(texts)], speaker=False)
+                    add({"i": i, "sents": [x.token_ids for x in sents], "k": 0, "t": time.perf_counter(),
+                         "sd": StreamingDecoder(pipe.decoder, pipe.schedule, lookahead=pipe.lookahead),
+                         "times": [], "samples": 0})
+                for o in eng.step():
+                    st = live[o.request_id]
+                    chunks = st["sd"].push([f for f in o.new_token_ids if end not in f])
+                    finished = False
+                    if o.finished:
+                        del live[o.request_id]
+                        st["k"] += 1
+                        if st["k"] < len(st["sents"]):
+                            add(st)
+                        else:
+                            chunks += st["sd"].push([], final=True)
+                            finished = True
+                    for _, audio in chunks:
+                        st["times"].append(time.perf_counter() - st["t"])
+                        st["samples"] += len(audio)
+                    if finished:
+                        st["total"] = time.perf_counter() - st["t"]
+                        done.append(st)
+                        bar.update(1)
+        wall = time.perf_counter() - t0
+        audio = sum(d["samples"] for d in done) / SAMPLE_RATE
+        out[c] = {"concurrency": c, "requests": n, "wall_s": wall, "audio_s": audio, "audio_s_per_s": audio / wall,
+                  "first_audio_s": summary([d["times"][0] for d in done if d["times"]]),
+                  "total_s": summary([d["total"] for d in done]),
+                  "rtf": summary([d["total"] / (d["samples"] / SAMPLE_RATE) for d in done if d["samples"]])}
+        log.info("in-process c=%d: first audio p50 %.3f s, %.2f audio s/s", c, out[c]["first_audio_s"]["p50"] or -1,
+                 out[c]["audio_s_per_s"])
+    return out
 
 
 def plot(res: dict, path: Path) -> None:
@@ -140,8 +176,11 @@ def plot(res: dict, path: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     for key, q, style in [("first_audio_s", "p50", "o-"), ("first_audio_s", "p99", "o--"), ("total_s", "p50", "s-")]:
         a.plot(c, [x[key][q] for x in lv], style, label=f"{key.replace('_s', '').replace('_', ' ')} {q}")
-    if res.get("in_process"):
-        a.axhline(res["in_process"]["first_audio_s"]["avg"], color="gray", ls=":", label="first audio, in-process c=1")
+    ip = res.get("in_process") or {}
+    if ip:
+        ic = sorted(ip, key=int)
+        a.plot([int(k) for k in ic], [ip[k]["first_audio_s"]["p50"] for k in ic], "x:", color="gray",
+               label="first audio p50, in-process")
     a.set_xscale("log", base=2)
     a.set_yscale("log")
     a.set_xlabel("concurrent streams")
@@ -149,6 +188,8 @@ def plot(res: dict, path: Path) -> None:
     a.set_title("Latency")
     a.legend(fontsize=8)
     b.plot(c, [x["audio_s_per_s"] for x in lv], "o-", label="audio seconds / second")
+    if ip:
+        b.plot([int(k) for k in ic], [ip[k]["audio_s_per_s"] for k in ic], "x:", color="gray", label="in-process")
     b.set_xscale("log", base=2)
     b.set_xlabel("concurrent streams")
     b.set_ylabel("audio seconds generated per second")
@@ -170,6 +211,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=8, help="requests per level at least (and >= concurrency)")
     ap.add_argument("--max-new-tokens", type=int, default=120, help="frame cap per sentence (random weights rarely stop)")
     ap.add_argument("--weights", help="also run the in-process baseline on this checkpoint")
+    ap.add_argument("--in-process-concurrency", default="1,32", help="levels for the in-process baseline")
+    ap.add_argument("--in-process-only", action="store_true", help="no server: only the in-process baseline")
     ap.add_argument("--device", default="cpu", help="for the in-process baseline")
     ap.add_argument("--hardware", default=None, help="what to print as the hardware (default: this CPU)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "serving_cpu"))
@@ -183,9 +226,12 @@ def main() -> None:
                  "checkpoint": Path(args.weights).name if args.weights else "server's",
                  "max_new_tokens": args.max_new_tokens, "texts": len(texts), "levels": []}
     if args.weights:
-        res["in_process"] = in_process(args.weights, texts, args.requests, values, args.device)
-        log.info("in-process c=1: %s", json.dumps(res["in_process"]))
-    synthesize(stream_grpc(args.url, {"TEXT": "Warm up.", "MAX_NEW_TOKENS": 8}))   # checks the server too
+        res["in_process"] = in_process(args.weights, texts, [int(c) for c in args.in_process_concurrency.split(",")],
+                                       args.requests, values, args.device)
+    if args.in_process_only:
+        levels = []
+    if levels:
+        synthesize(stream_grpc(args.url, {"TEXT": "Warm up.", "MAX_NEW_TOKENS": 8}))   # checks the server too
     total = sum(max(args.requests, c) for c in levels)
     with tqdm(total=total, desc="requests") as bar:
         for c in levels:
@@ -197,8 +243,13 @@ def main() -> None:
                      lv["audio_s_per_s"], lv["errors"])
     lv = {x["concurrency"]: x for x in res["levels"]}
     ratios = {}
-    if 1 in lv and res.get("in_process"):
-        ratios["first_audio_c1_triton_vs_in_process"] = lv[1]["first_audio_s"]["avg"] / res["in_process"]["first_audio_s"]["avg"]
+    ip = res.get("in_process") or {}
+    if 1 in lv and 1 in ip:
+        ratios["first_audio_c1_triton_vs_in_process"] = lv[1]["first_audio_s"]["avg"] / ip[1]["first_audio_s"]["avg"]
+    if 32 in lv and 32 in ip:
+        ratios["audio_s_per_s_c32_triton_vs_in_process"] = lv[32]["audio_s_per_s"] / ip[32]["audio_s_per_s"]
+    if 1 in ip and 32 in ip:
+        ratios["in_process_audio_s_per_s_c32_vs_c1"] = ip[32]["audio_s_per_s"] / ip[1]["audio_s_per_s"]
     if 1 in lv and 16 in lv:
         ratios["first_audio_p99_c16_vs_c1"] = lv[16]["first_audio_s"]["p99"] / lv[1]["first_audio_s"]["p99"]
     if 1 in lv and 32 in lv:

@@ -121,3 +121,26 @@ def parse_tts_request(get, settings: Settings, frontend) -> TTSRequest:
     if not sentences:
         raise ValueError("TEXT has nothing to speak after normalisation")
     return TTSRequest(sentences, vec, params)
+
+
+def frontend_from_env(model: str, pb_utils) -> tuple[Settings, object]:
+    """For a Triton model's initialize: the settings and the release's text front end."""
+    from velocity.tts.frontend import TextFrontend
+
+    settings = Settings.from_env()
+    try:
+        return settings, TextFrontend(settings.weights)
+    except Exception as e:
+        raise pb_utils.TritonModelException(f"{model}: cannot load {settings.weights}: {e}") from e
+
+
+def parse_triton_request(request, pb_utils, settings: Settings, frontend) -> tuple[TTSRequest | None, object]:
+    """-> (the checked request, None), or (None, an INVALID_ARG error response)."""
+    def get(name: str) -> np.ndarray | None:
+        t = pb_utils.get_input_tensor_by_name(request, name)
+        return None if t is None else t.as_numpy()
+
+    try:
+        return parse_tts_request(get, settings, frontend), None
+    except ValueError as e:
+        return None, pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))

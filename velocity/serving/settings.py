@@ -22,6 +22,12 @@ class Settings:
     left_context: int = 52                   # VELOCITY_LEFT_CONTEXT: frames of context before a chunk
     max_text_chars: int = 2000               # VELOCITY_MAX_TEXT_CHARS
     max_new_tokens: int = 2048               # VELOCITY_MAX_NEW_TOKENS: upper limit per request
+    # CPU threads per model process. The llm and the vocoder run at the same time in separate
+    # processes; two full OpenMP pools on the same cores spin against each other.
+    # Default: the vocoder one thread, the llm the other cores (measured on 2 cores: 16 streams
+    # gave 0.93 audio s/s split this way against 0.84 with two full pools; docs/benchmarks.md).
+    llm_threads: int = 0                     # VELOCITY_LLM_THREADS (0: all cores but the vocoder's)
+    vocoder_threads: int = 1                 # VELOCITY_VOCODER_THREADS
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -34,6 +40,14 @@ class Settings:
                 except ValueError as e:
                     raise ValueError(f"VELOCITY_{f.name.upper()}={raw!r}: {e}") from e
         return s
+
+    def set_threads(self, model: str) -> int:
+        """Set torch's CPU threads for the llm or vocoder process; returns the number."""
+        import torch
+        n = self.vocoder_threads if model == "vocoder" else (
+            self.llm_threads or max(1, (os.cpu_count() or 1) - self.vocoder_threads))
+        torch.set_num_threads(max(1, n))
+        return torch.get_num_threads()
 
     @property
     def schedule(self) -> ChunkSchedule:

@@ -123,6 +123,7 @@ def make_metrics() -> dict:
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         self.settings = s = Settings.from_env()
+        s.set_threads("llm")
         try:
             self.engine = AsyncLLMEngine(EngineConfig(
                 model=s.weights, device=s.device, dtype=s.dtype, kv_cache_bytes=s.kv_cache_bytes,

@@ -2,29 +2,20 @@
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from velocity.serving.requests import parse_tts_request
-from velocity.serving.settings import Settings
-from velocity.tts.frontend import TextFrontend
+from velocity.serving.requests import frontend_from_env, parse_triton_request
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        self.settings = Settings.from_env()
-        try:
-            self.frontend = TextFrontend(self.settings.weights)
-        except Exception as e:
-            raise pb_utils.TritonModelException(f"text_frontend: cannot load {self.settings.weights}: {e}")
+        self.settings, self.frontend = frontend_from_env("text_frontend", pb_utils)
 
     def execute(self, requests: list) -> list:
         return [self._one(r) for r in requests]
 
     def _one(self, request):
-        get = lambda name: (t.as_numpy() if (t := pb_utils.get_input_tensor_by_name(request, name)) is not None  # noqa: E731
-                            else None)
-        try:
-            req = parse_tts_request(get, self.settings, self.frontend)
-        except ValueError as e:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))
+        req, error = parse_triton_request(request, pb_utils, self.settings, self.frontend)
+        if error is not None:
+            return error
         sentences, vec, params = req.sentences, req.speaker, req.params
         ids = np.concatenate([np.asarray(s.token_ids, np.int32) for s in sentences])[None]
         lengths = np.asarray([len(s.token_ids) for s in sentences], np.int32)[None]

@@ -2,20 +2,14 @@
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from velocity.serving.requests import parse_tts_request
-from velocity.serving.settings import Settings
-from velocity.tts.frontend import TextFrontend
+from velocity.serving.requests import frontend_from_env, parse_triton_request
 
 INPUTS = ["TEXT", "PROMPT", "SPEAKER", "TEMPERATURE", "TOP_P", "TOP_K", "REPETITION_PENALTY", "MAX_NEW_TOKENS", "SEED"]
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        self.settings = Settings.from_env()
-        try:
-            self.frontend = TextFrontend(self.settings.weights)
-        except Exception as e:
-            raise pb_utils.TritonModelException(f"tts_offline: cannot load {self.settings.weights}: {e}")
+        self.settings, self.frontend = frontend_from_env("tts_offline", pb_utils)
 
     def execute(self, requests: list) -> list:
         return [self._one(r) for r in requests]
@@ -24,12 +18,9 @@ class TritonPythonModel:
         inputs = [t for n in INPUTS if (t := pb_utils.get_input_tensor_by_name(request, n)) is not None]
         # Validate here too: an error from inside the ensemble loses its code (INVALID_ARG would
         # reach the client as INTERNAL). The front end is cheap next to generation.
-        get = lambda name: (t.as_numpy() if (t := pb_utils.get_input_tensor_by_name(request, name)) is not None  # noqa: E731
-                            else None)
-        try:
-            parse_tts_request(get, self.settings, self.frontend)
-        except ValueError as e:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))
+        _, error = parse_triton_request(request, pb_utils, self.settings, self.frontend)
+        if error is not None:
+            return error
         bls = pb_utils.InferenceRequest(model_name="tts", requested_output_names=["WAVEFORM", "CHUNK_INDEX"],
                                         inputs=inputs)
         chunks = {}

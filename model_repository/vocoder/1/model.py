@@ -12,6 +12,7 @@ from velocity.worker.worker import resolve_device
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         s = Settings.from_env()
+        s.set_threads("vocoder")
         try:
             dev = resolve_device(s.device)
             self.decoder = AudioDecoder(load_dvae(s.weights, dev), load_vocos(s.weights, dev))
