@@ -32,11 +32,15 @@ def text_input(value: np.ndarray | None, name: str, required: bool, max_chars: i
     return text
 
 
-def _scalar(value: np.ndarray | None, name: str):
+def _scalar(value: np.ndarray | None, name: str, integer: bool = False):
+    """One number from a tensor (None when absent); integer inputs must be integers."""
     if value is None or value.size == 0:
         return None
     if value.size != 1:
         raise ValueError(f"{name} must hold one value, got {value.size}")
+    kinds = "iu" if integer else "iuf"
+    if value.dtype.kind not in kinds:
+        raise ValueError(f"{name} must be {'an integer' if integer else 'a number'}, got data type {value.dtype}")
     return value.reshape(-1)[0].item()
 
 
@@ -68,7 +72,7 @@ def sampling_inputs(get, settings: Settings) -> AudioRequestParams:
         if not (0 < v <= 1):
             raise ValueError(f"TOP_P must be in (0, 1], got {v}")
         p.top_p = float(v)
-    v = _scalar(get("TOP_K"), "TOP_K")
+    v = _scalar(get("TOP_K"), "TOP_K", integer=True)
     if v is not None:
         if v < 0:
             raise ValueError(f"TOP_K must be >= 0 (0 = off), got {v}")
@@ -78,12 +82,12 @@ def sampling_inputs(get, settings: Settings) -> AudioRequestParams:
         if not (math.isfinite(v) and v > 0):
             raise ValueError(f"REPETITION_PENALTY must be > 0, got {v}")
         p.repetition_penalty = float(v)
-    v = _scalar(get("MAX_NEW_TOKENS"), "MAX_NEW_TOKENS")
+    v = _scalar(get("MAX_NEW_TOKENS"), "MAX_NEW_TOKENS", integer=True)
     if v is not None:
         if not 1 <= v <= settings.max_new_tokens:
             raise ValueError(f"MAX_NEW_TOKENS must be in [1, {settings.max_new_tokens}], got {v}")
         p.max_new_tokens = int(v)
-    v = _scalar(get("SEED"), "SEED")
+    v = _scalar(get("SEED"), "SEED", integer=True)
     if v is not None:
         if not 0 <= v < 2**63:
             raise ValueError(f"SEED must be in [0, 2^63), got {v}")

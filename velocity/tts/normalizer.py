@@ -157,14 +157,25 @@ SENTENCE_END = re.compile(r"(?<=[。！？!?.])(?!\d)\s*|\n+")
 
 
 def split_sentences(text: str, max_chars: int = 120) -> list[str]:
-    """Split on sentence ends and newlines (both languages); long pieces split again at commas."""
+    """Split on sentence ends and newlines (both languages); long pieces split again at commas,
+    else at a space, else anywhere, but never inside a word that has spaces around it or a control token."""
     out = []
     for s in (p.strip() for p in SENTENCE_END.split(text)):
         while len(s) > max_chars:
-            cut = max(s.rfind("，", 0, max_chars), s.rfind(",", 0, max_chars))
-            cut = cut + 1 if cut > 0 else max_chars
+            cut = _cut_point(s, max_chars)
             out.append(s[:cut].strip())
             s = s[cut:].strip()
         if s:
             out.append(s)
     return out
+
+
+def _cut_point(s: str, max_chars: int) -> int:
+    cut = max(s.rfind("，", 0, max_chars), s.rfind(",", 0, max_chars)) + 1
+    if cut <= 0:
+        cut = s.rfind(" ", 0, max_chars)
+        cut = cut if cut > 0 else max_chars
+    for m in CONTROL.finditer(s):
+        if m.start() < cut < m.end():
+            cut = m.start() if m.start() > 0 else m.end()
+    return cut
