@@ -2,11 +2,13 @@
 # Serve model_repository/ with a real Triton Inference Server, in the foreground.
 #
 #   scripts/serve.sh [--weights DIR] [--http-port N] [--grpc-port N] [--metrics-port N]
-#                    [--model-repository DIR] [-- extra tritonserver flags]
+#                    [--bind ADDRESS] [--model-repository DIR] [-- extra tritonserver flags]
 #
 # Each flag can also be set by environment: VELOCITY_WEIGHTS, HTTP_PORT, GRPC_PORT,
-# METRICS_PORT, MODEL_REPOSITORY. Uses the `tritonserver` on PATH when there is one
-# (the NGC container), else the one inside the nvidia-pytriton wheel in .venv.
+# METRICS_PORT, BIND (default 0.0.0.0, every interface; 127.0.0.1 = this machine only),
+# MODEL_REPOSITORY. A model that fails to load (bad weights) leaves the server up and
+# not ready, with the reason in the log, instead of ending it. Uses the `tritonserver`
+# on PATH when there is one (the NGC container), else the one in the nvidia-pytriton wheel.
 # Ctrl-C or SIGTERM stops the server and every python stub process: they run in a
 # process group of their own, which is signalled as a whole.
 set -euo pipefail
@@ -16,17 +18,19 @@ WEIGHTS="${VELOCITY_WEIGHTS:-$ROOT/checkpoints/demo-tiny}"
 HTTP_PORT="${HTTP_PORT:-8000}"
 GRPC_PORT="${GRPC_PORT:-8001}"
 METRICS_PORT="${METRICS_PORT:-8002}"
+BIND="${BIND:-0.0.0.0}"
 REPO="${MODEL_REPOSITORY:-$ROOT/model_repository}"
 EXIT_TIMEOUT="${EXIT_TIMEOUT:-30}"
 extra=()
 
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --weights) WEIGHTS="$2"; shift 2 ;;
         --http-port) HTTP_PORT="$2"; shift 2 ;;
         --grpc-port) GRPC_PORT="$2"; shift 2 ;;
         --metrics-port) METRICS_PORT="$2"; shift 2 ;;
+        --bind) BIND="$2"; shift 2 ;;
         --model-repository) REPO="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         --) shift; extra=("$@"); break ;;
@@ -35,7 +39,8 @@ while [[ $# -gt 0 ]]; do
 done
 
 args=(--model-repository="$REPO" --http-port="$HTTP_PORT" --grpc-port="$GRPC_PORT"
-      --metrics-port="$METRICS_PORT" --exit-timeout-secs="$EXIT_TIMEOUT")
+      --metrics-port="$METRICS_PORT" --exit-timeout-secs="$EXIT_TIMEOUT"
+      --http-address="$BIND" --grpc-address="$BIND" --metrics-address="$BIND" --exit-on-error=false)
 if command -v tritonserver >/dev/null 2>&1; then
     server="$(command -v tritonserver)"          # NGC container: its own python backend
 else
@@ -53,9 +58,9 @@ export VELOCITY_WEIGHTS="$(realpath -m "$WEIGHTS")"
 echo "[serve] tritonserver: $server"
 echo "[serve] models:       $REPO"
 echo "[serve] weights:      $VELOCITY_WEIGHTS"
-echo "[serve] gRPC    localhost:$GRPC_PORT"
-echo "[serve] HTTP    http://localhost:$HTTP_PORT   (ready: /v2/health/ready)"
-echo "[serve] metrics http://localhost:$METRICS_PORT/metrics"
+echo "[serve] gRPC    $BIND:$GRPC_PORT"
+echo "[serve] HTTP    http://$BIND:$HTTP_PORT   (ready: /v2/health/ready)"
+echo "[serve] metrics http://$BIND:$METRICS_PORT/metrics"
 
 setsid "$server" "${args[@]}" "${extra[@]}" &
 pid=$!                         # setsid makes the server its own process-group leader

@@ -11,13 +11,15 @@ from triton_server import TESTS_REPO, TritonServer
 
 @pytest.fixture
 def start_triton(tmp_path: Path) -> Iterator[Callable[..., TritonServer]]:
-    """Factory: start_triton(repo, env={...}) -> a ready TritonServer; all are stopped after the test."""
+    """Factory: start_triton(repo, env={...}, until="ready"|"live") -> a started TritonServer; all are
+    stopped after the test."""
     servers: list[TritonServer] = []
 
-    def start(repo: Path, env: dict[str, str] | None = None, timeout: float = 240.0) -> TritonServer:
+    def start(repo: Path, env: dict[str, str] | None = None, timeout: float = 240.0,
+              until: str = "ready") -> TritonServer:
         s = TritonServer(repo=Path(repo), log_path=tmp_path / f"server{len(servers)}.log", env=env or {})
         servers.append(s)
-        return s.start(timeout=timeout)
+        return s.start(timeout=timeout, until=until)
 
     yield start
     for s in servers:

@@ -76,7 +76,9 @@ class TritonServer:
     def grpc_url(self) -> str:
         return f"localhost:{self.grpc_port}"
 
-    def start(self, timeout: float = 240.0) -> "TritonServer":
+    def start(self, timeout: float = 240.0, until: str = "ready") -> "TritonServer":
+        """Start serve.sh; wait until /v2/health/{until} ("ready", or "live" for a server whose
+        models may fail to load)."""
         cmd = ["bash", str(SERVE), "--model-repository", str(self.repo),
                "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
                "--metrics-port", str(self.metrics_port)]
@@ -88,15 +90,18 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"tritonserver exited with {self.proc.returncode}:\n{self.log()}")
-            if self.ready():
+            if self.health(until):
                 return self
             time.sleep(0.5)
         self.stop()
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f}s:\n{self.log()}")
 
     def ready(self) -> bool:
+        return self.health("ready")
+
+    def health(self, what: str = "ready") -> bool:
         try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/{what}", timeout=2) as r:
                 return r.status == 200
         except OSError:
             return False

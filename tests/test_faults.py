@@ -1,0 +1,107 @@
+"""Broken weights: the model fails to load with a log line naming the file (and tensor), the
+server stays up and reports not ready, nothing hangs, and stopping it leaves nothing behind."""
+from __future__ import annotations
+
+import shutil
+import urllib.error
+import urllib.request
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from triton_server import ROOT, alive
+from velocity.tts.checkpoint import write_checkpoint
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.mktemp("good") / "tiny", "tiny", seed=0)
+
+
+def missing(good, d):
+    return d / "no-such-folder", ["no-such-folder"]
+
+
+def truncated(good, d):
+    ck = shutil.copytree(good, d / "truncated")
+    f = ck / "asset" / "gpt" / "model.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    return ck, [str(f), "cannot read safetensors"]
+
+
+def wrong_shape(good, d):
+    ck = shutil.copytree(good, d / "wrong_shape")
+    f = ck / "asset" / "gpt" / "model.safetensors"
+    t = load_file(f)
+    t["layers.0.mlp.down_proj.weight"] = t["layers.0.mlp.down_proj.weight"][:, :-1].contiguous()
+    save_file(t, f)
+    return ck, [str(f), "layers.0.mlp.down_proj.weight", "shape"]
+
+
+def model_ready(server, model: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/ready", timeout=5) as r:
+            return r.status == 200
+    except urllib.error.HTTPError:
+        return False
+
+
+@pytest.mark.parametrize("fault", [missing, truncated, wrong_shape], ids=lambda f: f.__name__)
+def test_bad_weights_leave_the_server_up_and_not_ready(start_triton, good, tmp_path, fault):
+    weights, must_say = fault(good, tmp_path)
+    s = start_triton(ROOT / "model_repository", env={"VELOCITY_WEIGHTS": str(weights),
+                                                     "VELOCITY_KV_CACHE_BYTES": str(8 << 20)}, until="live")
+    assert s.health("live") and not s.ready()
+    assert not model_ready(s, "llm") and not model_ready(s, "tts")
+    log = s.log()
+    assert "llm: cannot start the engine" in log, log
+    for text in must_say:
+        assert text in log, f"{text!r} not in the server log:\n{log}"
+    pids = s.processes()
+    s.stop()
+    assert not [p for p in pids if alive(p)]
+
+
+def test_stopping_with_live_streams_ends_them_and_leaves_nothing(start_triton, good):
+    import threading
+    import time
+
+    from client.tts_client import ServerError, stream_grpc
+
+    s = start_triton(ROOT / "model_repository", env={"VELOCITY_WEIGHTS": str(good),
+                                                     "VELOCITY_KV_CACHE_BYTES": str(8 << 20)})
+    outcome: dict = {}
+    first = threading.Event()
+
+    def listen(i):
+        n = 0
+        try:
+            for _ in stream_grpc(s.grpc_url, {"TEXT": f"A long stream {i}. " * 3, "MAX_NEW_TOKENS": 2000,
+                                              "REPETITION_PENALTY": 1.0, "SEED": i}, timeout=120):
+                n += 1
+                first.set()
+            outcome[i] = ("complete", n)
+        except ServerError as e:
+            outcome[i] = ("error", str(e)[:200])
+        except Exception as e:     # the connection went away: also an answer, not a hang
+            outcome[i] = ("disconnected", type(e).__name__)
+
+    threads = [threading.Thread(target=listen, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    assert first.wait(120), s.log()
+    pids = s.processes()
+    t0 = time.monotonic()
+    s.stop(timeout=60)          # serve.sh: SIGTERM to the group, the server's exit timeout is 10 s here
+    stopped_after = time.monotonic() - t0
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), f"a client hung: {outcome}"
+    assert len(outcome) == 4
+    deadline = time.monotonic() + 30     # a killed stub with a loaded model takes a moment to go
+    while [p for p in pids if alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [p for p in pids if alive(p)], "a server or stub process was left behind"
+    assert stopped_after < 60, f"the server took {stopped_after:.0f} s to stop"
