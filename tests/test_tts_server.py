@@ -151,6 +151,18 @@ def test_non_utf8_text_is_rejected(server):
     assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
 
 
+def llm_inputs(url: str, values: dict) -> list:
+    """The llm model's inputs for a TTS request, made by text_frontend."""
+    fe = grpcclient.InferenceServerClient(url).infer("text_frontend", make_inputs(grpcclient, values))
+    inputs = []
+    for name, dt in [("TOKEN_IDS", "INT32"), ("SENTENCE_LENGTHS", "INT32"), ("SPEAKER_VECTOR", "FP32"),
+                     ("PARAMS_F", "FP32"), ("PARAMS_I", "INT64")]:
+        t = grpcclient.InferInput(name, list(fe.as_numpy(name).shape), dt)
+        t.set_data_from_numpy(fe.as_numpy(name))
+        inputs.append(t)
+    return inputs
+
+
 def metric(server, name: str) -> float:
     for line in server.metrics().splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
@@ -173,18 +185,11 @@ def test_metrics_and_cancelling_a_stream_to_llm_frees_its_blocks(server):
     stream_tts(server.grpc_url, {"TEXT": "Count my frames.", "SEED": 5, "MAX_NEW_TOKENS": 12})
     assert metric(server, "velocity_frames_generated_total") > before
     assert metric(server, "velocity_time_to_first_chunk_seconds_count") >= 1
-    assert wait_for(lambda: metric(server, "velocity_kv_blocks_used") == 0)
+    assert wait_for(lambda: metric(server, "velocity_kv_blocks_used") == 0 and metric(server, "velocity_kv_blocks_free") > 0)
     idle_free = metric(server, "velocity_kv_blocks_free")
 
     g = grpcclient.InferenceServerClient(server.grpc_url)
-    fe = g.infer("text_frontend", make_inputs(grpcclient, {"TEXT": "A long one.", "MAX_NEW_TOKENS": 200}))
-    inputs = []
-    for name, dt in [("TOKEN_IDS", "INT32"), ("SENTENCE_LENGTHS", "INT32"), ("SPEAKER_VECTOR", "FP32"),
-                     ("PARAMS_F", "FP32"), ("PARAMS_I", "INT64")]:
-        arr = fe.as_numpy(name)
-        t = grpcclient.InferInput(name, list(arr.shape), dt)
-        t.set_data_from_numpy(arr)
-        inputs.append(t)
+    inputs = llm_inputs(server.grpc_url, {"TEXT": "A long one.", "MAX_NEW_TOKENS": 200})
     frames_before = metric(server, "velocity_frames_generated_total")
     got: queue.Queue = queue.Queue()
     g.start_stream(callback=lambda result, error: got.put((result, error)))
@@ -202,7 +207,7 @@ def test_metrics_and_cancelling_a_stream_to_llm_frees_its_blocks(server):
 def test_cancelling_through_the_ensemble_finishes_within_max_new_tokens_and_leaks_nothing(server):
     """2.51 does not pass cancellation through an ensemble: the llm request runs on, bounded by
     MAX_NEW_TOKENS, and then frees everything."""
-    assert wait_for(lambda: metric(server, "velocity_kv_blocks_used") == 0)
+    assert wait_for(lambda: metric(server, "velocity_kv_blocks_used") == 0 and metric(server, "velocity_kv_blocks_free") > 0)
     idle_free = metric(server, "velocity_kv_blocks_free")
     frames_before = metric(server, "velocity_frames_generated_total")
     g = grpcclient.InferenceServerClient(server.grpc_url)
@@ -247,3 +252,41 @@ def test_client_cli_says_when_the_server_is_down(tmp_path, caplog):
     assert client_main(["hi", "-o", str(out), "--url", f"localhost:{free_port()}"]) == 1
     assert "no Triton server at" in caplog.text and "make serve" in caplog.text
     assert not out.exists()
+
+
+HANG_UP = """
+import queue, sys, time
+import tritonclient.grpc as grpcclient
+sys.path.insert(0, "tests")
+from test_tts_server import llm_inputs
+g = grpcclient.InferenceServerClient(sys.argv[1])
+inputs = llm_inputs(sys.argv[1], {"TEXT": "Hang up on me.", "MAX_NEW_TOKENS": 200, "REPETITION_PENALTY": 1.0})
+got = queue.Queue()
+g.start_stream(callback=lambda result, error: got.put((result, error)))
+g.async_stream_infer("llm", inputs, enable_empty_final_response=True)
+got.get(timeout=120)
+print("first", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_client_that_disconnects_without_cancelling_gets_its_blocks_freed(server):
+    """A client process killed mid-stream (no cancel, the connection just drops): the llm
+    notices and the KV blocks come back long before MAX_NEW_TOKENS would end the request."""
+    import subprocess
+    import sys
+
+    assert wait_for(lambda: metric(server, "velocity_kv_blocks_used") == 0 and metric(server, "velocity_kv_blocks_free") > 0)
+    idle_free = metric(server, "velocity_kv_blocks_free")
+    frames_before = metric(server, "velocity_frames_generated_total")
+    p = subprocess.Popen([sys.executable, "-c", HANG_UP, server.grpc_url], stdout=subprocess.PIPE, text=True,
+                         cwd=str(ROOT))
+    try:
+        assert p.stdout.readline().strip() == "first"
+    finally:
+        p.kill()
+        p.wait()
+    assert wait_for(lambda: metric(server, "velocity_kv_blocks_used") == 0 and
+                    metric(server, "velocity_running_sequences") == 0, timeout=120)
+    assert metric(server, "velocity_kv_blocks_free") == idle_free
+    assert metric(server, "velocity_frames_generated_total") - frames_before < 150
