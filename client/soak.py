@@ -1,0 +1,147 @@
+"""Soak test: a steady mix of streams, cancellations and bad requests against one server.
+
+    .venv/bin/python -m client.soak --seconds 3600 --pid $(pgrep -o -f scripts/serve.sh)
+
+Afterwards it checks that no KV block is in use and no sequence runs, that the server's
+resident memory is back within 20% + 64 MiB of its level after warm-up, and that every good
+request's audio was complete (chunk indices 0..n-1, whole frames). Prints a JSON report;
+exit status 1 when a check fails. tests/test_soak.py runs it for a bounded time in CI.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import threading
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+from client.tts_client import ServerError, stream_grpc
+
+TEXTS = [t for t in Path(__file__).with_name("texts.txt").read_text(encoding="utf-8").splitlines() if t.strip()]
+BAD = [{"TEXT": "   "}, {"TOP_P": 2.0}, {"MAX_NEW_TOKENS": 0}, {"SPEAKER": "not a speaker"}, {"TEMPERATURE": -1.0},
+       {"TOP_K": -5}, {"PROMPT": "free text"}]
+RSS_MARGIN = (1.2, 64 << 20)       # end <= 1.2 x after warm-up + 64 MiB
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of pid and all its descendants (the server and its python stubs)."""
+    kids: dict[int, list[int]] = {}
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        kids.setdefault(ppid, []).append(int(d))
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo += kids.get(p, [])
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return total
+
+
+def metric(metrics_url: str, name: str) -> float:
+    with urllib.request.urlopen(metrics_url, timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
+
+
+def one(url: str, r: random.Random, max_new: int, stats: Counter, problems: list, texts: list[str]) -> None:
+    """One random request: good (60%), cancelled after its first chunk (25%) or bad (15%)."""
+    kind = r.choices(["good", "cancel", "bad"], [0.6, 0.25, 0.15])[0]
+    values = {"TEXT": r.choice(texts), "MAX_NEW_TOKENS": max_new, "SEED": r.randrange(1 << 20)}
+    if kind == "bad":
+        try:
+            list(stream_grpc(url, {**values, **r.choice(BAD)}, timeout=120, check=False))
+            problems.append(f"bad request accepted: {values}")
+        except ServerError:
+            stats["bad rejected"] += 1
+        return
+    stream = stream_grpc(url, values, timeout=120, check=False)
+    try:
+        if kind == "cancel":
+            next(stream, None)
+            stream.close()                  # stops the stream with cancel_requests=True
+            stats["cancelled"] += 1
+            return
+        chunks = list(stream)
+    except ServerError as e:
+        problems.append(f"good request failed: {e}")
+        return
+    idx = sorted(i for i, _ in chunks)
+    if not chunks or idx != list(range(len(idx))) or sum(len(a) for _, a in chunks) % 512:
+        problems.append(f"incomplete audio: chunks {idx}")
+    stats["good complete"] += 1
+
+
+def soak(url: str, metrics_url: str, seconds: float, pid: int | None = None, concurrency: int = 4,
+         max_new: int = 40, seed: int = 0, texts: list[str] | None = None) -> dict:
+    """texts: what good requests say (default: client/texts.txt, English and Chinese)."""
+    stats, problems = Counter(), []
+    start = time.monotonic()
+    warm_at, end_at = start + 0.25 * seconds, start + seconds
+    rss: dict = {}
+
+    def worker(k: int) -> None:
+        r = random.Random(seed * 1000 + k)
+        while time.monotonic() < end_at:
+            try:
+                one(url, r, max_new, stats, problems, texts or TEXTS)
+            except Exception as e:          # report, keep soaking
+                problems.append(f"client error: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(concurrency)]
+    for t in threads:
+        t.start()
+    if pid:
+        time.sleep(max(0.0, warm_at - time.monotonic()))
+        rss["after_warm_up"] = tree_rss(pid)
+    for t in threads:
+        t.join()
+    deadline = time.monotonic() + 120       # requests cancelled through the ensemble run to MAX_NEW_TOKENS
+    while time.monotonic() < deadline and (metric(metrics_url, "velocity_kv_blocks_used") or
+                                           metric(metrics_url, "velocity_running_sequences")):
+        time.sleep(0.5)
+    idle = {"kv_blocks_used": metric(metrics_url, "velocity_kv_blocks_used"),
+            "running": metric(metrics_url, "velocity_running_sequences"),
+            "waiting": metric(metrics_url, "velocity_waiting_sequences")}
+    if any(idle.values()):
+        problems.append(f"not idle after the soak: {idle}")
+    if pid:
+        rss["end"] = tree_rss(pid)
+        limit = RSS_MARGIN[0] * rss["after_warm_up"] + RSS_MARGIN[1]
+        if rss["end"] > limit:
+            problems.append(f"resident memory grew: {rss['after_warm_up'] >> 20} MiB after warm-up, "
+                            f"{rss['end'] >> 20} MiB at the end (limit {int(limit) >> 20} MiB)")
+    return {"seconds": seconds, "concurrency": concurrency, "requests": dict(stats), "idle": idle,
+            "rss_bytes": rss, "problems": problems[:20], "ok": not problems}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--url", default="localhost:8001")
+    ap.add_argument("--metrics-url", default="http://localhost:8002/metrics")
+    ap.add_argument("--seconds", type=float, default=600)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=120)
+    ap.add_argument("--pid", type=int, help="the server's (or serve.sh's) pid, for the memory check")
+    args = ap.parse_args()
+    rep = soak(args.url, args.metrics_url, args.seconds, args.pid, args.concurrency, args.max_new_tokens)
+    print(json.dumps(rep, indent=2))
+    sys.exit(0 if rep["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()
