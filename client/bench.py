@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import platform
 import statistics
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -109,58 +111,35 @@ def in_process(weights: str, texts: list[str], levels: list[int], n_min: int, va
     `concurrency` requests in flight on one LLMEngine; chunks are decoded in the step loop."""
     from velocity.serving.settings import Settings
     from velocity.tts.pipeline import TTSPipeline, chattts_params
-    from velocity.tts.streaming import ChunkSchedule, StreamingDecoder
+    from velocity.tts.streaming import ChunkSchedule
 
     s = Settings.from_env()
     pipe = TTSPipeline(weights, device=device, schedule=ChunkSchedule(s.chunk_first, s.chunk_rest),
                        lookahead=s.lookahead, max_num_seqs=s.max_num_seqs, kv_cache_bytes=s.kv_cache_bytes)
     list(pipe.stream("Warm up.", params=chattts_params(max_new_tokens=8)))
-    eng, end = pipe.engine, pipe.engine.worker.model.num_audio_tokens - 1
     out: dict = {}
     for c in levels:
         n = max(n_min, c)
-        todo, live, done = list(range(n)), {}, []
-
-        def add(st: dict) -> None:
-            rid = f"bench-{c}-{st['i']}-{st['k']}"
-            live[rid] = st
-            eng.add_request(rid, st["sents"][st["k"]], chattts_params(max_new_tokens=values["MAX_NEW_TOKENS"],
-                                                                      seed=st["i"]))
-
+        started, first, samples, totals = {}, {}, Counter(), {}
         t0 = time.perf_counter()
         with tqdm(total=n, desc=f"in-process c={c}") as bar:
-            while todo or live:
-                while todo and len({id(v) for v in live.values()}) < c:
-                    i = todo.pop(0)
-                    sents, _ = pipe.frontend.encode(texts[i % len(texts)], speaker=False)
-                    add({"i": i, "sents": [x.token_ids for x in sents], "k": 0, "t": time.perf_counter(),
-                         "sd": StreamingDecoder(pipe.decoder, pipe.schedule, lookahead=pipe.lookahead),
-                         "times": [], "samples": 0})
-                for o in eng.step():
-                    st = live[o.request_id]
-                    chunks = st["sd"].push([f for f in o.new_token_ids if end not in f])
-                    finished = False
-                    if o.finished:
-                        del live[o.request_id]
-                        st["k"] += 1
-                        if st["k"] < len(st["sents"]):
-                            add(st)
-                        else:
-                            chunks += st["sd"].push([], final=True)
-                            finished = True
-                    for _, audio in chunks:
-                        st["times"].append(time.perf_counter() - st["t"])
-                        st["samples"] += len(audio)
-                    if finished:
-                        st["total"] = time.perf_counter() - st["t"]
-                        done.append(st)
-                        bar.update(1)
+            for ev in pipe.stream_many([texts[i % len(texts)] for i in range(n)], concurrency=c,
+                                       params=lambda i: chattts_params(max_new_tokens=values["MAX_NEW_TOKENS"],
+                                                                       seed=i)):
+                now = time.perf_counter()
+                if ev.kind == "start":
+                    started[ev.text] = now
+                elif ev.kind == "chunk":
+                    first.setdefault(ev.text, now - started[ev.text])
+                    samples[ev.text] += len(ev.chunk.audio)
+                else:
+                    totals[ev.text] = now - started[ev.text]
+                    bar.update(1)
         wall = time.perf_counter() - t0
-        audio = sum(d["samples"] for d in done) / SAMPLE_RATE
+        audio = sum(samples.values()) / SAMPLE_RATE
         out[c] = {"concurrency": c, "requests": n, "wall_s": wall, "audio_s": audio, "audio_s_per_s": audio / wall,
-                  "first_audio_s": summary([d["times"][0] for d in done if d["times"]]),
-                  "total_s": summary([d["total"] for d in done]),
-                  "rtf": summary([d["total"] / (d["samples"] / SAMPLE_RATE) for d in done if d["samples"]])}
+                  "first_audio_s": summary(list(first.values())), "total_s": summary(list(totals.values())),
+                  "rtf": summary([totals[i] / (samples[i] / SAMPLE_RATE) for i in totals if samples[i]])}
         log.info("in-process c=%d: first audio p50 %.3f s, %.2f audio s/s", c, out[c]["first_audio_s"]["p50"] or -1,
                  out[c]["audio_s_per_s"])
     return out
@@ -221,7 +200,6 @@ def main() -> None:
     texts = [t for t in TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()]
     values = {"MAX_NEW_TOKENS": args.max_new_tokens}
     levels = [int(c) for c in args.concurrency.split(",")]
-    import os
     res: dict = {"hardware": {"device": args.hardware or f"CPU {platform.machine()}, {os.cpu_count()} cores"},
                  "checkpoint": Path(args.weights).name if args.weights else "server's",
                  "max_new_tokens": args.max_new_tokens, "texts": len(texts), "levels": []}

@@ -3,8 +3,8 @@ are thin adapters over these same pieces; this is also the in-process baseline f
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +35,23 @@ class Chunk:
     audio: np.ndarray          # float32, 24 kHz
 
 
+@dataclass
+class Event:
+    """What stream_many reports: a text started, one of its chunks, or its end."""
+    text: int                  # index into the texts
+    kind: str                  # "start" | "chunk" | "end"
+    chunk: Chunk | None = None
+
+
+@dataclass
+class _Text:
+    index: int
+    sentences: list[list[int]]
+    params: SamplingParams
+    decoder: StreamingDecoder
+    next_sentence: int = field(default=0)
+
+
 class TTSPipeline:
     """synthesize(text) -> waveform; stream(text) yields chunks as frames are generated."""
 
@@ -59,25 +76,56 @@ class TTSPipeline:
     def stream(self, text: str, speaker: str | int | None = None, prompt: str = DEFAULT_PROMPT,
                params: SamplingParams | None = None) -> Iterator[Chunk]:
         """Sentences in order, one speaker; audio chunks as soon as each is decodable."""
-        params = params or chattts_params()
+        for ev in self.stream_many([text], speaker, prompt, params):
+            if ev.chunk is not None:
+                yield ev.chunk
+
+    def stream_many(self, texts: list[str], speaker: str | int | None = None, prompt: str = DEFAULT_PROMPT,
+                    params: SamplingParams | Callable[[int], SamplingParams] | None = None,
+                    concurrency: int = 1) -> Iterator[Event]:
+        """Texts through one engine, at most `concurrency` at a time, each its sentences in order
+        with one speaker; chunks are decoded in the step loop. params: one for all, or a function
+        of the text's index."""
         spk = self.speaker_vector(speaker)
-        sentences, report = self.frontend.encode(text, speaker=spk is not None, prompt=prompt)
-        if report.unknown_tokens:
-            logger.warning("ignored unknown tokens %s", report.unknown_tokens)
-        sd = StreamingDecoder(self.decoder, self.schedule, lookahead=self.lookahead)
-        for s in sentences:
+        end_code = self.engine.worker.model.num_audio_tokens - 1
+        todo, live = list(range(len(texts))), {}          # live: request id -> its text (one per text)
+
+        def add(t: _Text) -> None:
             self._n += 1
             rid = f"pipeline-{self._n}"
-            self.engine.add_request(rid, s.token_ids, params, speaker=spk)
-            while rid in self.engine.requests:
-                for out in self.engine.step():
-                    if out.request_id != rid:
-                        continue
-                    frames = [f for f in out.new_token_ids if self.engine.worker.model.num_audio_tokens - 1 not in f]
-                    for i, audio in sd.push(frames):
-                        yield Chunk(i, audio.cpu().numpy())
-        for i, audio in sd.push([], final=True):
-            yield Chunk(i, audio.cpu().numpy())
+            live[rid] = t
+            self.engine.add_request(rid, t.sentences[t.next_sentence], t.params, speaker=spk)
+
+        while todo or live:
+            while todo and len(live) < concurrency:
+                i = todo.pop(0)
+                yield Event(i, "start")
+                sentences, report = self.frontend.encode(texts[i], speaker=spk is not None, prompt=prompt)
+                if report.unknown_tokens:
+                    logger.warning("ignored unknown tokens %s", report.unknown_tokens)
+                p = params(i) if callable(params) else params or chattts_params()
+                t = _Text(i, [x.token_ids for x in sentences], p,
+                          StreamingDecoder(self.decoder, self.schedule, lookahead=self.lookahead))
+                if t.sentences:
+                    add(t)
+                else:
+                    yield Event(i, "end")
+            for out in self.engine.step():
+                t = live[out.request_id]
+                finished = False
+                chunks = t.decoder.push([f for f in out.new_token_ids if end_code not in f])
+                if out.finished:
+                    del live[out.request_id]
+                    t.next_sentence += 1
+                    if t.next_sentence < len(t.sentences):
+                        add(t)
+                    else:
+                        chunks += t.decoder.push([], final=True)
+                        finished = True
+                for k, audio in chunks:
+                    yield Event(t.index, "chunk", Chunk(k, audio.cpu().numpy()))
+                if finished:
+                    yield Event(t.index, "end")
 
     def synthesize(self, text: str, **kwargs) -> np.ndarray:
         chunks = list(self.stream(text, **kwargs))
