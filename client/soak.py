@@ -28,19 +28,27 @@ BAD = [{"TEXT": "   "}, {"TOP_P": 2.0}, {"MAX_NEW_TOKENS": 0}, {"SPEAKER": "not 
 RSS_MARGIN = (1.2, 64 << 20)       # end <= 1.2 x after warm-up + 64 MiB
 
 
-def tree_rss(pid: int) -> int:
-    """Resident bytes of pid and all its descendants (the server and its python stubs)."""
-    kids: dict[int, list[int]] = {}
+def descendants(pid: int) -> list[int]:
+    """All live descendants of pid, read from /proc."""
+    children: dict[int, list[int]] = {}
     for d in filter(str.isdigit, os.listdir("/proc")):
         try:
             ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-        kids.setdefault(ppid, []).append(int(d))
-    total, todo = 0, [pid]
+        children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
     while todo:
-        p = todo.pop()
-        todo += kids.get(p, [])
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of pid and all its descendants (the server and its python stubs)."""
+    total = 0
+    for p in [pid, *descendants(pid)]:
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
@@ -50,12 +58,17 @@ def tree_rss(pid: int) -> int:
     return total
 
 
+def parse_metric(text: str, name: str) -> float:
+    """The value of the first sample of `name` in Prometheus text."""
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(f"{name} not in the metrics:\n{text[:3000]}")
+
+
 def metric(metrics_url: str, name: str) -> float:
     with urllib.request.urlopen(metrics_url, timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + "{"):
-                return float(line.rsplit(" ", 1)[1])
-    raise KeyError(name)
+        return parse_metric(r.read().decode(), name)
 
 
 def one(url: str, r: random.Random, max_new: int, stats: Counter, problems: list, texts: list[str]) -> None:

@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 from safetensors.torch import load_file, save_file
 
-from triton_server import ROOT, alive
+from triton_server import ROOT, alive, wait_for
 from velocity.tts.checkpoint import write_checkpoint
 
 pytestmark = pytest.mark.server
@@ -100,8 +100,6 @@ def test_stopping_with_live_streams_ends_them_and_leaves_nothing(start_triton, g
         t.join(60)
     assert not any(t.is_alive() for t in threads), f"a client hung: {outcome}"
     assert len(outcome) == 4
-    deadline = time.monotonic() + 30     # a killed stub with a loaded model takes a moment to go
-    while [p for p in pids if alive(p)] and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not [p for p in pids if alive(p)], "a server or stub process was left behind"
+    # a killed stub with a loaded model takes a moment to go
+    assert wait_for(lambda: not [p for p in pids if alive(p)]), "a server or stub process was left behind"
     assert stopped_after < 60, f"the server took {stopped_after:.0f} s to stop"

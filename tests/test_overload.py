@@ -3,13 +3,12 @@ with the audio it gets alone (seeded), no error, and the preemptions show in the
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
 
 from client.tts_client import ServerError, stream_grpc
-from triton_server import ROOT, TritonServer
+from triton_server import ROOT, TritonServer, wait_for
 from velocity.tts.checkpoint import write_checkpoint
 
 pytestmark = pytest.mark.server
@@ -21,13 +20,6 @@ def run(url, values):
         return np.concatenate([a for _, a in sorted(stream_grpc(url, values, timeout=300))]), None
     except ServerError as e:
         return None, str(e)
-
-
-def metric(server, name: str) -> float:
-    for line in server.metrics().splitlines():
-        if line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(name)
 
 
 def test_four_times_more_streams_than_the_cache_holds(tmp_path):
@@ -50,14 +42,12 @@ def test_four_times_more_streams_than_the_cache_holds(tmp_path):
         assert sorted(results) == list(range(16))
         errors = {i: e for i, (_, e) in results.items() if e}
         assert not errors, f"{errors}\n{s.log()[-3000:]}"
-        assert metric(s, "velocity_preemptions_total") > 0, "the cache was never full: make it smaller"
+        assert s.metric("velocity_preemptions_total") > 0, "the cache was never full: make it smaller"
         for i in (0, 7, 15):    # what a stream got in the crowd, with preemptions, is what it gets alone
             alone, err = run(s.grpc_url, req[i])
             assert err is None
             np.testing.assert_array_equal(results[i][0], alone)
-        deadline = time.monotonic() + 30        # the gauges are sampled four times a second
-        while metric(s, "velocity_kv_blocks_used") != 0 and time.monotonic() < deadline:
-            time.sleep(0.25)
-        assert metric(s, "velocity_kv_blocks_used") == 0 and metric(s, "velocity_running_sequences") == 0
+        # the gauges are sampled four times a second
+        assert wait_for(lambda: s.metric("velocity_kv_blocks_used") == 0 and s.metric("velocity_running_sequences") == 0)
     finally:
         s.stop()

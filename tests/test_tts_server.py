@@ -14,7 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 from client.tts_client import ServerError, make_inputs, stream_grpc
 from client.tts_client import main as client_main
-from triton_server import ROOT, TritonServer, free_port
+from triton_server import ROOT, TritonServer, free_port, wait_for
 from velocity.tts.checkpoint import write_checkpoint
 
 pytestmark = pytest.mark.server
@@ -163,53 +163,36 @@ def llm_inputs(url: str, values: dict) -> list:
     return inputs
 
 
-def metric(server, name: str) -> float:
-    for line in server.metrics().splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not in metrics:\n{server.metrics()[:3000]}")
-
-
-def wait_for(cond, timeout=30.0):
-    import time
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.2)
-    return cond()
-
-
 def test_metrics_and_cancelling_a_stream_to_llm_frees_its_blocks(server):
-    before = metric(server, "velocity_frames_generated_total")
+    before = server.metric("velocity_frames_generated_total")
     stream_tts(server.grpc_url, {"TEXT": "Count my frames.", "SEED": 5, "MAX_NEW_TOKENS": 12})
-    assert metric(server, "velocity_frames_generated_total") > before
-    assert metric(server, "velocity_time_to_first_chunk_seconds_count") >= 1
-    assert wait_for(lambda: metric(server, "velocity_kv_blocks_used") == 0 and metric(server, "velocity_kv_blocks_free") > 0)
-    idle_free = metric(server, "velocity_kv_blocks_free")
+    assert server.metric("velocity_frames_generated_total") > before
+    assert server.metric("velocity_time_to_first_chunk_seconds_count") >= 1
+    assert wait_for(lambda: server.metric("velocity_kv_blocks_used") == 0 and server.metric("velocity_kv_blocks_free") > 0)
+    idle_free = server.metric("velocity_kv_blocks_free")
 
     g = grpcclient.InferenceServerClient(server.grpc_url)
     inputs = llm_inputs(server.grpc_url, {"TEXT": "A long one.", "MAX_NEW_TOKENS": 200})
-    frames_before = metric(server, "velocity_frames_generated_total")
+    frames_before = server.metric("velocity_frames_generated_total")
     got: queue.Queue = queue.Queue()
     g.start_stream(callback=lambda result, error: got.put((result, error)))
     g.async_stream_infer("llm", inputs, enable_empty_final_response=True)
     first, err = got.get(timeout=120)
     assert err is None and first.as_numpy("CODES") is not None
     g.stop_stream(cancel_requests=True)
-    assert wait_for(lambda: metric(server, "velocity_kv_blocks_used") == 0 and
-                    metric(server, "velocity_running_sequences") == 0)
-    assert metric(server, "velocity_kv_blocks_free") == idle_free
+    assert wait_for(lambda: server.metric("velocity_kv_blocks_used") == 0 and
+                    server.metric("velocity_running_sequences") == 0)
+    assert server.metric("velocity_kv_blocks_free") == idle_free
     # aborted early: far fewer than the 200 frames it was allowed
-    assert metric(server, "velocity_frames_generated_total") - frames_before < 150
+    assert server.metric("velocity_frames_generated_total") - frames_before < 150
 
 
 def test_cancelling_through_the_ensemble_finishes_within_max_new_tokens_and_leaks_nothing(server):
     """2.51 does not pass cancellation through an ensemble: the llm request runs on, bounded by
     MAX_NEW_TOKENS, and then frees everything."""
-    assert wait_for(lambda: metric(server, "velocity_kv_blocks_used") == 0 and metric(server, "velocity_kv_blocks_free") > 0)
-    idle_free = metric(server, "velocity_kv_blocks_free")
-    frames_before = metric(server, "velocity_frames_generated_total")
+    assert wait_for(lambda: server.metric("velocity_kv_blocks_used") == 0 and server.metric("velocity_kv_blocks_free") > 0)
+    idle_free = server.metric("velocity_kv_blocks_free")
+    frames_before = server.metric("velocity_frames_generated_total")
     g = grpcclient.InferenceServerClient(server.grpc_url)
     got: queue.Queue = queue.Queue()
     g.start_stream(callback=lambda result, error: got.put((result, error)))
@@ -219,10 +202,10 @@ def test_cancelling_through_the_ensemble_finishes_within_max_new_tokens_and_leak
     first, err = got.get(timeout=120)
     assert err is None and first.as_numpy("WAVEFORM") is not None
     g.stop_stream(cancel_requests=True)
-    assert wait_for(lambda: metric(server, "velocity_kv_blocks_used") == 0 and
-                    metric(server, "velocity_running_sequences") == 0, timeout=120)
-    assert metric(server, "velocity_kv_blocks_free") == idle_free
-    assert metric(server, "velocity_frames_generated_total") - frames_before <= 40
+    assert wait_for(lambda: server.metric("velocity_kv_blocks_used") == 0 and
+                    server.metric("velocity_running_sequences") == 0, timeout=120)
+    assert server.metric("velocity_kv_blocks_free") == idle_free
+    assert server.metric("velocity_frames_generated_total") - frames_before <= 40
     ok, err2 = stream_tts(server.grpc_url, {"TEXT": "still serving.", "MAX_NEW_TOKENS": 8, "SEED": 1})
     assert err2 is None and ok
 
@@ -276,9 +259,9 @@ def test_a_client_that_disconnects_without_cancelling_gets_its_blocks_freed(serv
     import subprocess
     import sys
 
-    assert wait_for(lambda: metric(server, "velocity_kv_blocks_used") == 0 and metric(server, "velocity_kv_blocks_free") > 0)
-    idle_free = metric(server, "velocity_kv_blocks_free")
-    frames_before = metric(server, "velocity_frames_generated_total")
+    assert wait_for(lambda: server.metric("velocity_kv_blocks_used") == 0 and server.metric("velocity_kv_blocks_free") > 0)
+    idle_free = server.metric("velocity_kv_blocks_free")
+    frames_before = server.metric("velocity_frames_generated_total")
     p = subprocess.Popen([sys.executable, "-c", HANG_UP, server.grpc_url], stdout=subprocess.PIPE, text=True,
                          cwd=str(ROOT))
     try:
@@ -286,7 +269,7 @@ def test_a_client_that_disconnects_without_cancelling_gets_its_blocks_freed(serv
     finally:
         p.kill()
         p.wait()
-    assert wait_for(lambda: metric(server, "velocity_kv_blocks_used") == 0 and
-                    metric(server, "velocity_running_sequences") == 0, timeout=120)
-    assert metric(server, "velocity_kv_blocks_free") == idle_free
-    assert metric(server, "velocity_frames_generated_total") - frames_before < 150
+    assert wait_for(lambda: server.metric("velocity_kv_blocks_used") == 0 and
+                    server.metric("velocity_running_sequences") == 0, timeout=120)
+    assert server.metric("velocity_kv_blocks_free") == idle_free
+    assert server.metric("velocity_frames_generated_total") - frames_before < 150

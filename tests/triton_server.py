@@ -7,8 +7,11 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from client.soak import descendants, parse_metric
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = ROOT / "scripts" / "serve.sh"
@@ -21,23 +24,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def descendants(pid: int) -> list[int]:
-    """All live descendants of pid, read from /proc."""
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                stat = Path(f"/proc/{d}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
+def wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> bool:
+    """Poll cond until it holds or timeout passes; its last value."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.2)
+    return cond()
 
 
 def alive(pid: int) -> bool:
@@ -108,6 +102,10 @@ class TritonServer:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-20000:]
+
+    def metric(self, name: str) -> float:
+        """One sample from the metrics port (see client.soak.parse_metric)."""
+        return parse_metric(self.metrics(), name)
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://localhost:{self.metrics_port}/metrics", timeout=5) as r:
