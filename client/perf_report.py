@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 
 
 def report(path: str) -> list[dict]:
     rows = []
-    for exp in json.load(open(path))["experiments"]:
+    for exp in json.loads(Path(path).read_text())["experiments"]:
         reqs = [r for r in exp["requests"] if r.get("response_timestamps")]
         first = np.array([(r["response_timestamps"][0] - r["timestamp"]) / 1e6 for r in reqs])
         total = np.array([(r["response_timestamps"][-1] - r["timestamp"]) / 1e6 for r in reqs])
