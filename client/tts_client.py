@@ -88,19 +88,22 @@ def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True
         check_ready(client, "tts", url)
     got: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: got.put((result, error)))
+    ended = False        # the server ended the request (final flag or error): nothing to cancel
     try:
         client.async_stream_infer("tts", make_inputs(grpcclient, values), enable_empty_final_response=True)
         while True:
             result, error = got.get(timeout=timeout)
             if error is not None:
+                ended = True
                 raise ServerError(str(error))
             wav = result.as_numpy("WAVEFORM")
+            ended = result.get_response().parameters["triton_final_response"].bool_param
             if wav is not None:     # the final flag comes on the last chunk or on an empty response
                 yield int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0]), wav.reshape(-1)
-            if result.get_response().parameters["triton_final_response"].bool_param:
+            if ended:
                 return
     finally:
-        client.stop_stream(cancel_requests=True)
+        client.stop_stream(cancel_requests=not ended)    # cancel only a stream left early
         client.close()
 
 

@@ -9,8 +9,10 @@
 # MODEL_REPOSITORY. A model that fails to load (bad weights) leaves the server up and
 # not ready, with the reason in the log, instead of ending it. Uses the `tritonserver`
 # on PATH when there is one (the NGC container), else the one in the nvidia-pytriton wheel.
-# Ctrl-C or SIGTERM stops the server and every python stub process: they run in a
-# process group of their own, which is signalled as a whole.
+# Ctrl-C or SIGTERM drains, then stops: new requests are refused (UNAVAILABLE), live streams
+# get DRAIN_TIMEOUT seconds (default 20) to finish and are then ended with an UNAVAILABLE
+# error, then the server and every python stub process stop: they run in a process group of
+# their own, which is signalled as a whole (EXIT_TIMEOUT, default 30, bounds that part).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
@@ -21,9 +23,10 @@ METRICS_PORT="${METRICS_PORT:-8002}"
 BIND="${BIND:-0.0.0.0}"
 REPO="${MODEL_REPOSITORY:-$ROOT/model_repository}"
 EXIT_TIMEOUT="${EXIT_TIMEOUT:-30}"
+DRAIN_TIMEOUT="${DRAIN_TIMEOUT:-20}"
 extra=()
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --weights) WEIGHTS="$2"; shift 2 ;;
@@ -54,6 +57,8 @@ fi
 # The python stub finds the venv's packages through the venv's bin/ first on PATH.
 [[ -d "$VENV/bin" ]] && export PATH="$VENV/bin:$PATH"
 export VELOCITY_WEIGHTS="$(realpath -m "$WEIGHTS")"
+# The drain handshake with the llm model (velocity/serving/drain.py) goes through this folder.
+export VELOCITY_RUN_DIR="$(mktemp -d "${TMPDIR:-/tmp}/velocity-serve.XXXXXX")"
 
 echo "[serve] tritonserver: $server"
 echo "[serve] models:       $REPO"
@@ -64,8 +69,21 @@ echo "[serve] metrics http://$BIND:$METRICS_PORT/metrics"
 
 setsid "$server" "${args[@]}" "${extra[@]}" &
 pid=$!                         # setsid makes the server its own process-group leader
+drain() {
+    compgen -G "$VELOCITY_RUN_DIR/serving.*" >/dev/null || return 0   # no llm is serving
+    echo "[serve] draining: new requests refused, live streams get ${DRAIN_TIMEOUT}s to finish"
+    echo "$DRAIN_TIMEOUT" > "$VELOCITY_RUN_DIR/draining.tmp"
+    mv "$VELOCITY_RUN_DIR/draining.tmp" "$VELOCITY_RUN_DIR/draining"
+    for _ in $(seq $(((DRAIN_TIMEOUT + 5) * 10))); do
+        compgen -G "$VELOCITY_RUN_DIR/serving.*" >/dev/null || { echo "[serve] drained"; return 0; }
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    echo "[serve] drain not confirmed after $((DRAIN_TIMEOUT + 5))s; stopping anyway"
+}
 stop() {
     trap - INT TERM
+    drain
     echo "[serve] stopping (process group $pid)"
     kill -TERM -- "-$pid" 2>/dev/null || true
     for _ in $(seq $((EXIT_TIMEOUT * 10 + 50))); do
@@ -73,6 +91,7 @@ stop() {
         sleep 0.1
     done
     kill -KILL -- "-$pid" 2>/dev/null || true
+    rm -rf "$VELOCITY_RUN_DIR"
 }
 trap 'stop; exit 130' INT
 trap 'stop; exit 143' TERM
@@ -80,4 +99,5 @@ set +e
 wait "$pid"; rc=$?
 # The server is gone; make sure no stub of its group outlives it.
 kill -KILL -- "-$pid" 2>/dev/null || true
+rm -rf "$VELOCITY_RUN_DIR"
 exit "$rc"

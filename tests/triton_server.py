@@ -76,7 +76,7 @@ class TritonServer:
         cmd = ["bash", str(SERVE), "--model-repository", str(self.repo),
                "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
                "--metrics-port", str(self.metrics_port)]
-        env = {**os.environ, "EXIT_TIMEOUT": "10", **self.env}
+        env = {**os.environ, "EXIT_TIMEOUT": "10", "DRAIN_TIMEOUT": "5", **self.env}
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True)

@@ -148,3 +148,26 @@ def parse_triton_request(request, pb_utils, settings: Settings, frontend) -> tup
         return parse_tts_request(get, settings, frontend), None
     except ValueError as e:
         return None, pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))
+
+
+# Inside the ensemble the llm never answers with an error response: Triton 2.51's ensemble then
+# may never retire the request (it stays "in flight", the server cannot unload `tts` and stopping
+# ends in the exit timeout). The llm sends a last chunk with LENGTH 0 and one of these codes as
+# CHUNK_INDEX instead, and the vocoder (a plain model, whose errors the ensemble handles) turns it
+# into the error response.
+STREAM_SHUTTING_DOWN = -1     # ended by the drain on stop
+STREAM_FAILED = -2            # generation failed (the llm logs why)
+STREAM_BUSY = -3              # refused: VELOCITY_MAX_CONCURRENT_REQUESTS in flight
+STREAM_DRAINING = -4          # refused: the server is stopping
+
+
+def stream_error(code: int, settings: Settings) -> tuple[str, bool]:
+    """-> (the message for a STREAM_* code, whether it is UNAVAILABLE (retry) rather than INTERNAL)."""
+    if code == STREAM_SHUTTING_DOWN:
+        return "server shutting down: this stream was ended before it finished; retry on another instance", True
+    if code == STREAM_BUSY:
+        return (f"server busy: {settings.max_concurrent_requests} requests are in flight, the limit "
+                f"(VELOCITY_MAX_CONCURRENT_REQUESTS); retry later"), True
+    if code == STREAM_DRAINING:
+        return "server shutting down: new requests are refused; retry on another instance", True
+    return "generation failed (the server log has the cause); retry the request", False

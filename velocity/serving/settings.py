@@ -22,6 +22,10 @@ class Settings:
     left_context: int = 52                   # VELOCITY_LEFT_CONTEXT: frames of context before a chunk
     max_text_chars: int = 2000               # VELOCITY_MAX_TEXT_CHARS
     max_new_tokens: int = 2048               # VELOCITY_MAX_NEW_TOKENS: upper limit per request
+    # Requests in flight in the llm (running, waiting, or between sentences); one more is refused
+    # with UNAVAILABLE ("server busy") instead of queueing without bound. 0: no limit.
+    max_concurrent_requests: int = 256       # VELOCITY_MAX_CONCURRENT_REQUESTS
+    run_dir: str = ""                        # VELOCITY_RUN_DIR: set by serve.sh for the drain handshake
     # CPU threads per model process. The llm and the vocoder run at the same time in separate
     # processes; two full OpenMP pools on the same cores spin against each other.
     # Default: the vocoder one thread, the llm the other cores (measured on 2 cores: 16 streams

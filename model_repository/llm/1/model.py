@@ -13,6 +13,8 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from velocity import AsyncLLMEngine, EngineConfig, SamplingParams
+from velocity.serving.drain import Drain
+from velocity.serving.requests import STREAM_BUSY, STREAM_DRAINING, STREAM_FAILED, STREAM_SHUTTING_DOWN
 from velocity.serving.settings import Settings
 from velocity.tts.streaming import FrameChunker
 
@@ -32,6 +34,7 @@ class Stream:
         self.sentence = 0
         self.rid = ""
         self.done = False
+        self.stop_code: int | None = None       # set by another thread: end with this STREAM_* code
         self.t0 = time.monotonic()
         self.first_chunk_at: float | None = None
 
@@ -45,18 +48,20 @@ class Stream:
             self.first_chunk_at = time.monotonic()
             self.model.metrics["ttfa"].observe(self.first_chunk_at - self.t0)
         for c in chunks:
-            codes = np.asarray(c.codes, np.int32).T[None]                      # [1, num_vq, T]
-            self.sender.send(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor("CODES", codes), pb_utils.Tensor("CONTEXT", np.array([[c.context]], np.int32)),
-                pb_utils.Tensor("LENGTH", np.array([[c.length]], np.int32)),
-                pb_utils.Tensor("CHUNK_INDEX", np.array([[c.index]], np.int32))]))
+            send_codes(self.sender, np.asarray(c.codes, np.int32).T[None], c.context, c.length, c.index)
 
-    def end(self, error: str | None = None) -> None:
+    def stop(self, code: int) -> None:
+        """From any thread: end this stream with a STREAM_* error code at its next output."""
+        self.stop_code = code
+        self.model.engine.abort(self.rid)        # a waiting sequence has no next output: make one
+
+    def end(self, code: int | None = None) -> None:
+        """Send the final flag; with a STREAM_* code, on an error chunk."""
         if self.done:
             return
         self.done = True
-        if error:
-            self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)), flags=FINAL)
+        if code is not None:
+            send_error(self.sender, code, self.model.num_vq)
         else:
             self.sender.send(flags=FINAL)
             frames = len(self.chunker.frames)
@@ -68,9 +73,10 @@ class Stream:
         try:
             if self.done:
                 return
-            if self.request.is_cancelled():
-                self.model.engine.abort(self.rid)
-                self.end()
+            if self.request.is_cancelled() or self.stop_code is not None:
+                if not out.finished:
+                    self.model.engine.abort(self.rid)
+                self.end(self.stop_code)
                 return
             end_code = self.model.end_code
             frames = [f for f in out.new_token_ids if end_code not in f]
@@ -80,7 +86,8 @@ class Stream:
             if not out.finished:
                 return
             if out.error:
-                self.end(out.error)
+                log.error("request %s failed: %s", self.rid, out.error)
+                self.end(STREAM_FAILED)
             elif out.finish_reason == "abort":
                 self.end()
             elif self.sentence + 1 < len(self.sentences):
@@ -89,10 +96,24 @@ class Stream:
             else:
                 self.send_chunks(self.chunker.finish())
                 self.end()
-        except Exception as e:                   # never leave a client hanging
-            log.exception("stream failed")
+        except Exception:                        # never leave a client hanging
+            log.exception("stream %s failed", self.rid)
             self.model.engine.abort(self.rid)
-            self.end(f"llm: {e}")
+            self.end(STREAM_FAILED)
+
+
+def send_codes(sender, codes: np.ndarray, context: int, length: int, index: int, flags: int = 0) -> None:
+    """One chunk: codes [1, num_vq, T], of which `length` frames after `context` are new."""
+    i32 = lambda v: np.array([[v]], np.int32)  # noqa: E731
+    sender.send(pb_utils.InferenceResponse(output_tensors=[
+        pb_utils.Tensor("CODES", codes), pb_utils.Tensor("CONTEXT", i32(context)),
+        pb_utils.Tensor("LENGTH", i32(length)), pb_utils.Tensor("CHUNK_INDEX", i32(index))]), flags=flags)
+
+
+def send_error(sender, code: int, num_vq: int) -> None:
+    """End a stream with an error chunk (LENGTH 0, CHUNK_INDEX = a STREAM_* code, see
+    velocity.serving.requests): the vocoder turns it into the error response."""
+    send_codes(sender, np.zeros((1, num_vq, 1), np.int32), 0, 0, code, flags=FINAL)
 
 
 FAMILIES: list = []   # a MetricFamily must outlive its metrics
@@ -117,6 +138,9 @@ def make_metrics() -> dict:
         "kv_used": fam("velocity_kv_blocks_used", "KV cache blocks in use", MF.GAUGE),
         "kv_free": fam("velocity_kv_blocks_free", "KV cache blocks free", MF.GAUGE),
         "preemptions": fam("velocity_preemptions_total", "Sequences preempted", MF.COUNTER),
+        "active": fam("velocity_active_requests", "Requests in flight in the llm", MF.GAUGE),
+        "refused": fam("velocity_refused_requests_total", "Requests refused: server busy or shutting down",
+                       MF.COUNTER),
     }
 
 
@@ -131,22 +155,32 @@ class TritonPythonModel:
         except Exception as e:
             raise pb_utils.TritonModelException(f"llm: cannot start the engine on {s.weights}: {e}")
         self.end_code = self.engine.engine.worker.model.num_audio_tokens - 1
+        self.num_vq = self.engine.engine.worker.model.num_vq
         self.streams: dict[int, Stream] = {}
         self.metrics = make_metrics()
+        self.drain = Drain(s.run_dir)
         self._stop = threading.Event()
-        self._gauges = threading.Thread(target=self._update_gauges, daemon=True)
-        self._gauges.start()
+        self._monitor = threading.Thread(target=self._watch, daemon=True)
+        self._monitor.start()
 
-    def _update_gauges(self) -> None:
-        """Engine state as Prometheus gauges, four times a second."""
+    def _watch(self) -> None:
+        """Four times a second: engine state as Prometheus gauges, and serve.sh's drain request."""
         seen_preemptions = 0
         while not self._stop.wait(0.25):
+            if self.drain.poll():
+                if self.drain.expired():
+                    for stream in list(self.streams.values()):
+                        if stream.stop_code is None:
+                            stream.stop(STREAM_SHUTTING_DOWN)
+                if not self.streams:
+                    self.drain.done()
             st = self.engine.engine.stats()
             m = self.metrics
             m["running"].set(st.running)
             m["waiting"].set(st.waiting + st.swapped)
             m["kv_used"].set(st.kv_blocks_used)
             m["kv_free"].set(st.kv_blocks_free)
+            m["active"].set(len(self.streams))
             if st.preemptions > seen_preemptions:
                 m["preemptions"].increment(st.preemptions - seen_preemptions)
                 seen_preemptions = st.preemptions
@@ -156,8 +190,18 @@ class TritonPythonModel:
             self._start(request)
         return None
 
+    def _refusal(self) -> int | None:
+        if self.drain.draining:
+            return STREAM_DRAINING
+        limit = self.settings.max_concurrent_requests
+        return STREAM_BUSY if limit and len(self.streams) >= limit else None
+
     def _start(self, request) -> None:
         get = lambda n: pb_utils.get_input_tensor_by_name(request, n).as_numpy()  # noqa: E731
+        if refusal := self._refusal():
+            self.metrics["refused"].increment(1)
+            send_error(request.get_response_sender(), refusal, self.num_vq)
+            return
         try:
             ids = get("TOKEN_IDS").reshape(-1).tolist()
             lengths = get("SENTENCE_LENGTHS").reshape(-1).tolist()
@@ -183,4 +227,5 @@ class TritonPythonModel:
         self._stop.set()
         self.engine.shutdown()               # aborts in-flight requests; their streams end with the final flag
         for stream in list(self.streams.values()):
-            stream.end("server shutting down")
+            stream.end(STREAM_SHUTTING_DOWN)
+        self.drain.done()

@@ -3,6 +3,7 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
+from velocity.serving.requests import stream_error
 from velocity.serving.settings import Settings
 from velocity.tts.audio_models import load_dvae, load_vocos
 from velocity.tts.streaming import AudioDecoder
@@ -11,7 +12,7 @@ from velocity.worker.worker import resolve_device
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        s = Settings.from_env()
+        self.settings = s = Settings.from_env()
         s.set_threads("vocoder")
         try:
             dev = resolve_device(s.device)
@@ -24,6 +25,12 @@ class TritonPythonModel:
         out = []
         for r in requests:
             get = lambda n: pb_utils.get_input_tensor_by_name(r, n).as_numpy()  # noqa: E731
+            index = int(get("CHUNK_INDEX").reshape(-1)[0])
+            if index < 0:                     # the llm ended or refused the stream: its error code
+                msg, unavailable = stream_error(index, self.settings)
+                code = pb_utils.TritonError.UNAVAILABLE if unavailable else pb_utils.TritonError.INTERNAL
+                out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(msg, code)))
+                continue
             try:
                 codes = torch.from_numpy(get("CODES").astype(np.int64)).to(self.device)     # [1, num_vq, T]
                 ctx, length = int(get("CONTEXT").reshape(-1)[0]), int(get("LENGTH").reshape(-1)[0])

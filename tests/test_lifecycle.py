@@ -1,0 +1,126 @@
+"""The request limit and the drain on stop, against one real server.
+
+VELOCITY_MAX_CONCURRENT_REQUESTS=2: with two long streams in flight a third request is refused
+with a message naming the limit; cancelling one frees its slot. Then SIGTERM to serve.sh: a
+stream that can finish within DRAIN_TIMEOUT finishes, new requests are refused, a stream that
+cannot is ended with an error, and the server exits cleanly (no exit-timeout abort) leaving no
+process behind.
+
+The long streams have 40 sentences of up to 2000 frames each (minutes of generation on this
+machine); the test needs them alive only for the milliseconds a refused request takes, and
+ends them itself (cancel, drain).
+"""
+from __future__ import annotations
+
+import queue
+import signal
+import threading
+import time
+
+import pytest
+import tritonclient.grpc as grpcclient
+
+from client.tts_client import ServerError, stream_grpc
+from test_tts_server import llm_inputs
+from triton_server import ROOT, alive, wait_for
+from velocity.serving.requests import STREAM_SHUTTING_DOWN, stream_error
+from velocity.serving.settings import Settings
+
+pytestmark = pytest.mark.server
+DRAIN = 20
+EXIT = 30      # after the drain: the vocoder's backlog of chunks the llm already sent, then unloading
+LONG = {"TEXT": "This sentence goes on. " * 40, "MAX_NEW_TOKENS": 2000, "REPETITION_PENALTY": 1.0}
+
+
+class Listener(threading.Thread):
+    """One `tts` stream on its own thread: chunks, then "complete" or the error, with times."""
+
+    def __init__(self, url: str, values: dict) -> None:
+        super().__init__(daemon=True)
+        self.url, self.values = url, values
+        self.first = threading.Event()
+        self.chunks = 0
+        self.outcome: tuple[str, str] | None = None
+        self.ended_at = 0.0
+
+    def run(self) -> None:
+        try:
+            for _ in stream_grpc(self.url, self.values, timeout=300):
+                self.chunks += 1
+                self.first.set()
+            self.outcome = ("complete", "")
+        except ServerError as e:
+            self.outcome = ("error", str(e))
+        except Exception as e:            # a dropped connection: an answer too, but not the one we want
+            self.outcome = ("disconnected", repr(e))
+        self.ended_at = time.monotonic()
+        self.first.set()
+
+
+def refusal(url: str, text: str = "Am I let in?") -> str | None:
+    try:
+        list(stream_grpc(url, {"TEXT": text, "MAX_NEW_TOKENS": 20, "SEED": 1}, timeout=120))
+        return None
+    except ServerError as e:
+        return str(e)
+
+
+def test_request_limit_then_drain_on_stop(start_triton, tmp_path):
+    s = start_triton(ROOT / "model_repository", env={
+        "VELOCITY_MAX_CONCURRENT_REQUESTS": "2", "VELOCITY_MAX_TEXT_CHARS": "5000", "DRAIN_TIMEOUT": str(DRAIN),
+        "EXIT_TIMEOUT": str(EXIT)})
+
+    # two long streams: one straight to the llm (cancellable), one through the ensemble
+    direct = grpcclient.InferenceServerClient(s.grpc_url)
+    got: queue.Queue = queue.Queue()
+    direct.start_stream(callback=lambda result, error: got.put((result, error)))
+    direct.async_stream_infer("llm", llm_inputs(s.grpc_url, {**LONG, "SEED": 1}), enable_empty_final_response=True)
+    first, err = got.get(timeout=120)
+    assert err is None and first.as_numpy("CODES") is not None
+    long = Listener(s.grpc_url, {**LONG, "SEED": 2})
+    long.start()
+    assert long.first.wait(120) and long.outcome is None, long.outcome
+
+    # full: the third is refused, with the limit and the setting that raises it
+    msg = refusal(s.grpc_url)
+    assert msg is not None and "server busy: 2 requests are in flight" in msg
+    assert "VELOCITY_MAX_CONCURRENT_REQUESTS" in msg
+    assert wait_for(lambda: s.metric("velocity_refused_requests_total") == 1
+                    and s.metric("velocity_active_requests") == 2)
+
+    # cancel the direct one: its slot comes back and a request goes through
+    direct.stop_stream(cancel_requests=True)
+    direct.close()
+    assert wait_for(lambda: s.metric("velocity_active_requests") == 1, timeout=60)
+    assert refusal(s.grpc_url) is None
+
+    # a stream that can finish within the drain, live when the server is told to stop
+    medium = Listener(s.grpc_url, {"TEXT": "A medium stream. It has two sentences.", "MAX_NEW_TOKENS": 400,
+                                   "REPETITION_PENALTY": 1.0, "SEED": 3})
+    medium.start()
+    assert medium.first.wait(120) and medium.outcome is None, medium.outcome
+    pids = s.processes()
+    t_stop = time.monotonic()
+    s.proc.send_signal(signal.SIGTERM)
+
+    # draining: new requests are refused (one sent before the llm sees the drain may get in)
+    assert wait_for(lambda: "[serve] draining" in s.log(), timeout=10), s.log()
+    deadline = time.monotonic() + 10
+    while (msg := refusal(s.grpc_url)) is None or "new requests are refused" not in msg:
+        assert time.monotonic() < deadline, f"still admitting new requests while draining: {msg}"
+    assert "shutting down" in msg
+
+    medium.join(DRAIN + 60)
+    long.join(DRAIN + 60)
+    assert medium.outcome == ("complete", "") and medium.ended_at > t_stop, (medium.outcome, medium.ended_at - t_stop)
+    assert long.outcome is not None and long.outcome[0] == "error", long.outcome
+    assert stream_error(STREAM_SHUTTING_DOWN, Settings())[0] in long.outcome[1]
+    assert long.ended_at - t_stop >= DRAIN - 1          # it had its grace period
+
+    rc = s.proc.wait(DRAIN + 60)
+    stopped_after = time.monotonic() - t_stop
+    log = s.log()
+    assert rc == 143 and "[serve] drained" in log, log
+    assert "Exit timeout expired" not in log and "Signal (6)" not in log, log
+    assert stopped_after < DRAIN + EXIT, f"stopping took {stopped_after:.0f} s"
+    assert wait_for(lambda: not [p for p in pids if alive(p)]), "a server or stub process was left behind"

@@ -1,0 +1,68 @@
+"""The drain handshake between scripts/serve.sh and the llm model, through files in a run dir.
+
+Triton closes its endpoints the moment it is signalled and then waits for live requests, so a
+stream cut by a plain SIGTERM reaches its client as a dropped connection and the server hits its
+exit timeout. serve.sh drains first instead:
+
+1. each llm instance writes `serving.<pid>` when it starts;
+2. on SIGTERM/Ctrl-C serve.sh writes `draining` holding the grace period in seconds;
+3. the llm refuses new requests (UNAVAILABLE), lets live streams finish until the grace period
+   ends, then ends the rest with an UNAVAILABLE error; with no stream left it renames its file
+   to `drained.<pid>`;
+4. serve.sh waits until no `serving.*` file is left (or the grace period and a margin pass),
+   then signals the server, which now has nothing in flight and exits at once.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+log = logging.getLogger("velocity.drain")
+
+
+class Drain:
+    """One model instance's side of the handshake; inert when run_dir is empty."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.dir = Path(run_dir) if run_dir else None
+        self.deadline: float | None = None      # monotonic time the grace period ends
+        self.finished = False
+        if self.dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            (self.dir / f"serving.{os.getpid()}").touch()
+
+    @property
+    def draining(self) -> bool:
+        return self.deadline is not None
+
+    def poll(self) -> bool:
+        """Check for serve.sh's request (cheap; call a few times a second). True while draining."""
+        if self.deadline is None and self.dir is not None:
+            try:
+                raw = (self.dir / "draining").read_text().strip()
+            except FileNotFoundError:
+                return False
+            try:
+                grace = max(0.0, float(raw))
+            except ValueError:
+                grace = 0.0
+            self.deadline = time.monotonic() + grace
+            log.info("draining: new requests refused, live streams get %.0f s", grace)
+        return self.draining
+
+    def expired(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def done(self) -> None:
+        """Nothing left in flight: tell serve.sh (once)."""
+        if self.finished or self.dir is None:
+            return
+        self.finished = True
+        pid = os.getpid()
+        try:
+            (self.dir / f"serving.{pid}").rename(self.dir / f"drained.{pid}")
+        except FileNotFoundError:
+            pass
+        log.info("drained")
