@@ -111,10 +111,9 @@ def in_process(weights: str, texts: list[str], levels: list[int], n_min: int, va
     `concurrency` requests in flight on one LLMEngine; chunks are decoded in the step loop."""
     from velocity.serving.settings import Settings
     from velocity.tts.pipeline import TTSPipeline, chattts_params
-    from velocity.tts.streaming import ChunkSchedule
 
     s = Settings.from_env()
-    pipe = TTSPipeline(weights, device=device, schedule=ChunkSchedule(s.chunk_first, s.chunk_rest),
+    pipe = TTSPipeline(weights, device=device, schedule=s.schedule,
                        lookahead=s.lookahead, max_num_seqs=s.max_num_seqs, kv_cache_bytes=s.kv_cache_bytes)
     list(pipe.stream("Warm up.", params=chattts_params(max_new_tokens=8)))
     out: dict = {}

@@ -2,9 +2,9 @@
 
     .venv/bin/python -m client.soak --seconds 3600 --pid $(pgrep -o -f scripts/serve.sh)
 
-Afterwards it checks that no KV block is in use and no sequence runs, that the server's
-resident memory is back within 20% + 64 MiB of its level after warm-up, and that every good
-request's audio was complete (chunk indices 0..n-1, whole frames). Prints a JSON report;
+Afterwards it checks that no KV block is in use, no sequence runs and no request is in
+flight, that the server's resident memory is back within 20% + 64 MiB of its level after
+warm-up, and that every good request's audio was complete (chunk indices 0..n-1, whole frames). Prints a JSON report;
 exit status 1 when a check fails. tests/test_soak.py runs it for a bounded time in CI.
 """
 from __future__ import annotations
@@ -124,12 +124,11 @@ def soak(url: str, metrics_url: str, seconds: float, pid: int | None = None, con
     for t in threads:
         t.join()
     deadline = time.monotonic() + 120       # requests cancelled through the ensemble run to MAX_NEW_TOKENS
-    while time.monotonic() < deadline and (metric(metrics_url, "velocity_kv_blocks_used") or
-                                           metric(metrics_url, "velocity_running_sequences")):
+    gauges = {"kv_blocks_used": "velocity_kv_blocks_used", "running": "velocity_running_sequences",
+              "waiting": "velocity_waiting_sequences", "requests_in_flight": "velocity_active_requests"}
+    while time.monotonic() < deadline and any(metric(metrics_url, g) for g in gauges.values()):
         time.sleep(0.5)
-    idle = {"kv_blocks_used": metric(metrics_url, "velocity_kv_blocks_used"),
-            "running": metric(metrics_url, "velocity_running_sequences"),
-            "waiting": metric(metrics_url, "velocity_waiting_sequences")}
+    idle = {k: metric(metrics_url, g) for k, g in gauges.items()}
     if any(idle.values()):
         problems.append(f"not idle after the soak: {idle}")
     if pid:

@@ -75,19 +75,22 @@ drain() {
     echo "$DRAIN_TIMEOUT" > "$VELOCITY_RUN_DIR/draining.tmp"
     mv "$VELOCITY_RUN_DIR/draining.tmp" "$VELOCITY_RUN_DIR/draining"
     for _ in $(seq $(((DRAIN_TIMEOUT + 5) * 10))); do
+        [[ $hurry == 1 ]] && { echo "[serve] second signal: not waiting for the drain"; return 0; }
         compgen -G "$VELOCITY_RUN_DIR/serving.*" >/dev/null || { echo "[serve] drained"; return 0; }
         kill -0 "$pid" 2>/dev/null || return 0
         sleep 0.1
     done
     echo "[serve] drain not confirmed after $((DRAIN_TIMEOUT + 5))s; stopping anyway"
 }
+hurry=0
 stop() {
-    trap - INT TERM
+    trap 'hurry=1' INT TERM          # a second Ctrl-C/SIGTERM: stop now
     drain
     echo "[serve] stopping (process group $pid)"
     kill -TERM -- "-$pid" 2>/dev/null || true
     for _ in $(seq $((EXIT_TIMEOUT * 10 + 50))); do
         kill -0 -- "-$pid" 2>/dev/null || break
+        [[ $hurry == 1 ]] && break
         sleep 0.1
     done
     kill -KILL -- "-$pid" 2>/dev/null || true

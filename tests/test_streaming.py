@@ -49,7 +49,8 @@ def test_context_is_the_receptive_field(decoder):
 
 
 @pytest.mark.parametrize("schedule,step", [(ChunkSchedule(1, 1), 1), (ChunkSchedule(12, 36), 5),
-                                           (ChunkSchedule(4, 24), 7), (ChunkSchedule(200, 200), 3)])
+                                           (ChunkSchedule(4, 24), 7), (ChunkSchedule(200, 200), 3),
+                                           (ChunkSchedule(12, 24, 96), 5)])
 def test_exact_context_chunks_equal_the_whole_decode(decoder, frames, whole, schedule, step):
     chunks = stream(decoder, frames, schedule, step)
     audio = torch.cat([c[1] for c in chunks])
@@ -80,3 +81,12 @@ def test_short_lookahead_stays_above_40_db(decoder, frames, whole):
     """The latency trade: 16 frames (0.34 s) of lookahead instead of the exact 52."""
     chunks = stream(decoder, frames, ChunkSchedule(12, 36), 4, lookahead=16)
     assert ser_db(whole, torch.cat([c[1] for c in chunks])) > 40
+
+
+def test_later_chunks_grow_to_the_largest():
+    ends = ChunkSchedule(12, 24, 96).bounds()
+    assert [next(ends) for _ in range(6)] == [12, 36, 84, 180, 276, 372]      # 12, 24, 48, 96, 96, 96
+    ends = ChunkSchedule(12, 36).bounds()
+    assert [next(ends) for _ in range(3)] == [12, 48, 84]                     # no growth by default
+    with pytest.raises(ValueError, match="largest"):
+        ChunkSchedule(12, 36, 20)

@@ -17,7 +17,8 @@ class Settings:
     gpu_memory_utilization: float = 0.85     # VELOCITY_GPU_MEMORY_UTILIZATION
     max_num_seqs: int = 64                   # VELOCITY_MAX_NUM_SEQS
     chunk_first: int = 12                    # VELOCITY_CHUNK_FIRST: frames in the first audio chunk
-    chunk_rest: int = 36                     # VELOCITY_CHUNK_REST: frames in later chunks
+    chunk_rest: int = 36                     # VELOCITY_CHUNK_REST: frames in the second chunk
+    chunk_largest: int = 36                  # VELOCITY_CHUNK_LARGEST: later chunks double up to this
     lookahead: int = 16                      # VELOCITY_LOOKAHEAD: frames past a chunk before it is cut
     left_context: int = 52                   # VELOCITY_LEFT_CONTEXT: frames of context before a chunk
     max_text_chars: int = 2000               # VELOCITY_MAX_TEXT_CHARS
@@ -55,4 +56,4 @@ class Settings:
 
     @property
     def schedule(self) -> ChunkSchedule:
-        return ChunkSchedule(self.chunk_first, self.chunk_rest)
+        return ChunkSchedule(self.chunk_first, self.chunk_rest, self.chunk_largest)

@@ -28,21 +28,31 @@ def exact_context(dvae: DVAE, vocos: Vocos) -> int:
 
 @dataclass(slots=True)
 class ChunkSchedule:
-    """Chunk sizes in GPT frames: `first` for fast first audio, then `rest` (46.875 frames = 1 s)."""
+    """Chunk sizes in GPT frames (46.875 frames = 1 s): `first` for fast first audio, then
+    `rest`, each later chunk twice the one before up to `largest` (default: `rest`, no growth).
+
+    Every chunk is decoded with its left context and lookahead around it, so a chunk of n
+    frames costs the vocoder (context + n + lookahead) frames: larger later chunks cost less
+    per second of audio, while the small first ones keep the first audio early.
+    """
 
     first: int = 12
     rest: int = 36
+    largest: int = 0
 
     def __post_init__(self) -> None:
         if self.first < 1 or self.rest < 1:
             raise ValueError(f"chunk sizes must be >= 1 frame, got first={self.first}, rest={self.rest}")
+        if self.largest and self.largest < self.rest:
+            raise ValueError(f"largest chunk ({self.largest}) must be 0 (= rest) or >= rest ({self.rest})")
 
     def bounds(self) -> Iterator[int]:
         """End frame of chunk 0, 1, 2, ..."""
-        end = self.first
+        end, size = self.first, self.rest
         while True:
             yield end
-            end += self.rest
+            end += size
+            size = min(2 * size, max(self.largest, self.rest))
 
 
 @dataclass
