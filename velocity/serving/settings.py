@@ -18,7 +18,7 @@ class Settings:
     max_num_seqs: int = 64                   # VELOCITY_MAX_NUM_SEQS
     chunk_first: int = 12                    # VELOCITY_CHUNK_FIRST: frames in the first audio chunk
     chunk_rest: int = 36                     # VELOCITY_CHUNK_REST: frames in the second chunk
-    chunk_largest: int = 36                  # VELOCITY_CHUNK_LARGEST: later chunks double up to this
+    chunk_largest: int = 144                 # VELOCITY_CHUNK_LARGEST: later chunks double up to this (3 s)
     lookahead: int = 16                      # VELOCITY_LOOKAHEAD: frames past a chunk before it is cut
     left_context: int = 52                   # VELOCITY_LEFT_CONTEXT: frames of context before a chunk
     max_text_chars: int = 2000               # VELOCITY_MAX_TEXT_CHARS
