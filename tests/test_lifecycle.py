@@ -25,6 +25,7 @@ from test_tts_server import llm_inputs
 from triton_server import ROOT, alive, wait_for
 from velocity.serving.requests import STREAM_SHUTTING_DOWN, stream_error
 from velocity.serving.settings import Settings
+from velocity.tts.checkpoint import write_checkpoint
 
 pytestmark = pytest.mark.server
 DRAIN = 20
@@ -66,8 +67,9 @@ def refusal(url: str, text: str = "Am I let in?") -> str | None:
 
 
 def test_request_limit_then_drain_on_stop(start_triton, tmp_path):
+    ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
     s = start_triton(ROOT / "model_repository", env={
-        "VELOCITY_MAX_CONCURRENT_REQUESTS": "2", "VELOCITY_MAX_TEXT_CHARS": "5000", "DRAIN_TIMEOUT": str(DRAIN),
+        "VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_MAX_CONCURRENT_REQUESTS": "2", "VELOCITY_MAX_TEXT_CHARS": "5000", "DRAIN_TIMEOUT": str(DRAIN),
         "EXIT_TIMEOUT": str(EXIT)})
 
     # two long streams: one straight to the llm (cancellable), one through the ensemble
