@@ -18,6 +18,12 @@ SERVE = ROOT / "scripts" / "serve.sh"
 TESTS_REPO = ROOT / "tests" / "model_repository"
 
 
+def _default_sigint() -> None:
+    """A shell started in the background (`make test &`) passes SIGINT on ignored, and bash cannot
+    trap a signal ignored on entry: give serve.sh the Ctrl-C a terminal would deliver."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -79,7 +85,7 @@ class TritonServer:
         env = {**os.environ, "EXIT_TIMEOUT": "10", "DRAIN_TIMEOUT": "5", **self.env}
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=env, start_new_session=True)
+                                     env=env, start_new_session=True, preexec_fn=_default_sigint)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
