@@ -59,6 +59,7 @@ fi
 export VELOCITY_WEIGHTS="$(realpath -m "$WEIGHTS")"
 # The drain handshake with the llm model (velocity/serving/drain.py) goes through this folder.
 export VELOCITY_RUN_DIR="$(mktemp -d "${TMPDIR:-/tmp}/velocity-serve.XXXXXX")"
+trap 'rm -rf "$VELOCITY_RUN_DIR"' EXIT
 
 echo "[serve] tritonserver: $server"
 echo "[serve] models:       $REPO"
@@ -94,7 +95,6 @@ stop() {
         sleep 0.1
     done
     kill -KILL -- "-$pid" 2>/dev/null || true
-    rm -rf "$VELOCITY_RUN_DIR"
 }
 trap 'stop; exit 130' INT
 trap 'stop; exit 143' TERM
@@ -102,5 +102,4 @@ set +e
 wait "$pid"; rc=$?
 # The server is gone; make sure no stub of its group outlives it.
 kill -KILL -- "-$pid" 2>/dev/null || true
-rm -rf "$VELOCITY_RUN_DIR"
 exit "$rc"
