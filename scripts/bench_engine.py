@@ -113,7 +113,7 @@ def main() -> None:
         bw = bandwidth_gbs(args.device)
         res["bandwidth_GBs"] = bw
         log.info("weights %.0f MB, read bandwidth %.1f GB/s", weight_bytes / 1e6, bw)
-        runs = {}
+        runs, steps = {}, {}
 
         # transformers, one request at a time (a subset: it is slow)
         t = time.perf_counter()
@@ -128,17 +128,22 @@ def main() -> None:
         runs["transformers_padded_b32"] = sum(olens) / (time.perf_counter() - t)
 
         cuda = args.device.startswith("cuda")
-        for c, eager in [(1, False), (8, False), (32, False)] + ([(32, True)] if cuda else []):
+        # CUDA: graphs against eager at 32. CPU float32: oneDNN-prepacked weights (the default)
+        # against plain nn.Linear at every level.
+        extra = [(32, True, True)] if cuda else [(c, False, False) for c in (1, 8, 32)] if args.dtype == "float32" else []
+        for c, eager, packed in [(1, False, True), (8, False, True), (32, False, True)] + extra:
             llm = LLM(tmp, device=args.device, dtype=args.dtype, max_num_seqs=c, block_size=16, num_kv_blocks=2048,
-                      enforce_eager=eager)
+                      enforce_eager=eager, pack_cpu_weights=packed)
             sub = n_single if c == 1 else n_req
             llm.generate([prompts[0]], params(4))                     # warm up
             t = time.perf_counter()
             llm.generate(prompts[:sub], [params(n) for n in olens[:sub]], use_tqdm=True)
-            runs[f"velocity_c{c}" + ("_eager" if eager else "")] = sum(olens[:sub]) / (time.perf_counter() - t)
+            name = f"velocity_c{c}" + ("_eager" if eager else "") + ("" if packed else "_unpacked")
+            runs[name] = sum(olens[:sub]) / (time.perf_counter() - t)
             if c == 1:
-                v_step = decode_step_time(lambda n: llm.generate([prompts[0]], params(n)))
+                steps[name] = decode_step_time(lambda n: llm.generate([prompts[0]], params(n)))
             del llm
+        v_step = steps["velocity_c1"]
         h_step = decode_step_time(lambda n: hf_generate(hf, [prompts[0]], n))
 
     bound = weight_bytes / (bw * 1e9)
@@ -149,6 +154,11 @@ def main() -> None:
         "velocity_c8_vs_transformers_one_at_a_time": runs["velocity_c8"] / runs["transformers_one_at_a_time"],
         "velocity_c1_vs_transformers_one_at_a_time": runs["velocity_c1"] / runs["transformers_one_at_a_time"],
     }
+    if "velocity_c32_unpacked" in runs:
+        res["ratios"] |= {f"velocity_c{c}_packed_vs_unpacked": runs[f"velocity_c{c}"] / runs[f"velocity_c{c}_unpacked"]
+                          for c in (1, 8, 32)}
+        res["ratios"]["velocity_c32_vs_c1"] = runs["velocity_c32"] / runs["velocity_c1"]
+        res["ratios"]["velocity_c32_vs_c1_unpacked"] = runs["velocity_c32_unpacked"] / runs["velocity_c1_unpacked"]
     if "velocity_c32_eager" in runs:
         res["ratios"]["velocity_c32_cuda_graphs_vs_eager"] = runs["velocity_c32"] / runs["velocity_c32_eager"]
     res["batch1_decode"] = {
@@ -157,6 +167,8 @@ def main() -> None:
         "velocity_fraction_of_bound": bound / v_step, "transformers_fraction_of_bound": bound / h_step,
         "velocity_implied_GBs": weight_bytes / v_step / 1e9,
     }
+    if "velocity_c1_unpacked" in steps:
+        res["batch1_decode"]["velocity_unpacked_ms"] = steps["velocity_c1_unpacked"] * 1e3
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=2))
@@ -172,7 +184,8 @@ def plot(res: dict, path: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})
     runs = res["tokens_per_s"]
     names = list(runs)
-    colors = ["#999999" if n.startswith("transformers") else "#1f77b4" for n in names]
+    colors = ["#999999" if n.startswith("transformers") else "#aec7e8" if n.endswith("_unpacked") else "#1f77b4"
+              for n in names]
     a.bar(range(len(names)), [runs[n] for n in names], color=colors)
     a.set_xticks(range(len(names)), [n.replace("_", "\n", 1) for n in names], fontsize=8)
     a.set_ylabel("output tokens / s")

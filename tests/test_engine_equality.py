@@ -55,6 +55,19 @@ def test_gqa_equals_transformers(gqa):
     assert_same(ours, refs, ps, "GQA")
 
 
+@pytest.mark.parametrize("packed", [True, False])
+def test_cpu_linears_packed_or_plain_equal_transformers(mha, packed):
+    """CPU float32 runs on oneDNN-prepacked weights by default (so every test here covers them);
+    plain nn.Linear stays available and exact too."""
+    from torch import nn
+    from velocity.model.packed_linear import PackedLinear
+    path, _, ps, refs = mha
+    ours, engine = run(path, ps, block_size=16, num_kv_blocks=256, pack_cpu_weights=packed)
+    kinds = {type(m) for m in engine.worker.model.modules()}
+    assert (PackedLinear in kinds) == packed and (nn.Linear in kinds) != packed
+    assert_same(ours, refs, ps, f"pack_cpu_weights={packed}")
+
+
 def test_one_at_a_time_equals_batched(mha):
     path, _, ps, refs = mha
     llm = LLM(str(path), device="cpu", block_size=8, num_kv_blocks=512)

@@ -90,3 +90,10 @@ def test_later_chunks_grow_to_the_largest():
     assert [next(ends) for _ in range(3)] == [12, 48, 84]                     # no growth by default
     with pytest.raises(ValueError, match="largest"):
         ChunkSchedule(12, 36, 20)
+
+
+def test_serving_chunk_rest_above_the_largest_chunk_means_chunks_of_rest():
+    from velocity.serving.settings import Settings
+    s = Settings(chunk_first=12, chunk_rest=200)          # default largest 144 < 200
+    ends = [b for b, _ in zip(s.schedule.bounds(), range(3))]
+    assert ends == [12, 212, 412]

@@ -22,6 +22,7 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None  # None: max(4096, max_model_len)
     max_model_len: int | None = None      # None: the model's max positions
     enforce_eager: bool = False           # True: no CUDA graphs
+    pack_cpu_weights: bool = True         # CPU float32: linears on oneDNN-prepacked weights
     enable_prefix_caching: bool = True
     seed: int = 0
 

@@ -33,6 +33,7 @@ class Settings:
     # gave 0.93 audio s/s split this way against 0.84 with two full pools; docs/benchmarks.md).
     llm_threads: int = 0                     # VELOCITY_LLM_THREADS (0: all cores but the vocoder's)
     vocoder_threads: int = 1                 # VELOCITY_VOCODER_THREADS
+    pack_cpu_weights: int = 1                # VELOCITY_PACK_CPU_WEIGHTS: 1: oneDNN-prepacked llm weights on CPU
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -56,4 +57,5 @@ class Settings:
 
     @property
     def schedule(self) -> ChunkSchedule:
-        return ChunkSchedule(self.chunk_first, self.chunk_rest, self.chunk_largest)
+        # A VELOCITY_CHUNK_REST above the default largest chunk means chunks of that size, no growth.
+        return ChunkSchedule(self.chunk_first, self.chunk_rest, max(self.chunk_largest, self.chunk_rest))

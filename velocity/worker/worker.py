@@ -10,6 +10,7 @@ from velocity.engine.scheduler import SchedulerOutput
 from velocity.model.attention import AttentionMetadata, build_attn_mask
 from velocity.model.cpu_kernels import paged_decode_kernel
 from velocity.model.loader import load_model
+from velocity.model.packed_linear import can_pack, pack_linears
 from velocity.sampling.sampler import Sampler
 from velocity.worker.cache_engine import CacheEngine, bytes_per_block
 from velocity.worker.model_runner import ModelRunner
@@ -42,6 +43,8 @@ class Worker:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model = load_model(config.model, self.device, self.dtype)
+        if config.pack_cpu_weights and can_pack(self.device, self.dtype):
+            logger.info("CPU: %d linears on oneDNN-prepacked weights", pack_linears(self.model))
         model_max = self.model.max_positions
         self.max_model_len = min(config.max_model_len or model_max, model_max)
         block_bytes = bytes_per_block(self.model, config.block_size, self.dtype)

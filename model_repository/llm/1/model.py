@@ -151,7 +151,8 @@ class TritonPythonModel:
         try:
             self.engine = AsyncLLMEngine(EngineConfig(
                 model=s.weights, device=s.device, dtype=s.dtype, kv_cache_bytes=s.kv_cache_bytes,
-                gpu_memory_utilization=s.gpu_memory_utilization, max_num_seqs=s.max_num_seqs))
+                gpu_memory_utilization=s.gpu_memory_utilization, max_num_seqs=s.max_num_seqs,
+                pack_cpu_weights=bool(s.pack_cpu_weights)))
         except Exception as e:
             raise pb_utils.TritonModelException(f"llm: cannot start the engine on {s.weights}: {e}")
         self.end_code = self.engine.engine.worker.model.num_audio_tokens - 1

@@ -1,0 +1,44 @@
+"""PackedLinear (oneDNN-prepacked CPU weights) against nn.Linear."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from velocity.model.packed_linear import PackedLinear, can_pack, pack_linears
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 17, 64])
+@pytest.mark.parametrize("bias", [True, False])
+def test_matches_nn_linear(rows, bias):
+    torch.manual_seed(rows)
+    lin = nn.Linear(768, 3072, bias=bias)
+    x = torch.randn(rows, 768)
+    with torch.inference_mode():
+        want, got = lin(x), PackedLinear(lin)(x)
+    assert got.shape == want.shape
+    # float32 sums of 768 products in another order: |error| ~ sqrt(768) * 2^-24 * sum|x*w| ~ 1e-5 here
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_pack_linears_replaces_every_linear_and_keeps_other_modules():
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.ModuleList([nn.Linear(32, 8), nn.Linear(32, 8)]),
+                          nn.LayerNorm(8))
+    x = torch.randn(5, 16)
+    with torch.inference_mode():
+        h = model[1](model[0](x))
+        want = [model[3](lin(h)) for lin in model[2]]
+        assert pack_linears(model) == 3
+        h = model[1](model[0](x))
+        got = [model[3](lin(h)) for lin in model[2]]
+    assert not any(type(m) is nn.Linear for m in model.modules())
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_only_cpu_float32():
+    assert can_pack(torch.device("cpu"), torch.float32)
+    assert not can_pack(torch.device("cpu"), torch.bfloat16)
+    assert not can_pack(torch.device("cuda"), torch.float32)
