@@ -20,13 +20,14 @@ import platform
 import statistics
 import threading
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from client.tts_client import SAMPLE_RATE, ServerError, stream_grpc, synthesize
+from client.tts_client import SAMPLE_RATE, ServerError, parse_metric, stream_grpc, synthesize
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = Path(__file__).with_name("texts.txt")
@@ -66,7 +67,29 @@ def stats_diff(before: dict, after: dict) -> dict:
     return d
 
 
-def run_level(url: str, texts: list[str], concurrency: int, n_requests: int, values: dict, bar) -> dict:
+VOCODER_COUNTERS = ("chunks", "queue_seconds", "decode_seconds", "late_seconds")
+
+
+def vocoder_counters(metrics_url: str) -> dict | None:
+    """The vocoder's own counters (Triton's statistics see only its queueing of chunks, not the decode)."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=5) as r:
+            text = r.read().decode()
+        return {k: parse_metric(text, f"velocity_vocoder_{k}_total") for k in VOCODER_COUNTERS}
+    except (OSError, KeyError):
+        return None
+
+
+def vocoder_diff(before: dict | None, after: dict | None) -> dict | None:
+    n = after and before and after["chunks"] - before["chunks"]
+    if not n:
+        return None
+    return {"chunks": int(n), **{f"avg_{k.split('_')[0]}_ms": (after[k] - before[k]) / n * 1e3
+                                 for k in VOCODER_COUNTERS[1:]}}
+
+
+def run_level(url: str, texts: list[str], concurrency: int, n_requests: int, values: dict, bar,
+              metrics_url: str = "") -> dict:
     """n_requests over `concurrency` worker threads, each request its own gRPC stream."""
     results, errors, lock = [], [], threading.Lock()
     todo = iter(range(n_requests))
@@ -86,7 +109,7 @@ def run_level(url: str, texts: list[str], concurrency: int, n_requests: int, val
                     errors.append(str(e)[:300])
             bar.update(1)
 
-    before = server_stats(url)
+    before, voc_before = server_stats(url), vocoder_counters(metrics_url)
     t0 = time.perf_counter()
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
     for t in threads:
@@ -103,6 +126,7 @@ def run_level(url: str, texts: list[str], concurrency: int, n_requests: int, val
         "total_s": summary([r.total for r in results]),
         "rtf": summary([r.rtf for r in results if r.seconds]),
         "server": stats_diff(before, server_stats(url)),
+        "vocoder_queue": vocoder_diff(voc_before, vocoder_counters(metrics_url)),
     }
 
 
@@ -185,6 +209,7 @@ def plot(res: dict, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--url", default="localhost:8001")
+    ap.add_argument("--metrics-url", default=None, help="default: the --url host, port 8002")
     ap.add_argument("--concurrency", default="1,2,4,8,16,32,64")
     ap.add_argument("--requests", type=int, default=8, help="requests per level at least (and >= concurrency)")
     ap.add_argument("--max-new-tokens", type=int, default=120, help="frame cap per sentence (random weights rarely stop)")
@@ -199,6 +224,7 @@ def main() -> None:
     texts = [t for t in TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()]
     values = {"MAX_NEW_TOKENS": args.max_new_tokens}
     levels = [int(c) for c in args.concurrency.split(",")]
+    metrics_url = args.metrics_url or f"http://{args.url.rsplit(':', 1)[0]}:8002/metrics"
     res: dict = {"hardware": {"device": args.hardware or f"CPU {platform.machine()}, {os.cpu_count()} cores"},
                  "checkpoint": Path(args.weights).name if args.weights else "server's",
                  "max_new_tokens": args.max_new_tokens, "texts": len(texts), "levels": []}
@@ -213,7 +239,7 @@ def main() -> None:
     with tqdm(total=total, desc="requests") as bar:
         for c in levels:
             bar.set_postfix(concurrency=c)
-            lv = run_level(args.url, texts, c, max(args.requests, c), values, bar)
+            lv = run_level(args.url, texts, c, max(args.requests, c), values, bar, metrics_url)
             res["levels"].append(lv)
             log.info("c=%d: first audio p50 %.3f p99 %.3f s, RTF p50 %.3f, %.2f audio s/s, %d errors", c,
                      lv["first_audio_s"]["p50"] or -1, lv["first_audio_s"]["p99"] or -1, lv["rtf"]["p50"] or -1,

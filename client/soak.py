@@ -17,11 +17,10 @@ import random
 import sys
 import threading
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
-from client.tts_client import ServerError, stream_grpc
+from client.tts_client import ServerError, metric, stream_grpc
 
 TEXTS = [t for t in Path(__file__).with_name("texts.txt").read_text(encoding="utf-8").splitlines() if t.strip()]
 BAD = [{"TEXT": "   "}, {"TOP_P": 2.0}, {"MAX_NEW_TOKENS": 0}, {"SPEAKER": "not a speaker"}, {"TEMPERATURE": -1.0},
@@ -57,19 +56,6 @@ def tree_rss(pid: int) -> int:
         except OSError:
             pass
     return total
-
-
-def parse_metric(text: str, name: str) -> float:
-    """The value of the first sample of `name` in Prometheus text."""
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise KeyError(f"{name} not in the metrics:\n{text[:3000]}")
-
-
-def metric(metrics_url: str, name: str) -> float:
-    with urllib.request.urlopen(metrics_url, timeout=5) as r:
-        return parse_metric(r.read().decode(), name)
 
 
 def one(url: str, r: random.Random, max_new: int, stats: Counter, problems: list, texts: list[str]) -> None:

@@ -225,3 +225,16 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def parse_metric(text: str, name: str) -> float:
+    """The value of the first sample of `name` in Prometheus text."""
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(f"{name} not in the metrics:\n{text[:3000]}")
+
+
+def metric(metrics_url: str, name: str) -> float:
+    with urllib.request.urlopen(metrics_url, timeout=5) as r:
+        return parse_metric(r.read().decode(), name)

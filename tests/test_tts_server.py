@@ -165,8 +165,11 @@ def llm_inputs(url: str, values: dict) -> list:
 
 def test_metrics_and_cancelling_a_stream_to_llm_frees_its_blocks(server):
     before = server.metric("velocity_frames_generated_total")
+    chunks, decode = server.metric("velocity_vocoder_chunks_total"), server.metric("velocity_vocoder_decode_seconds_total")
     stream_tts(server.grpc_url, {"TEXT": "Count my frames.", "SEED": 5, "MAX_NEW_TOKENS": 12})
     assert server.metric("velocity_frames_generated_total") > before
+    assert server.metric("velocity_vocoder_chunks_total") > chunks
+    assert server.metric("velocity_vocoder_decode_seconds_total") > decode
     assert server.metric("velocity_time_to_first_chunk_seconds_count") >= 1
     assert wait_for(lambda: server.metric("velocity_kv_blocks_used") == 0 and server.metric("velocity_kv_blocks_free") > 0)
     idle_free = server.metric("velocity_kv_blocks_free")

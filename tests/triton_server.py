@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from client.soak import descendants, parse_metric
+from client.soak import descendants
+from client.tts_client import parse_metric
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = ROOT / "scripts" / "serve.sh"
@@ -110,7 +111,7 @@ class TritonServer:
         return self.log_path.read_text(errors="replace")[-20000:]
 
     def metric(self, name: str) -> float:
-        """One sample from the metrics port (see client.soak.parse_metric)."""
+        """One sample from the metrics port (see client.tts_client.parse_metric)."""
         return parse_metric(self.metrics(), name)
 
     def metrics(self) -> str:

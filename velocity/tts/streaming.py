@@ -8,6 +8,7 @@ tests/test_streaming.py and stated in docs/benchmarks.md).
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -15,6 +16,8 @@ import torch
 
 from velocity.tts.dvae import DVAE
 from velocity.tts.vocos import Vocos
+
+FRAMES_PER_SECOND = 24000 / 512    # GPT frames per second of audio (46.875)
 
 
 def exact_context(dvae: DVAE, vocos: Vocos) -> int:
@@ -45,6 +48,10 @@ class ChunkSchedule:
             raise ValueError(f"chunk sizes must be >= 1 frame, got first={self.first}, rest={self.rest}")
         if self.largest and self.largest < self.rest:
             raise ValueError(f"largest chunk ({self.largest}) must be 0 (= rest) or >= rest ({self.rest})")
+
+    def start(self, index: int) -> int:
+        """First frame of chunk `index` (the frames before it)."""
+        return 0 if index <= 0 else next(itertools.islice(self.bounds(), index - 1, None))
 
     def bounds(self) -> Iterator[int]:
         """End frame of chunk 0, 1, 2, ..."""

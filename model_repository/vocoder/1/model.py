@@ -1,13 +1,41 @@
-"""Triton adapter: DVAE + Vocos on one chunk (velocity.tts.streaming.AudioDecoder). Stateless."""
+"""Triton adapter: DVAE + Vocos on one chunk (velocity.tts.streaming.AudioDecoder). Stateless.
+
+execute() only queues: a decode thread takes chunks earliest deadline first
+(velocity.serving.chunk_queue) and answers each as soon as it is decoded, through the
+request's response sender (one response with the final flag: allowed in default mode since
+Triton 24.06). So a new stream's first chunk does not wait behind a batch of later chunks.
+"""
+import logging
+import threading
+import time
+
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
+from velocity.serving.chunk_queue import ChunkQueue
 from velocity.serving.requests import stream_error
 from velocity.serving.settings import Settings
 from velocity.tts.audio_models import load_dvae, load_vocos
-from velocity.tts.streaming import AudioDecoder
+from velocity.tts.streaming import FRAMES_PER_SECOND, AudioDecoder
 from velocity.worker.worker import resolve_device
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+log = logging.getLogger("vocoder")
+FAMILIES: list = []   # a MetricFamily must outlive its metrics
+
+
+def make_metrics() -> dict:
+    MF = pb_utils.MetricFamily
+    out = {}
+    for key, name, desc in [
+            ("chunks", "velocity_vocoder_chunks_total", "Chunks decoded by the vocoder"),
+            ("queue", "velocity_vocoder_queue_seconds_total", "Seconds chunks waited in the vocoder's queue"),
+            ("decode", "velocity_vocoder_decode_seconds_total", "Seconds spent decoding chunks"),
+            ("late", "velocity_vocoder_late_seconds_total", "Seconds chunks were decoded past their deadline")]:
+        FAMILIES.append(MF(name=name, description=desc, kind=MF.COUNTER))
+        out[key] = FAMILIES[-1].Metric(labels={"model": "vocoder"})
+    return out
 
 
 class TritonPythonModel:
@@ -20,25 +48,59 @@ class TritonPythonModel:
         except Exception as e:
             raise pb_utils.TritonModelException(f"vocoder: cannot load {s.weights}: {e}")
         self.device = dev
+        schedule = s.schedule
+        self.queue = ChunkQueue(lambda i: schedule.start(i) / FRAMES_PER_SECOND)
+        self.metrics = make_metrics()
+        self.thread = threading.Thread(target=self._decode_loop, name="vocoder-decode", daemon=True)
+        self.thread.start()
 
-    def execute(self, requests: list) -> list:
-        out = []
+    def execute(self, requests: list) -> None:
         for r in requests:
+            sender = r.get_response_sender()
             get = lambda n: pb_utils.get_input_tensor_by_name(r, n).as_numpy()  # noqa: E731
             index = int(get("CHUNK_INDEX").reshape(-1)[0])
             if index < 0:                     # the llm ended or refused the stream: its error code
                 msg, unavailable = stream_error(index, self.settings)
                 code = pb_utils.TritonError.UNAVAILABLE if unavailable else pb_utils.TritonError.INTERNAL
-                out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(msg, code)))
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(msg, code)), flags=FINAL)
                 continue
+            # copies: the request's tensors are freed when execute returns
+            work = (get("CHUNK_INDEX").copy(), get("CODES").astype(np.int64), int(get("CONTEXT").reshape(-1)[0]),
+                    int(get("LENGTH").reshape(-1)[0]), sender, time.monotonic())
+            self.queue.put(index, work)
+        return None
+
+    def _decode_loop(self) -> None:
+        while (work := self.queue.get()) is not None:
+            chunk_index, codes, ctx, length, sender, queued = work
             try:
-                codes = torch.from_numpy(get("CODES").astype(np.int64)).to(self.device)     # [1, num_vq, T]
-                ctx, length = int(get("CONTEXT").reshape(-1)[0]), int(get("LENGTH").reshape(-1)[0])
-                if codes.dim() != 3 or not (0 <= ctx and length >= 1 and ctx + length <= codes.shape[-1]):
-                    raise ValueError(f"CODES {tuple(codes.shape)} does not hold CONTEXT={ctx} + LENGTH={length} frames")
-                audio = self.decoder.decode_chunk(codes, ctx, length).float().cpu().numpy()
-                out.append(pb_utils.InferenceResponse(output_tensors=[
-                    pb_utils.Tensor("WAVEFORM", audio), pb_utils.Tensor("CHUNK_INDEX", get("CHUNK_INDEX"))]))
-            except ValueError as e:
-                out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)))
-        return out
+                sender.send(self._decode(chunk_index, codes, ctx, length, queued), flags=FINAL)
+            except Exception:                 # a broken sender must not stop the loop
+                log.exception("vocoder: could not answer chunk %s", chunk_index.reshape(-1))
+
+    def _decode(self, chunk_index: np.ndarray, codes: np.ndarray, ctx: int, length: int, queued: float):
+        Err = pb_utils.TritonError
+        index = int(chunk_index.reshape(-1)[0])
+        if codes.ndim != 3 or not (0 <= ctx and length >= 1 and ctx + length <= codes.shape[-1]):
+            return pb_utils.InferenceResponse(error=Err(
+                f"CODES {tuple(codes.shape)} does not hold CONTEXT={ctx} + LENGTH={length} frames", Err.INVALID_ARG))
+        start = time.monotonic()
+        try:
+            audio = self.decoder.decode_chunk(torch.from_numpy(codes).to(self.device), ctx, length)
+            audio = audio.float().cpu().numpy()                                    # [1, samples]
+        except Exception as e:
+            log.exception("vocoder: chunk %d failed", index)
+            return pb_utils.InferenceResponse(error=Err(f"vocoder failed on chunk {index}: {e}", Err.INTERNAL))
+        done = time.monotonic()
+        m = self.metrics
+        m["chunks"].increment(1)
+        m["queue"].increment(start - queued)
+        m["decode"].increment(done - start)
+        m["late"].increment(max(0.0, done - queued - self.queue.seconds_before(index)))
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("WAVEFORM", audio), pb_utils.Tensor("CHUNK_INDEX", chunk_index)])
+
+    def finalize(self) -> None:
+        """Decode what is queued, then stop."""
+        self.queue.close()
+        self.thread.join(timeout=60)

@@ -1,0 +1,72 @@
+"""The vocoder's earliest-deadline-first chunk queue (velocity.serving.chunk_queue)."""
+from __future__ import annotations
+
+import threading
+
+from velocity.serving.chunk_queue import ChunkQueue
+from velocity.tts.streaming import FRAMES_PER_SECOND, ChunkSchedule
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def drain(q: ChunkQueue) -> list:
+    q.close()
+    return list(iter(q.get, None))
+
+
+def test_first_chunks_overtake_later_chunks_queued_before_them():
+    sched = ChunkSchedule(12, 36, 144)
+    clock = Clock()
+    q = ChunkQueue(lambda i: sched.start(i) / FRAMES_PER_SECOND, clock)
+    q.put(3, "a3")              # due 120 frames = 2.56 s from now
+    q.put(2, "b2")              # due 1.02 s from now
+    clock.t += 0.1
+    q.put(0, "c0")              # a new stream: due at once
+    q.put(1, "c1")              # due 0.26 s from now
+    assert drain(q) == ["c0", "c1", "b2", "a3"]
+
+
+def test_a_waiting_later_chunk_goes_before_new_first_chunks_once_its_slack_is_gone():
+    clock = Clock()
+    q = ChunkQueue(lambda i: 0.5 * i, clock)
+    q.put(2, "old")             # due at 101.0
+    clock.t += 1.5
+    q.put(0, "new")             # due at 101.5: later than the old chunk's deadline
+    assert drain(q) == ["old", "new"]
+
+
+def test_equal_deadlines_keep_arrival_order():
+    q = ChunkQueue(lambda i: 0.0, Clock())
+    for i in range(5):
+        q.put(i, i)
+    assert drain(q) == [0, 1, 2, 3, 4]
+
+
+def test_get_blocks_until_put_and_close_ends_the_consumer():
+    q = ChunkQueue(lambda i: 0.0)
+    got: list = []
+    t = threading.Thread(target=lambda: got.extend(iter(q.get, None)))
+    t.start()
+    q.put(0, "x")
+    q.put(1, "y")
+    q.close()
+    t.join(timeout=5)
+    assert not t.is_alive() and got == ["x", "y"]
+    try:
+        q.put(0, "late")
+    except RuntimeError as e:
+        assert "closed" in str(e)
+    else:
+        raise AssertionError("put after close must raise")
+
+
+def test_schedule_start_is_the_frames_before_each_chunk():
+    s = ChunkSchedule(12, 36, 144)
+    ends = [b for b, _ in zip(s.bounds(), range(6))]
+    assert [s.start(i) for i in range(6)] == [0] + ends[:5]

@@ -1,0 +1,54 @@
+"""The vocoder's queue: chunks decoded earliest deadline first, not in arrival order.
+
+A chunk is due when the listener has played the audio before it: a stream's first chunk at
+once, chunk i only `seconds_before(i)` after it arrives (with chunks of 12, 36, 72, 144 frames:
+0, 0.26, 1.0, 2.6 s). So under load the first chunk of a new stream is decoded ahead of later
+chunks of streams that already play, and a later chunk still goes first once it has waited
+out its slack (no stream starves). Free of torch and Triton, so it is tested on its own.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class ChunkQueue:
+    """Thread-safe earliest-deadline-first queue; get() blocks, returns None once closed and empty."""
+
+    def __init__(self, seconds_before: Callable[[int], float], clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds_before = seconds_before
+        self.clock = clock
+        self._heap: list[tuple[float, int, Any]] = []
+        self._order = itertools.count()
+        self._cv = threading.Condition()
+        self._closed = False
+
+    def put(self, index: int, item: Any) -> float:
+        """Queue chunk `index` of some stream; returns its deadline (clock seconds)."""
+        deadline = self.clock() + self.seconds_before(index)
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("vocoder queue is closed")
+            heapq.heappush(self._heap, (deadline, next(self._order), item))
+            self._cv.notify()
+        return deadline
+
+    def get(self) -> Any | None:
+        with self._cv:
+            while not self._heap and not self._closed:
+                self._cv.wait()
+            return heapq.heappop(self._heap)[2] if self._heap else None
+
+    def close(self) -> None:
+        """No more puts; get() drains what is queued, then returns None."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+
+    def __len__(self) -> int:
+        with self._cv:
+            return len(self._heap)
