@@ -187,7 +187,8 @@ def plot(res: dict, path: Path) -> None:
     colors = ["#999999" if n.startswith("transformers") else "#aec7e8" if n.endswith("_unpacked") else "#1f77b4"
               for n in names]
     a.bar(range(len(names)), [runs[n] for n in names], color=colors)
-    a.set_xticks(range(len(names)), [n.replace("_", "\n", 1) for n in names], fontsize=8)
+    a.set_xticks(range(len(names)), [n.replace("_", "\n", 1).replace("_unpacked", "\nunpacked") for n in names],
+                 fontsize=8)
     a.set_ylabel("output tokens / s")
     a.set_title(f"Throughput, {res['workload']['requests']} requests, {res['model']['layers']}-layer body")
     for i, n in enumerate(names):
