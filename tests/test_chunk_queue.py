@@ -41,6 +41,18 @@ def test_a_waiting_later_chunk_goes_before_new_first_chunks_once_its_slack_is_go
     assert drain(q) == ["old", "new"]
 
 
+def test_an_error_ending_a_stream_goes_after_everything_queued_before_it():
+    clock = Clock()
+    q = ChunkQueue(lambda i: 1.0 * i, clock)
+    q.put(3, "a3")              # due at 103: a chunk of the stream that then fails
+    q.put(1, "b1")              # due at 101
+    q.put(-1, "a-error")        # must not overtake a3
+    clock.t += 0.5
+    q.put(0, "c0")              # arrives later, due at 100.5: may go first
+    q.put(4, "d4")              # due at 104.5
+    assert drain(q) == ["c0", "b1", "a3", "a-error", "d4"]
+
+
 def test_equal_deadlines_keep_arrival_order():
     q = ChunkQueue(lambda i: 0.0, Clock())
     for i in range(5):

@@ -4,7 +4,8 @@ A chunk is due when the listener has played the audio before it: a stream's firs
 once, chunk i only `seconds_before(i)` after it arrives (with chunks of 12, 36, 72, 144 frames:
 0, 0.26, 1.0, 2.6 s). So under load the first chunk of a new stream is decoded ahead of later
 chunks of streams that already play, and a later chunk still goes first once it has waited
-out its slack (no stream starves). Free of torch and Triton, so it is tested on its own.
+out its slack (no stream starves). A stream's chunks keep their order: chunk i + 1 arrives
+later and has more audio before it, so its deadline is later. Free of torch and Triton, so it is tested on its own.
 """
 from __future__ import annotations
 
@@ -28,11 +29,19 @@ class ChunkQueue:
         self._closed = False
 
     def put(self, index: int, item: Any) -> float:
-        """Queue chunk `index` of some stream; returns its deadline (clock seconds)."""
-        deadline = self.clock() + self.seconds_before(index)
+        """Queue chunk `index` of some stream; returns its deadline (clock seconds).
+
+        A negative index ends a stream with an error. Its stream's earlier chunks may still be
+        queued (the queue does not know streams), and Triton's ensemble must get them before
+        the error, so it goes after everything queued now."""
+        now = self.clock()
         with self._cv:
             if self._closed:
                 raise RuntimeError("vocoder queue is closed")
+            if index < 0:
+                deadline = max([now] + [d for d, _, _ in self._heap])
+            else:
+                deadline = now + self.seconds_before(index)
             heapq.heappush(self._heap, (deadline, next(self._order), item))
             self._cv.notify()
         return deadline

@@ -59,12 +59,9 @@ class TritonPythonModel:
             sender = r.get_response_sender()
             get = lambda n: pb_utils.get_input_tensor_by_name(r, n).as_numpy()  # noqa: E731
             index = int(get("CHUNK_INDEX").reshape(-1)[0])
-            if index < 0:                     # the llm ended or refused the stream: its error code
-                msg, unavailable = stream_error(index, self.settings)
-                code = pb_utils.TritonError.UNAVAILABLE if unavailable else pb_utils.TritonError.INTERNAL
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(msg, code)), flags=FINAL)
-                continue
-            # copies: the request's tensors are freed when execute returns
+            # copies: the request's tensors are freed when execute returns. An error chunk
+            # (index < 0) is queued too, behind its stream's chunks: answered at once it could
+            # overtake them, and one such run left the ensemble request in flight (Triton 2.51)
             work = (get("CHUNK_INDEX").copy(), get("CODES").astype(np.int64), int(get("CONTEXT").reshape(-1)[0]),
                     int(get("LENGTH").reshape(-1)[0]), sender, time.monotonic())
             self.queue.put(index, work)
@@ -81,6 +78,9 @@ class TritonPythonModel:
     def _decode(self, chunk_index: np.ndarray, codes: np.ndarray, ctx: int, length: int, queued: float):
         Err = pb_utils.TritonError
         index = int(chunk_index.reshape(-1)[0])
+        if index < 0:                     # the llm ended or refused the stream: its error code
+            msg, unavailable = stream_error(index, self.settings)
+            return pb_utils.InferenceResponse(error=Err(msg, Err.UNAVAILABLE if unavailable else Err.INTERNAL))
         if codes.ndim != 3 or not (0 <= ctx and length >= 1 and ctx + length <= codes.shape[-1]):
             return pb_utils.InferenceResponse(error=Err(
                 f"CODES {tuple(codes.shape)} does not hold CONTEXT={ctx} + LENGTH={length} frames", Err.INVALID_ARG))
