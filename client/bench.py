@@ -20,14 +20,13 @@ import platform
 import statistics
 import threading
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from client.tts_client import SAMPLE_RATE, ServerError, parse_metric, stream_grpc, synthesize
+from client.tts_client import SAMPLE_RATE, ServerError, fetch_metrics, parse_metric, stream_grpc, synthesize
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = Path(__file__).with_name("texts.txt")
@@ -73,8 +72,7 @@ VOCODER_COUNTERS = ("chunks", "queue_seconds", "decode_seconds", "late_seconds")
 def vocoder_counters(metrics_url: str) -> dict | None:
     """The vocoder's own counters (Triton's statistics see only its queueing of chunks, not the decode)."""
     try:
-        with urllib.request.urlopen(metrics_url, timeout=5) as r:
-            text = r.read().decode()
+        text = fetch_metrics(metrics_url)
         return {k: parse_metric(text, f"velocity_vocoder_{k}_total") for k in VOCODER_COUNTERS}
     except (OSError, KeyError):
         return None

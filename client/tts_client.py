@@ -171,6 +171,24 @@ def synthesize(chunks: Iterator[tuple[int, np.ndarray]], wav_path: str | None = 
     return res
 
 
+def fetch_metrics(metrics_url: str) -> str:
+    """The server's Prometheus text (the metrics port, e.g. http://localhost:8002/metrics)."""
+    with urllib.request.urlopen(metrics_url, timeout=5) as r:
+        return r.read().decode()
+
+
+def parse_metric(text: str, name: str) -> float:
+    """The value of the first sample of `name` in Prometheus text."""
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(f"{name} not in the metrics:\n{text[:3000]}")
+
+
+def metric(metrics_url: str, name: str) -> float:
+    return parse_metric(fetch_metrics(metrics_url), name)
+
+
 def speaker_from_seed(seed: int, dim: int) -> str:
     from velocity.tts.speaker import encode_speaker, random_speaker
     return encode_speaker(random_speaker(seed, dim))
@@ -226,15 +244,3 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-def parse_metric(text: str, name: str) -> float:
-    """The value of the first sample of `name` in Prometheus text."""
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise KeyError(f"{name} not in the metrics:\n{text[:3000]}")
-
-
-def metric(metrics_url: str, name: str) -> float:
-    with urllib.request.urlopen(metrics_url, timeout=5) as r:
-        return parse_metric(r.read().decode(), name)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from client.soak import descendants
-from client.tts_client import parse_metric
+from client.tts_client import fetch_metrics, parse_metric
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = ROOT / "scripts" / "serve.sh"
@@ -115,8 +115,7 @@ class TritonServer:
         return parse_metric(self.metrics(), name)
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://localhost:{self.metrics_port}/metrics", timeout=5) as r:
-            return r.read().decode()
+        return fetch_metrics(f"http://localhost:{self.metrics_port}/metrics")
 
     def processes(self) -> list[int]:
         """serve.sh, the server and its stubs."""

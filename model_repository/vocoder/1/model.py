@@ -58,13 +58,13 @@ class TritonPythonModel:
         for r in requests:
             sender = r.get_response_sender()
             get = lambda n: pb_utils.get_input_tensor_by_name(r, n).as_numpy()  # noqa: E731
-            index = int(get("CHUNK_INDEX").reshape(-1)[0])
             # copies: the request's tensors are freed when execute returns. An error chunk
             # (index < 0) is queued too, behind its stream's chunks: answered at once it could
             # overtake them, and one such run left the ensemble request in flight (Triton 2.51)
-            work = (get("CHUNK_INDEX").copy(), get("CODES").astype(np.int64), int(get("CONTEXT").reshape(-1)[0]),
+            chunk_index = get("CHUNK_INDEX").copy()
+            work = (chunk_index, get("CODES").astype(np.int64), int(get("CONTEXT").reshape(-1)[0]),
                     int(get("LENGTH").reshape(-1)[0]), sender, time.monotonic())
-            self.queue.put(index, work)
+            self.queue.put(int(chunk_index.reshape(-1)[0]), work)
         return None
 
     def _decode_loop(self) -> None:
