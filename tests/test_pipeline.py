@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from velocity.sampling.params import SamplingParams
 from velocity.tts.checkpoint import write_checkpoint
 from velocity.tts.pipeline import TTSPipeline, chattts_params
 from velocity.tts.streaming import ChunkSchedule
@@ -26,3 +27,14 @@ def test_stream_is_in_order_and_equals_whole_seeded_synthesis(pipe):
     other = pipe.synthesize(text, speaker=4, params=chattts_params(seed=11, max_new_tokens=20))
     assert not np.array_equal(other, audio)
     assert pipe.engine.block_manager.num_used_blocks == 0
+
+
+def test_closing_a_stream_early_frees_its_sequence(pipe):
+    """A caller that stops reading after the first chunk leaves nothing in the engine."""
+    params = SamplingParams(temperature=0.3, max_new_tokens=60, min_new_tokens=40, seed=2)
+    it = pipe.stream("One sentence here. And another one.", params=params)
+    next(it)
+    assert pipe.engine.has_unfinished()
+    it.close()
+    assert not pipe.engine.has_unfinished() and pipe.engine.block_manager.num_used_blocks == 0
+    assert len(pipe.synthesize("Next text.", params=params)) > 0        # the next request runs as usual

@@ -96,36 +96,40 @@ class TTSPipeline:
             live[rid] = t
             self.engine.add_request(rid, t.sentences[t.next_sentence], t.params, speaker=spk)
 
-        while todo or live:
-            while todo and len(live) < concurrency:
-                i = todo.pop(0)
-                yield Event(i, "start")
-                sentences, report = self.frontend.encode(texts[i], speaker=spk is not None, prompt=prompt)
-                if report.unknown_tokens:
-                    logger.warning("ignored unknown tokens %s", report.unknown_tokens)
-                p = params(i) if callable(params) else params or chattts_params()
-                t = _Text(i, [x.token_ids for x in sentences], p,
-                          StreamingDecoder(self.decoder, self.schedule, lookahead=self.lookahead))
-                if t.sentences:
-                    add(t)
-                else:
-                    yield Event(i, "end")
-            for out in self.engine.step():
-                t = live[out.request_id]
-                finished = False
-                chunks = t.decoder.push([f for f in out.new_token_ids if end_code not in f])
-                if out.finished:
-                    del live[out.request_id]
-                    t.next_sentence += 1
-                    if t.next_sentence < len(t.sentences):
+        try:
+            while todo or live:
+                while todo and len(live) < concurrency:
+                    i = todo.pop(0)
+                    yield Event(i, "start")
+                    sentences, report = self.frontend.encode(texts[i], speaker=spk is not None, prompt=prompt)
+                    if report.unknown_tokens:
+                        logger.warning("ignored unknown tokens %s", report.unknown_tokens)
+                    p = params(i) if callable(params) else params or chattts_params()
+                    t = _Text(i, [x.token_ids for x in sentences], p,
+                              StreamingDecoder(self.decoder, self.schedule, lookahead=self.lookahead))
+                    if t.sentences:
                         add(t)
                     else:
-                        chunks += t.decoder.push([], final=True)
-                        finished = True
-                for k, audio in chunks:
-                    yield Event(t.index, "chunk", Chunk(k, audio.cpu().numpy()))
-                if finished:
-                    yield Event(t.index, "end")
+                        yield Event(i, "end")
+                for out in self.engine.step():
+                    t = live[out.request_id]
+                    finished = False
+                    chunks = t.decoder.push([f for f in out.new_token_ids if end_code not in f])
+                    if out.finished:
+                        del live[out.request_id]
+                        t.next_sentence += 1
+                        if t.next_sentence < len(t.sentences):
+                            add(t)
+                        else:
+                            chunks += t.decoder.push([], final=True)
+                            finished = True
+                    for k, audio in chunks:
+                        yield Event(t.index, "chunk", Chunk(k, audio.cpu().numpy()))
+                    if finished:
+                        yield Event(t.index, "end")
+        finally:                                    # closed early: free the engine's sequences
+            for rid in live:
+                self.engine.abort(rid)
 
     def synthesize(self, text: str, **kwargs) -> np.ndarray:
         chunks = list(self.stream(text, **kwargs))
