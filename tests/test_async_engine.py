@@ -90,3 +90,17 @@ def test_bad_request_raises_and_others_go_on(setup):
         return [o async for o in engine.generate("good", [1, 2, 3], greedy(3))][-1].token_ids
 
     assert asyncio.run(main()) == hf_greedy(model, [1, 2, 3], 3)
+
+
+def test_before_step_runs_on_the_engine_thread_once_per_step(setup):
+    import threading
+    engine, model = setup
+    calls = []
+    engine.before_step = lambda: calls.append(threading.current_thread().name)
+    try:
+        async def main():
+            return [o async for o in engine.generate("hook", prompts([5], seed=3)[0], greedy(6))]
+        outs = asyncio.run(main())
+    finally:
+        engine.before_step = None
+    assert len(outs) == 6 and calls == ["velocity-engine"] * 6     # one prefill step + five decode steps

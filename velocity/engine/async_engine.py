@@ -20,10 +20,14 @@ Callback = Callable[[RequestOutput], None]
 class AsyncLLMEngine:
     """Thread-safe front of LLMEngine. add_request/abort may be called from any thread; the
     engine thread applies them between steps and calls each request's callback with every
-    incremental output. `generate` wraps that as an async iterator for asyncio code."""
+    incremental output. `generate` wraps that as an async iterator for asyncio code.
+    before_step, if given, runs on the engine thread before every step (the server uses it to
+    lend the llm the vocoder's idle CPU cores: velocity.serving.core_share)."""
 
-    def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None) -> None:
+    def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None,
+                 before_step: Callable[[], None] | None = None) -> None:
         self.engine = engine or LLMEngine(config)
+        self.before_step = before_step
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._callbacks: dict[str, Callback] = {}
         self._wake = threading.Event()
@@ -112,6 +116,8 @@ class AsyncLLMEngine:
                 self._wake.clear()
                 continue
             try:
+                if self.before_step is not None:
+                    self.before_step()
                 outputs = self.engine.step()
             except Exception:  # a bug in scheduling: fail everyone rather than hang them
                 logger.exception("engine loop failed; aborting all requests")

@@ -33,6 +33,8 @@ class Settings:
     # gave 0.93 audio s/s split this way against 0.84 with two full pools; docs/benchmarks.md).
     llm_threads: int = 0                     # VELOCITY_LLM_THREADS (0: all cores but the vocoder's)
     vocoder_threads: int = 1                 # VELOCITY_VOCODER_THREADS
+    # 1: the llm also takes the vocoder's threads while no vocoder decodes (velocity.serving.core_share)
+    lend_vocoder_cores: int = 1              # VELOCITY_LEND_VOCODER_CORES
     pack_cpu_weights: int = 1                # VELOCITY_PACK_CPU_WEIGHTS: 1: oneDNN-prepacked llm weights on CPU
 
     @classmethod
@@ -54,6 +56,10 @@ class Settings:
             self.llm_threads or max(1, (os.cpu_count() or 1) - self.vocoder_threads))
         torch.set_num_threads(max(1, n))
         return torch.get_num_threads()
+
+    def threads_lent(self, own: int) -> int:
+        """The llm's threads while the vocoder is idle: its own and the vocoder's, within the cores."""
+        return max(own, min(os.cpu_count() or 1, own + self.vocoder_threads))
 
     @property
     def schedule(self) -> ChunkSchedule:

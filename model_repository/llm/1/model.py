@@ -13,13 +13,14 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from velocity import AsyncLLMEngine, EngineConfig, SamplingParams
+from velocity.serving.core_share import CoreBoard, ThreadLender, board_path
 from velocity.serving.drain import Drain
 from velocity.serving.requests import STREAM_BUSY, STREAM_DRAINING, STREAM_FAILED, STREAM_SHUTTING_DOWN
 from velocity.serving.settings import Settings
-from velocity.tts.streaming import FrameChunker
+from velocity.tts.streaming import FRAMES_PER_SECOND, FrameChunker
+from velocity.worker.worker import resolve_device
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-FRAMES_PER_SECOND = 46.875      # 24000 Hz / 512 samples per frame
 log = logging.getLogger("velocity.llm")
 
 
@@ -147,12 +148,17 @@ def make_metrics() -> dict:
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         self.settings = s = Settings.from_env()
-        s.set_threads("llm")
+        own = s.set_threads("llm")
+        lender, self.cores = None, None
         try:
+            if s.lend_vocoder_cores and resolve_device(s.device).type == "cpu":
+                # all cores while no vocoder decodes (velocity.serving.core_share)
+                self.cores = CoreBoard(board_path())
+                lender = ThreadLender(self.cores, own, s.threads_lent(own), torch.set_num_threads)
             self.engine = AsyncLLMEngine(EngineConfig(
                 model=s.weights, device=s.device, dtype=s.dtype, kv_cache_bytes=s.kv_cache_bytes,
                 gpu_memory_utilization=s.gpu_memory_utilization, max_num_seqs=s.max_num_seqs,
-                pack_cpu_weights=bool(s.pack_cpu_weights)))
+                pack_cpu_weights=bool(s.pack_cpu_weights)), before_step=lender)
         except Exception as e:
             raise pb_utils.TritonModelException(f"llm: cannot start the engine on {s.weights}: {e}")
         self.end_code = self.engine.engine.worker.model.num_audio_tokens - 1
@@ -230,3 +236,5 @@ class TritonPythonModel:
         for stream in list(self.streams.values()):
             stream.end(STREAM_SHUTTING_DOWN)
         self.drain.done()
+        if self.cores is not None:
+            self.cores.close(unlink=True)

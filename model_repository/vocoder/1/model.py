@@ -5,6 +5,7 @@ execute() only queues: a decode thread takes chunks earliest deadline first
 request's response sender (one response with the final flag: allowed in default mode since
 Triton 24.06). So a new stream's first chunk does not wait behind a batch of later chunks.
 """
+import contextlib
 import logging
 import threading
 import time
@@ -14,6 +15,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from velocity.serving.chunk_queue import ChunkQueue
+from velocity.serving.core_share import CoreBoard, board_path
 from velocity.serving.requests import stream_error
 from velocity.serving.settings import Settings
 from velocity.tts.audio_models import load_dvae, load_vocos
@@ -48,6 +50,10 @@ class TritonPythonModel:
         except Exception as e:
             raise pb_utils.TritonModelException(f"vocoder: cannot load {s.weights}: {e}")
         self.device = dev
+        self.cores = None
+        if s.lend_vocoder_cores and dev.type == "cpu":     # tell the llm when this one decodes
+            self.cores = CoreBoard(board_path())
+            self.cores.claim()
         schedule = s.schedule
         self.queue = ChunkQueue(lambda i: schedule.start(i) / FRAMES_PER_SECOND)
         self.metrics = make_metrics()
@@ -86,7 +92,8 @@ class TritonPythonModel:
                 f"CODES {tuple(codes.shape)} does not hold CONTEXT={ctx} + LENGTH={length} frames", Err.INVALID_ARG))
         start = time.monotonic()
         try:
-            audio = self.decoder.decode_chunk(torch.from_numpy(codes).to(self.device), ctx, length)
+            with self.cores.busy() if self.cores is not None else contextlib.nullcontext():
+                audio = self.decoder.decode_chunk(torch.from_numpy(codes).to(self.device), ctx, length)
             audio = audio.float().cpu().numpy()                                    # [1, samples]
         except Exception as e:
             log.exception("vocoder: chunk %d failed", index)
@@ -104,3 +111,5 @@ class TritonPythonModel:
         """Decode what is queued, then stop."""
         self.queue.close()
         self.thread.join(timeout=60)
+        if self.cores is not None:
+            self.cores.close(unlink=True)     # whichever of llm and vocoder stops last finds it gone

@@ -1,0 +1,75 @@
+"""The vocoder's busy marks as the llm sees them (velocity.serving.core_share), across processes."""
+import os
+import subprocess
+import sys
+
+from velocity.serving.core_share import SLOTS, CoreBoard, ThreadLender, board_path
+
+
+def test_busy_marks_are_seen_by_another_board_and_slots_are_reused(tmp_path):
+    path = tmp_path / "board"
+    llm, voc1, voc2 = CoreBoard(path), CoreBoard(path), CoreBoard(path)
+    assert (voc1.claim(), voc2.claim()) == (0, 1)
+    assert not llm.any_busy()
+    with voc2.busy():
+        assert llm.any_busy()
+        with voc1.busy():
+            assert llm.any_busy()
+        assert llm.any_busy()                  # voc2 still decodes
+    assert not llm.any_busy()
+    voc1.close()
+    assert CoreBoard(path).claim() == 0        # a closed instance's slot is free again
+    llm.close(unlink=True)
+    assert not path.exists()
+
+
+def test_a_full_board_claims_nothing_and_busy_is_then_a_no_op(tmp_path):
+    boards = [CoreBoard(tmp_path / "b") for _ in range(SLOTS + 1)]
+    assert [b.claim() for b in boards] == list(range(SLOTS)) + [None]
+    with boards[-1].busy():
+        assert not boards[0].any_busy()
+
+
+def test_the_mark_crosses_processes(tmp_path):
+    path = tmp_path / "board"
+    llm = CoreBoard(path)
+    code = ("import sys; from velocity.serving.core_share import CoreBoard\n"
+            f"b = CoreBoard({str(path)!r}); b.claim()\n"
+            "with b.busy():\n    print('busy', flush=True); sys.stdin.readline()\n"
+            "print('idle', flush=True); sys.stdin.readline()\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "busy" and llm.any_busy()
+        p.stdin.write("\n"); p.stdin.flush()
+        assert p.stdout.readline().strip() == "idle" and not llm.any_busy()
+    finally:
+        p.communicate("\n", timeout=30)
+    assert p.returncode == 0
+
+
+def test_lender_switches_threads_only_when_the_vocoder_state_changes(tmp_path):
+    board, voc = CoreBoard(tmp_path / "b"), CoreBoard(tmp_path / "b")
+    voc.claim()
+    calls = []
+    lend = ThreadLender(board, own=1, lent=2, set_threads=calls.append)
+    lend(); lend()
+    with voc.busy():
+        lend(); lend()
+    lend()
+    assert calls == [2, 1, 2] and lend.current == 2
+
+
+def test_board_path_is_one_per_parent_process():
+    p = board_path()
+    assert p.name.startswith(f"velocity-cores-{os.getppid()}-")
+    out = subprocess.run([sys.executable, "-c", "from velocity.serving.core_share import board_path; print(board_path())"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out.rsplit("-", 2)[1] == str(os.getpid())                # a child's board is keyed by us, its parent
+
+
+def test_threads_lent_adds_the_vocoders_within_the_cores(monkeypatch):
+    from velocity.serving.settings import Settings
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert Settings(vocoder_threads=1).threads_lent(1) == 2
+    assert Settings(vocoder_threads=2).threads_lent(1) == 2            # never more threads than cores
+    assert Settings(vocoder_threads=1).threads_lent(4) == 4            # an explicit llm count is kept
