@@ -69,8 +69,15 @@ def stats_diff(before: dict, after: dict) -> dict:
 VOCODER_COUNTERS = ("chunks", "queue_seconds", "decode_seconds", "late_seconds")
 
 
+def metrics_url_of(grpc_url: str) -> str:
+    """Triton's default metrics port on the gRPC address's host."""
+    return f"http://{grpc_url.rsplit(':', 1)[0]}:8002/metrics"
+
+
 def vocoder_counters(metrics_url: str) -> dict | None:
     """The vocoder's own counters (Triton's statistics see only its queueing of chunks, not the decode)."""
+    if not metrics_url:
+        return None
     try:
         text = fetch_metrics(metrics_url)
         return {k: parse_metric(text, f"velocity_vocoder_{k}_total") for k in VOCODER_COUNTERS}
@@ -128,39 +135,50 @@ def run_level(url: str, texts: list[str], concurrency: int, n_requests: int, val
     }
 
 
-def in_process(weights: str, texts: list[str], levels: list[int], n_min: int, values: dict, device: str) -> dict:
+class InProcess:
     """The same requests through velocity and the decoder in this process (no Triton), keeping
     `concurrency` requests in flight on one LLMEngine; chunks are decoded in the step loop."""
-    from velocity.serving.settings import Settings
-    from velocity.tts.pipeline import TTSPipeline, chattts_params
 
-    s = Settings.from_env()
-    pipe = TTSPipeline(weights, device=device, schedule=s.schedule,
-                       lookahead=s.lookahead, max_num_seqs=s.max_num_seqs, kv_cache_bytes=s.kv_cache_bytes)
-    list(pipe.stream("Warm up.", params=chattts_params(max_new_tokens=8)))
-    out: dict = {}
-    for c in levels:
-        n = max(n_min, c)
+    def __init__(self, weights: str, device: str = "cpu") -> None:
+        from velocity.serving.settings import Settings
+        from velocity.tts.pipeline import TTSPipeline, chattts_params
+
+        s = Settings.from_env()
+        self.params = chattts_params
+        self.pipe = TTSPipeline(weights, device=device, schedule=s.schedule, lookahead=s.lookahead,
+                                max_num_seqs=s.max_num_seqs, kv_cache_bytes=s.kv_cache_bytes)
+        list(self.pipe.stream("Warm up.", params=chattts_params(max_new_tokens=8)))
+
+    def level(self, texts: list[str], c: int, n: int, values: dict, bar=None) -> dict:
+        """n requests (texts[i % len], seed i), c at a time; the same summary as run_level."""
         started, first, samples, totals = {}, {}, Counter(), {}
         t0 = time.perf_counter()
-        with tqdm(total=n, desc=f"in-process c={c}") as bar:
-            for ev in pipe.stream_many([texts[i % len(texts)] for i in range(n)], concurrency=c,
-                                       params=lambda i: chattts_params(max_new_tokens=values["MAX_NEW_TOKENS"],
-                                                                       seed=i)):
-                now = time.perf_counter()
-                if ev.kind == "start":
-                    started[ev.text] = now
-                elif ev.kind == "chunk":
-                    first.setdefault(ev.text, now - started[ev.text])
-                    samples[ev.text] += len(ev.chunk.audio)
-                else:
-                    totals[ev.text] = now - started[ev.text]
+        for ev in self.pipe.stream_many([texts[i % len(texts)] for i in range(n)], concurrency=c,
+                                        params=lambda i: self.params(max_new_tokens=values["MAX_NEW_TOKENS"], seed=i)):
+            now = time.perf_counter()
+            if ev.kind == "start":
+                started[ev.text] = now
+            elif ev.kind == "chunk":
+                first.setdefault(ev.text, now - started[ev.text])
+                samples[ev.text] += len(ev.chunk.audio)
+            else:
+                totals[ev.text] = now - started[ev.text]
+                if bar is not None:
                     bar.update(1)
         wall = time.perf_counter() - t0
         audio = sum(samples.values()) / SAMPLE_RATE
-        out[c] = {"concurrency": c, "requests": n, "wall_s": wall, "audio_s": audio, "audio_s_per_s": audio / wall,
-                  "first_audio_s": summary(list(first.values())), "total_s": summary(list(totals.values())),
-                  "rtf": summary([totals[i] / (samples[i] / SAMPLE_RATE) for i in totals if samples[i]])}
+        return {"concurrency": c, "requests": n, "wall_s": wall, "audio_s": audio, "audio_s_per_s": audio / wall,
+                "first_audio_s": summary(list(first.values())), "total_s": summary(list(totals.values())),
+                "rtf": summary([totals[i] / (samples[i] / SAMPLE_RATE) for i in totals if samples[i]])}
+
+
+def in_process(weights: str, texts: list[str], levels: list[int], n_min: int, values: dict, device: str) -> dict:
+    """InProcess at each level, max(n_min, c) requests."""
+    runner, out = InProcess(weights, device), {}
+    for c in levels:
+        n = max(n_min, c)
+        with tqdm(total=n, desc=f"in-process c={c}") as bar:
+            out[c] = runner.level(texts, c, n, values, bar)
         log.info("in-process c=%d: first audio p50 %.3f s, %.2f audio s/s", c, out[c]["first_audio_s"]["p50"] or -1,
                  out[c]["audio_s_per_s"])
     return out
@@ -222,7 +240,7 @@ def main() -> None:
     texts = [t for t in TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()]
     values = {"MAX_NEW_TOKENS": args.max_new_tokens}
     levels = [int(c) for c in args.concurrency.split(",")]
-    metrics_url = args.metrics_url or f"http://{args.url.rsplit(':', 1)[0]}:8002/metrics"
+    metrics_url = args.metrics_url or metrics_url_of(args.url)
     res: dict = {"hardware": {"device": args.hardware or f"CPU {platform.machine()}, {os.cpu_count()} cores"},
                  "checkpoint": Path(args.weights).name if args.weights else "server's",
                  "max_new_tokens": args.max_new_tokens, "texts": len(texts), "levels": []}

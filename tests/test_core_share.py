@@ -56,7 +56,7 @@ def test_lender_switches_threads_only_when_the_vocoder_state_changes(tmp_path):
     with voc.busy():
         lend(); lend()
     lend()
-    assert calls == [2, 1, 2] and lend.current == 2
+    assert calls == [2, 1, 2] and lend.current == 2 and lend.lent_steps == 3
 
 
 def test_board_path_is_one_per_parent_process():

@@ -276,3 +276,50 @@ def test_a_client_that_disconnects_without_cancelling_gets_its_blocks_freed(serv
                     server.metric("velocity_running_sequences") == 0, timeout=120)
     assert server.metric("velocity_kv_blocks_free") == idle_free
     assert server.metric("velocity_frames_generated_total") - frames_before < 150
+
+
+def test_the_llm_borrows_the_idle_vocoders_threads_only_while_it_is_idle(server):
+    """Core lending through the real server: steps run with the vocoder's threads too while no
+    vocoder decodes; none while a vocoder is marked busy (here: this test holding a mark)."""
+    import time
+
+    from velocity.serving.core_share import CoreBoard
+
+    def settled() -> float:
+        time.sleep(0.6)                                   # the llm exports the counter every 0.25 s
+        return server.metric("velocity_llm_lent_steps_total")
+
+    before = settled()
+    assert stream_tts(server.grpc_url, GOOD)[1] is None
+    lent = settled()
+    assert lent > before
+    board = CoreBoard(server.core_board())
+    assert board.claim() is not None
+    try:
+        with board.busy():
+            assert stream_tts(server.grpc_url, GOOD)[1] is None
+            assert settled() == lent
+    finally:
+        board.close()
+    assert stream_tts(server.grpc_url, GOOD)[1] is None
+    assert settled() > lent
+
+
+def test_bench_ab_runs_all_three_arms(server, tmp_path):
+    """scripts/bench_ab.py: paired rounds of the server, the server without lending, and in-process."""
+    import subprocess
+    import sys
+
+    ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)                 # the server's weights
+    out = tmp_path / "ab"
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_ab.py"), "--arms", "triton,triton-nolend,in-process",
+                        "--url", server.grpc_url, "--metrics-url", f"http://localhost:{server.metrics_port}/metrics", "--rounds", "2", "--requests", "2", "--max-new-tokens", "8",
+                        "--weights", str(ckpt), "--board", str(server.core_board()), "--out", str(out)],
+                       cwd=str(ROOT), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads(out.with_suffix(".json").read_text())
+    assert len(res["rounds"]) == 2 and out.with_suffix(".png").stat().st_size > 0
+    for arm in ("triton", "triton-nolend", "in-process"):
+        assert res["pooled"][arm]["errors"] == 0 and all(rd[arm]["audio_s"] > 0 for rd in res["rounds"])
+    assert all(rd["triton"]["vocoder_queue"]["chunks"] > 0 for rd in res["rounds"])
+    assert set(res["median_ratio_to_triton"]) == {"triton-nolend", "in-process"}

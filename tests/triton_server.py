@@ -117,6 +117,14 @@ class TritonServer:
     def metrics(self) -> str:
         return fetch_metrics(f"http://localhost:{self.metrics_port}/metrics")
 
+    def core_board(self) -> Path:
+        """The llm's and vocoder's shared core board (velocity.serving.core_share), keyed by
+        the tritonserver process."""
+        from velocity.serving.core_share import board_dir
+        found = [p for pid in self.processes() for p in board_dir().glob(f"velocity-cores-{pid}-*")]
+        assert len(found) == 1, f"core boards of this server: {found}"
+        return found[0]
+
     def processes(self) -> list[int]:
         """serve.sh, the server and its stubs."""
         return [self.proc.pid, *descendants(self.proc.pid)] if self.proc else []

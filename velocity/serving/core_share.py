@@ -33,8 +33,11 @@ def board_path() -> Path:
         started = Path(f"/proc/{ppid}/stat").read_text().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
         started = "0"
-    base = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
-    return base / f"velocity-cores-{ppid}-{started}"
+    return board_dir() / f"velocity-cores-{ppid}-{started}"
+
+
+def board_dir() -> Path:
+    return Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
 
 
 class CoreBoard:
@@ -102,9 +105,11 @@ class ThreadLender:
     def __init__(self, board: CoreBoard, own: int, lent: int, set_threads: Callable[[int], None]) -> None:
         self.board, self.own, self.lent, self._set = board, own, lent, set_threads
         self.current = own
+        self.lent_steps = 0                     # steps run with the vocoder's threads too
 
     def __call__(self) -> None:
         n = self.own if self.board.any_busy() else self.lent
+        self.lent_steps += n > self.own
         if n != self.current:
             self._set(n)
             self.current = n

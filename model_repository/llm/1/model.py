@@ -140,6 +140,8 @@ def make_metrics() -> dict:
         "kv_free": fam("velocity_kv_blocks_free", "KV cache blocks free", MF.GAUGE),
         "preemptions": fam("velocity_preemptions_total", "Sequences preempted", MF.COUNTER),
         "active": fam("velocity_active_requests", "Requests in flight in the llm", MF.GAUGE),
+        "lent": fam("velocity_llm_lent_steps_total", "Engine steps run with the idle vocoder's CPU threads too",
+                    MF.COUNTER),
         "refused": fam("velocity_refused_requests_total", "Requests refused: server busy or shutting down",
                        MF.COUNTER),
     }
@@ -149,16 +151,16 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         self.settings = s = Settings.from_env()
         own = s.set_threads("llm")
-        lender, self.cores = None, None
+        self.lender, self.cores = None, None
         try:
             if s.lend_vocoder_cores and resolve_device(s.device).type == "cpu":
                 # all cores while no vocoder decodes (velocity.serving.core_share)
                 self.cores = CoreBoard(board_path())
-                lender = ThreadLender(self.cores, own, s.threads_lent(own), torch.set_num_threads)
+                self.lender = ThreadLender(self.cores, own, s.threads_lent(own), torch.set_num_threads)
             self.engine = AsyncLLMEngine(EngineConfig(
                 model=s.weights, device=s.device, dtype=s.dtype, kv_cache_bytes=s.kv_cache_bytes,
                 gpu_memory_utilization=s.gpu_memory_utilization, max_num_seqs=s.max_num_seqs,
-                pack_cpu_weights=bool(s.pack_cpu_weights)), before_step=lender)
+                pack_cpu_weights=bool(s.pack_cpu_weights)), before_step=self.lender)
         except Exception as e:
             raise pb_utils.TritonModelException(f"llm: cannot start the engine on {s.weights}: {e}")
         self.end_code = self.engine.engine.worker.model.num_audio_tokens - 1
@@ -172,7 +174,7 @@ class TritonPythonModel:
 
     def _watch(self) -> None:
         """Four times a second: engine state as Prometheus gauges, and serve.sh's drain request."""
-        seen_preemptions = 0
+        seen_preemptions = seen_lent = 0
         while not self._stop.wait(0.25):
             if self.drain.poll():
                 if self.drain.expired():
@@ -191,6 +193,10 @@ class TritonPythonModel:
             if st.preemptions > seen_preemptions:
                 m["preemptions"].increment(st.preemptions - seen_preemptions)
                 seen_preemptions = st.preemptions
+            if self.lender is not None and self.lender.lent_steps > seen_lent:
+                lent = self.lender.lent_steps
+                m["lent"].increment(lent - seen_lent)
+                seen_lent = lent
 
     def execute(self, requests: list) -> None:
         for request in requests:

@@ -1,0 +1,134 @@
+"""Paired A/B rounds against one running server, for a machine whose speed drifts.
+
+    .venv/bin/python scripts/bench_ab.py --arms triton,in-process --concurrency 1 --rounds 4 \\
+        --requests 2 --weights checkpoints/demo-full --out docs/benchmarks/ab/overhead
+    .venv/bin/python scripts/bench_ab.py --arms triton,triton-nolend --concurrency 16 --rounds 3
+
+Separate sweeps minutes apart compare the machine's moods as much as the settings (CPU steal
+here moves speeds 2x within minutes). This runs the arms in short rounds, alternating their order
+(ABBA), and reports each arm's pooled figures and the median of the per-round ratios to the first
+arm. Arms: `triton` (the server as it runs), `triton-nolend` (the server with the llm kept on its
+own threads: this script holds a vocoder busy mark on the server's core board,
+velocity.serving.core_share) and `in-process` (the same requests through velocity and the decoder
+in this process, no Triton; needs --weights). Writes JSON and a PNG.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import statistics
+import sys
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from client.bench import ROOT, TEXTS, InProcess, metrics_url_of, run_level  # noqa: E402
+from velocity.serving.core_share import CoreBoard, board_dir  # noqa: E402
+
+log = logging.getLogger("bench_ab")
+ARMS = ("triton", "triton-nolend", "in-process")
+
+
+def server_board(path: str | None) -> CoreBoard:
+    """The running server's core board: --board, or the only one in the board folder."""
+    if path:
+        return CoreBoard(path)
+    found = sorted(board_dir().glob("velocity-cores-*"))
+    if len(found) != 1:
+        raise SystemExit(f"triton-nolend needs the server's core board: found {[str(p) for p in found] or 'none'} "
+                         f"in {board_dir()}; pass --board (a server on this machine, VELOCITY_LEND_VOCODER_CORES=1)")
+    return CoreBoard(found[0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--arms", default="triton,in-process", help=f"comma-separated, first is the baseline: {ARMS}")
+    ap.add_argument("--url", default="localhost:8001")
+    ap.add_argument("--metrics-url", default=None, help="default: the --url host, port 8002")
+    ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=2, help="requests per arm per round (at least --concurrency)")
+    ap.add_argument("--max-new-tokens", type=int, default=120)
+    ap.add_argument("--weights", help="checkpoint for the in-process arm")
+    ap.add_argument("--board", help="the server's core board file (default: the only one found)")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "ab" / "ab"))
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    arms = args.arms.split(",")
+    if any(a not in ARMS for a in arms) or len(set(arms)) != len(arms) or len(arms) < 2:
+        raise SystemExit(f"--arms: two or more different ones of {', '.join(ARMS)}; got {args.arms!r}")
+    if "in-process" in arms and not args.weights:
+        raise SystemExit("--arms in-process needs --weights (the server's checkpoint)")
+    texts = [t for t in TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()]
+    values = {"MAX_NEW_TOKENS": args.max_new_tokens}
+    metrics_url = args.metrics_url or metrics_url_of(args.url)
+    c, n = args.concurrency, max(args.requests, args.concurrency)
+    local = InProcess(args.weights) if "in-process" in arms else None
+    board = None
+    if "triton-nolend" in arms:
+        board = server_board(args.board)
+        if board.claim() is None:
+            raise SystemExit(f"the core board {board.path} is full")
+
+    def run(arm: str, bar) -> dict:
+        if arm == "in-process":
+            return local.level(texts, c, n, values, bar)
+        hold = board.busy() if arm == "triton-nolend" else contextlib.nullcontext()
+        with hold:
+            return run_level(args.url, texts, c, n, values, bar, metrics_url)
+
+    rounds = []
+    with tqdm(total=args.rounds * len(arms) * n, desc=f"A/B c={c}") as bar:
+        for r in range(args.rounds):
+            order = arms if r % 2 == 0 else arms[::-1]                      # ABBA: drift cancels
+            rounds.append({arm: run(arm, bar) for arm in order})
+    if board is not None:
+        board.close()
+
+    def pooled(arm: str) -> dict:
+        lv = [rd[arm] for rd in rounds]
+        return {"first_audio_avg_s": statistics.mean(x["first_audio_s"]["avg"] for x in lv),
+                "audio_s_per_s": sum(x["audio_s"] for x in lv) / sum(x["wall_s"] for x in lv),
+                "errors": sum(x.get("errors", 0) for x in lv)}
+
+    base = arms[0]
+    res = {"concurrency": c, "requests_per_round": n, "arms": arms, "max_new_tokens": args.max_new_tokens,
+           "pooled": {a: pooled(a) for a in arms}, "rounds": rounds, "median_ratio_to_" + base: {
+               a: {"first_audio": statistics.median(rd[a]["first_audio_s"]["avg"] / rd[base]["first_audio_s"]["avg"]
+                                                    for rd in rounds),
+                   "audio_s_per_s": statistics.median(rd[a]["audio_s_per_s"] / rd[base]["audio_s_per_s"]
+                                                      for rd in rounds)}
+               for a in arms[1:]}}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=2))
+    plot(res, out.with_suffix(".png"))
+    log.info("pooled %s; median ratios %s; wrote %s and .png", json.dumps(res["pooled"]),
+             json.dumps(res["median_ratio_to_" + base]), out.with_suffix(".json"))
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    rounds = range(1, len(res["rounds"]) + 1)
+    for arm in res["arms"]:
+        a.plot(rounds, [rd[arm]["first_audio_s"]["avg"] for rd in res["rounds"]], "o-", label=arm)
+        b.plot(rounds, [rd[arm]["audio_s_per_s"] for rd in res["rounds"]], "o-", label=arm)
+    a.set(xlabel="round", ylabel="first audio, avg (s)", title=f"{res['concurrency']} streams", ylim=(0, None))
+    b.set(xlabel="round", ylabel="audio seconds per second", title="throughput", ylim=(0, None))
+    for ax in (a, b):
+        ax.set_xticks(list(rounds))
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
