@@ -2,7 +2,8 @@
 
     .venv/bin/python scripts/bench_ab.py --arms triton,in-process --concurrency 1 --rounds 4 \\
         --requests 2 --weights checkpoints/demo-full --out docs/benchmarks/ab/overhead
-    .venv/bin/python scripts/bench_ab.py --arms triton,triton-nolend --concurrency 16 --rounds 3
+    .venv/bin/python scripts/bench_ab.py --arms triton,triton-nolend --concurrency 16 --rounds 2
+    .venv/bin/python scripts/bench_ab.py --arms triton@1,triton@32 --requests 4 --rounds 4
 
 Separate sweeps minutes apart compare the machine's moods as much as the settings (CPU steal
 here moves speeds 2x within minutes). This runs the arms in short rounds, alternating their order
@@ -10,7 +11,9 @@ here moves speeds 2x within minutes). This runs the arms in short rounds, altern
 arm. Arms: `triton` (the server as it runs), `triton-nolend` (the server with the llm kept on its
 own threads: this script holds a vocoder busy mark on the server's core board,
 velocity.serving.core_share) and `in-process` (the same requests through velocity and the decoder
-in this process, no Triton; needs --weights). Writes JSON and a PNG.
+in this process, no Triton; needs --weights). `arm@c` runs that arm at concurrency c instead of
+--concurrency, so `triton@1,triton@32` is the throughput ratio of 32 streams to one. Writes JSON
+and a PNG.
 """
 from __future__ import annotations
 
@@ -58,30 +61,34 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     arms = args.arms.split(",")
-    if any(a not in ARMS for a in arms) or len(set(arms)) != len(arms) or len(arms) < 2:
-        raise SystemExit(f"--arms: two or more different ones of {', '.join(ARMS)}; got {args.arms!r}")
-    if "in-process" in arms and not args.weights:
+    kind = {a: a.split("@")[0] for a in arms}
+    conc = {a: int(a.split("@")[1]) if "@" in a and a.split("@")[1].isdigit() else args.concurrency for a in arms}
+    bad_at = any("@" in a and not a.split("@", 1)[1].isdigit() for a in arms)
+    if bad_at or any(k not in ARMS for k in kind.values()) or len(set(arms)) != len(arms) or len(arms) < 2:
+        raise SystemExit(f"--arms: two or more different ones of {', '.join(ARMS)}, each optionally @concurrency; "
+                         f"got {args.arms!r}")
+    if "in-process" in kind.values() and not args.weights:
         raise SystemExit("--arms in-process needs --weights (the server's checkpoint)")
     texts = [t for t in TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()]
     values = {"MAX_NEW_TOKENS": args.max_new_tokens}
     metrics_url = args.metrics_url or metrics_url_of(args.url)
-    c, n = args.concurrency, max(args.requests, args.concurrency)
-    local = InProcess(args.weights) if "in-process" in arms else None
+    n = {a: max(args.requests, conc[a]) for a in arms}
+    local = InProcess(args.weights) if "in-process" in kind.values() else None
     board = None
-    if "triton-nolend" in arms:
+    if "triton-nolend" in kind.values():
         board = server_board(args.board)
         if board.claim() is None:
             raise SystemExit(f"the core board {board.path} is full")
 
     def run(arm: str, bar) -> dict:
-        if arm == "in-process":
-            return local.level(texts, c, n, values, bar)
-        hold = board.busy() if arm == "triton-nolend" else contextlib.nullcontext()
+        if kind[arm] == "in-process":
+            return local.level(texts, conc[arm], n[arm], values, bar)
+        hold = board.busy() if kind[arm] == "triton-nolend" else contextlib.nullcontext()
         with hold:
-            return run_level(args.url, texts, c, n, values, bar, metrics_url)
+            return run_level(args.url, texts, conc[arm], n[arm], values, bar, metrics_url)
 
     rounds = []
-    with tqdm(total=args.rounds * len(arms) * n, desc=f"A/B c={c}") as bar:
+    with tqdm(total=args.rounds * sum(n.values()), desc="A/B rounds") as bar:
         for r in range(args.rounds):
             order = arms if r % 2 == 0 else arms[::-1]                      # ABBA: drift cancels
             rounds.append({arm: run(arm, bar) for arm in order})
@@ -95,7 +102,7 @@ def main() -> None:
                 "errors": sum(x.get("errors", 0) for x in lv)}
 
     base = arms[0]
-    res = {"concurrency": c, "requests_per_round": n, "arms": arms, "max_new_tokens": args.max_new_tokens,
+    res = {"concurrency": conc, "requests_per_round": n, "arms": arms, "max_new_tokens": args.max_new_tokens,
            "pooled": {a: pooled(a) for a in arms}, "rounds": rounds, "median_ratio_to_" + base: {
                a: {"first_audio": statistics.median(rd[a]["first_audio_s"]["avg"] / rd[base]["first_audio_s"]["avg"]
                                                     for rd in rounds),
@@ -120,7 +127,7 @@ def plot(res: dict, path: Path) -> None:
     for arm in res["arms"]:
         a.plot(rounds, [rd[arm]["first_audio_s"]["avg"] for rd in res["rounds"]], "o-", label=arm)
         b.plot(rounds, [rd[arm]["audio_s_per_s"] for rd in res["rounds"]], "o-", label=arm)
-    a.set(xlabel="round", ylabel="first audio, avg (s)", title=f"{res['concurrency']} streams", ylim=(0, None))
+    a.set(xlabel="round", ylabel="first audio, avg (s)", title="concurrency " + ", ".join(sorted({str(v) for v in res["concurrency"].values()}, key=int)), ylim=(0, None))
     b.set(xlabel="round", ylabel="audio seconds per second", title="throughput", ylim=(0, None))
     for ax in (a, b):
         ax.set_xticks(list(rounds))
