@@ -61,9 +61,10 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     arms = args.arms.split(",")
-    kind = {a: a.split("@")[0] for a in arms}
-    conc = {a: int(a.split("@")[1]) if "@" in a and a.split("@")[1].isdigit() else args.concurrency for a in arms}
-    bad_at = any("@" in a and not a.split("@", 1)[1].isdigit() for a in arms)
+    split = {a: a.partition("@") for a in arms}                         # "triton@32" -> ("triton", "@", "32")
+    kind = {a: k for a, (k, _, _) in split.items()}
+    conc = {a: int(c) if c.isdigit() else args.concurrency for a, (_, _, c) in split.items()}
+    bad_at = any(at and not c.isdigit() for _, at, c in split.values())
     if bad_at or any(k not in ARMS for k in kind.values()) or len(set(arms)) != len(arms) or len(arms) < 2:
         raise SystemExit(f"--arms: two or more different ones of {', '.join(ARMS)}, each optionally @concurrency; "
                          f"got {args.arms!r}")
@@ -88,12 +89,14 @@ def main() -> None:
             return run_level(args.url, texts, conc[arm], n[arm], values, bar, metrics_url)
 
     rounds = []
-    with tqdm(total=args.rounds * sum(n.values()), desc="A/B rounds") as bar:
-        for r in range(args.rounds):
-            order = arms if r % 2 == 0 else arms[::-1]                      # ABBA: drift cancels
-            rounds.append({arm: run(arm, bar) for arm in order})
-    if board is not None:
-        board.close()
+    try:
+        with tqdm(total=args.rounds * sum(n.values()), desc="A/B rounds") as bar:
+            for r in range(args.rounds):
+                order = arms if r % 2 == 0 else arms[::-1]                  # ABBA: drift cancels
+                rounds.append({arm: run(arm, bar) for arm in order})
+    finally:
+        if board is not None:                                           # give the slot back, even on error
+            board.close()
 
     def pooled(arm: str) -> dict:
         lv = [rd[arm] for rd in rounds]
