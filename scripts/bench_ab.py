@@ -29,20 +29,20 @@ from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from client.bench import ROOT, TEXTS, InProcess, metrics_url_of, run_level  # noqa: E402
-from velocity.serving.core_share import CoreBoard, board_dir  # noqa: E402
+from velocity.serving.core_share import CoreBoard, find_boards  # noqa: E402
 
 log = logging.getLogger("bench_ab")
 ARMS = ("triton", "triton-nolend", "in-process")
 
 
 def server_board(path: str | None) -> CoreBoard:
-    """The running server's core board: --board, or the only one in the board folder."""
+    """The running server's core board: --board, or the only one on this machine."""
     if path:
         return CoreBoard(path)
-    found = sorted(board_dir().glob("velocity-cores-*"))
+    found = find_boards()
     if len(found) != 1:
-        raise SystemExit(f"triton-nolend needs the server's core board: found {[str(p) for p in found] or 'none'} "
-                         f"in {board_dir()}; pass --board (a server on this machine, VELOCITY_LEND_VOCODER_CORES=1)")
+        raise SystemExit(f"triton-nolend needs the server's core board: found {[str(p) for p in found] or 'none'}; "
+                         "pass --board (a server on this machine, VELOCITY_LEND_VOCODER_CORES=1)")
     return CoreBoard(found[0])
 
 

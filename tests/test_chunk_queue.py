@@ -53,6 +53,18 @@ def test_an_error_ending_a_stream_goes_after_everything_queued_before_it():
     assert drain(q) == ["c0", "b1", "a3", "a-error", "d4"]
 
 
+def test_get_due_hands_out_the_deadline_put_returned():
+    clock = Clock()
+    q = ChunkQueue(lambda i: 0.5 * i, clock)
+    d2 = q.put(2, "a2")
+    clock.t += 0.2
+    d0 = q.put(0, "b0")
+    assert (d0, d2) == (100.2, 101.0)
+    assert q.get_due() == (d0, "b0") and q.get_due() == (d2, "a2")
+    q.close()
+    assert q.get_due() is None
+
+
 def test_equal_deadlines_keep_arrival_order():
     q = ChunkQueue(lambda i: 0.0, Clock())
     for i in range(5):

@@ -3,7 +3,7 @@ import os
 import subprocess
 import sys
 
-from velocity.serving.core_share import SLOTS, CoreBoard, ThreadLender, board_path
+from velocity.serving.core_share import SLOTS, CoreBoard, ThreadLender, board_path, find_boards
 
 
 def test_busy_marks_are_seen_by_another_board_and_slots_are_reused(tmp_path):
@@ -65,6 +65,18 @@ def test_board_path_is_one_per_parent_process():
     out = subprocess.run([sys.executable, "-c", "from velocity.serving.core_share import board_path; print(board_path())"],
                          capture_output=True, text=True, check=True).stdout.strip()
     assert out.rsplit("-", 2)[1] == str(os.getpid())                # a child's board is keyed by us, its parent
+
+
+def test_a_board_in_serve_sh_run_folder_is_found(tmp_path, monkeypatch):
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))             # serve.sh: ${TMPDIR:-/tmp}
+    run = tmp_path / "velocity-serve.abc123"
+    run.mkdir()
+    p = board_path(str(run))
+    assert p.parent == run
+    CoreBoard(p).close()
+    assert p in find_boards() and find_boards(os.getppid()) == [p]
+    assert find_boards(os.getppid() + 1) == []                          # another server's pid
 
 
 def test_threads_lent_adds_the_vocoders_within_the_cores(monkeypatch):

@@ -11,6 +11,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from triton_server import ROOT, alive, wait_for
+from velocity.serving.core_share import find_boards
 from velocity.tts.checkpoint import write_checkpoint
 
 pytestmark = pytest.mark.server
@@ -63,3 +64,5 @@ def test_bad_weights_leave_the_server_up_and_not_ready(start_triton, good, tmp_p
     pids = s.processes()
     s.stop()
     assert not [p for p in pids if alive(p)]
+    # the llm that failed never finalizes: its core board goes with serve.sh's run folder
+    assert not [b for p in pids for b in find_boards(p)]

@@ -120,8 +120,8 @@ class TritonServer:
     def core_board(self) -> Path:
         """The llm's and vocoder's shared core board (velocity.serving.core_share), keyed by
         the tritonserver process."""
-        from velocity.serving.core_share import board_dir
-        found = [p for pid in self.processes() for p in board_dir().glob(f"velocity-cores-{pid}-*")]
+        from velocity.serving.core_share import find_boards
+        found = [p for pid in self.processes() for p in find_boards(pid)]
         assert len(found) == 1, f"core boards of this server: {found}"
         return found[0]
 

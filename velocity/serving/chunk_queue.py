@@ -46,11 +46,19 @@ class ChunkQueue:
             self._cv.notify()
         return deadline
 
-    def get(self) -> Any | None:
+    def get_due(self) -> tuple[float, Any] | None:
+        """The next (deadline, item); blocks; None once closed and empty."""
         with self._cv:
             while not self._heap and not self._closed:
                 self._cv.wait()
-            return heapq.heappop(self._heap)[2] if self._heap else None
+            if not self._heap:
+                return None
+            deadline, _, item = heapq.heappop(self._heap)
+            return deadline, item
+
+    def get(self) -> Any | None:
+        due = self.get_due()
+        return None if due is None else due[1]
 
     def close(self) -> None:
         """No more puts; get() drains what is queued, then returns None."""

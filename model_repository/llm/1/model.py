@@ -155,7 +155,7 @@ class TritonPythonModel:
         try:
             if s.lend_vocoder_cores and resolve_device(s.device).type == "cpu":
                 # all cores while no vocoder decodes (velocity.serving.core_share)
-                self.cores = CoreBoard(board_path())
+                self.cores = CoreBoard(board_path(s.run_dir))
                 self.lender = ThreadLender(self.cores, own, s.threads_lent(own), torch.set_num_threads)
             self.engine = AsyncLLMEngine(EngineConfig(
                 model=s.weights, device=s.device, dtype=s.dtype, kv_cache_bytes=s.kv_cache_bytes,

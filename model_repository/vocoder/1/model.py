@@ -52,7 +52,7 @@ class TritonPythonModel:
         self.device = dev
         self.cores = None
         if s.lend_vocoder_cores and dev.type == "cpu":     # tell the llm when this one decodes
-            self.cores = CoreBoard(board_path())
+            self.cores = CoreBoard(board_path(s.run_dir))
             self.cores.claim()
         schedule = s.schedule
         self.queue = ChunkQueue(lambda i: schedule.start(i) / FRAMES_PER_SECOND)
@@ -74,14 +74,15 @@ class TritonPythonModel:
         return None
 
     def _decode_loop(self) -> None:
-        while (work := self.queue.get()) is not None:
-            chunk_index, codes, ctx, length, sender, queued = work
+        while (due := self.queue.get_due()) is not None:
+            deadline, (chunk_index, codes, ctx, length, sender, queued) = due
             try:
-                sender.send(self._decode(chunk_index, codes, ctx, length, queued), flags=FINAL)
+                sender.send(self._decode(chunk_index, codes, ctx, length, queued, deadline), flags=FINAL)
             except Exception:                 # a broken sender must not stop the loop
                 log.exception("vocoder: could not answer chunk %s", chunk_index.reshape(-1))
 
-    def _decode(self, chunk_index: np.ndarray, codes: np.ndarray, ctx: int, length: int, queued: float):
+    def _decode(self, chunk_index: np.ndarray, codes: np.ndarray, ctx: int, length: int, queued: float,
+                deadline: float):
         Err = pb_utils.TritonError
         index = int(chunk_index.reshape(-1)[0])
         if index < 0:                     # the llm ended or refused the stream: its error code
@@ -103,7 +104,7 @@ class TritonPythonModel:
         m["chunks"].increment(1)
         m["queue"].increment(start - queued)
         m["decode"].increment(done - start)
-        m["late"].increment(max(0.0, done - queued - self.queue.seconds_before(index)))
+        m["late"].increment(max(0.0, done - deadline))
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("WAVEFORM", audio), pb_utils.Tensor("CHUNK_INDEX", chunk_index)])
 
