@@ -6,7 +6,7 @@ its own share (Settings.llm_threads / vocoder_threads). But the vocoder is idle 
 (at one stream between its three or four chunks, at 32 streams about five sixths of the time), and
 an idle share is wasted: on two cores the llm decodes one stream ~1.6x faster with both.
 
-A CoreBoard is a small file in shared memory, one per Triton server: each vocoder instance claims a
+A CoreBoard is a small memory-mapped file, one per Triton server: each vocoder instance claims a
 slot and marks it busy while it decodes a chunk; the llm looks before each step and takes all the
 cores when no slot is busy. Failing safe: a busy mark left by a crashed vocoder only stops lending.
 """
