@@ -30,6 +30,13 @@ from client.tts_client import SAMPLE_RATE, ServerError, fetch_metrics, parse_met
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = Path(__file__).with_name("texts.txt")
+
+
+def bench_texts() -> list[str]:
+    """The shipped benchmark sentences, one per non-empty line of client/texts.txt."""
+    return [t for t in TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()]
+
+
 log = logging.getLogger("bench")
 
 
@@ -237,7 +244,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "serving_cpu"))
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    texts = [t for t in TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()]
+    texts = bench_texts()
     values = {"MAX_NEW_TOKENS": args.max_new_tokens}
     levels = [int(c) for c in args.concurrency.split(",")]
     metrics_url = args.metrics_url or metrics_url_of(args.url)

@@ -20,9 +20,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from client.bench import bench_texts
 from client.tts_client import ServerError, metric, stream_grpc
 
-TEXTS = [t for t in Path(__file__).with_name("texts.txt").read_text(encoding="utf-8").splitlines() if t.strip()]
+TEXTS = bench_texts()
 BAD = [{"TEXT": "   "}, {"TOP_P": 2.0}, {"MAX_NEW_TOKENS": 0}, {"SPEAKER": "not a speaker"}, {"TEMPERATURE": -1.0},
        {"TOP_K": -5}, {"PROMPT": "free text"}]
 RSS_MARGIN = (1.2, 64 << 20)       # end <= 1.2 x after warm-up + 64 MiB

@@ -28,7 +28,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from client.bench import ROOT, TEXTS, InProcess, metrics_url_of, run_level  # noqa: E402
+from client.bench import ROOT, InProcess, bench_texts, metrics_url_of, run_level  # noqa: E402
 from velocity.serving.core_share import CoreBoard, find_boards  # noqa: E402
 
 log = logging.getLogger("bench_ab")
@@ -70,7 +70,7 @@ def main() -> None:
                          f"got {args.arms!r}")
     if "in-process" in kind.values() and not args.weights:
         raise SystemExit("--arms in-process needs --weights (the server's checkpoint)")
-    texts = [t for t in TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()]
+    texts = bench_texts()
     values = {"MAX_NEW_TOKENS": args.max_new_tokens}
     metrics_url = args.metrics_url or metrics_url_of(args.url)
     n = {a: max(args.requests, conc[a]) for a in arms}

@@ -17,7 +17,7 @@ class Clock:
 
 def drain(q: ChunkQueue) -> list:
     q.close()
-    return list(iter(q.get, None))
+    return [item for _, item in iter(q.get_due, None)]
 
 
 def test_first_chunks_overtake_later_chunks_queued_before_them():
@@ -75,7 +75,7 @@ def test_equal_deadlines_keep_arrival_order():
 def test_get_blocks_until_put_and_close_ends_the_consumer():
     q = ChunkQueue(lambda i: 0.0)
     got: list = []
-    t = threading.Thread(target=lambda: got.extend(iter(q.get, None)))
+    t = threading.Thread(target=lambda: got.extend(item for _, item in iter(q.get_due, None)))
     t.start()
     q.put(0, "x")
     q.put(1, "y")

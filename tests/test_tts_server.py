@@ -293,8 +293,9 @@ def test_the_llm_borrows_the_idle_vocoders_threads_only_while_it_is_idle(server)
     assert stream_tts(server.grpc_url, GOOD)[1] is None
     lent = settled()
     assert lent > before
-    assert server.core_board().parent.name.startswith("velocity-serve.")    # serve.sh's run folder
-    board = CoreBoard(server.core_board())
+    path = server.core_board()
+    assert path.parent.name.startswith("velocity-serve.")                 # serve.sh's run folder
+    board = CoreBoard(path)
     assert board.claim() is not None
     try:
         with board.busy():

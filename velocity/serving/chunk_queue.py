@@ -56,12 +56,8 @@ class ChunkQueue:
             deadline, _, item = heapq.heappop(self._heap)
             return deadline, item
 
-    def get(self) -> Any | None:
-        due = self.get_due()
-        return None if due is None else due[1]
-
     def close(self) -> None:
-        """No more puts; get() drains what is queued, then returns None."""
+        """No more puts; get_due() drains what is queued, then returns None."""
         with self._cv:
             self._closed = True
             self._cv.notify_all()
