@@ -127,3 +127,43 @@ def test_windowed_penalty_counts_each_occurrence_per_codebook():
     s.params.repetition_window = 3
     torch.testing.assert_close(sm.apply_penalties(logits, [s], set(), window=2),
                                expect({(0, 1): 2, (0, 4): 1, (1, 2): 2, (1, 3): 1}), rtol=0, atol=0)
+
+
+def test_batched_penalties_equal_each_row_alone():
+    """One scatter for the batch == the rule applied to each row on its own (exact)."""
+    g = torch.Generator().manual_seed(3)
+    lg = torch.randn(5, 4, 30, generator=g)
+    frames = [tuple(int(c) for c in torch.randint(0, 30, (4,), generator=g)) for _ in range(9)]
+    params = [SamplingParams(repetition_penalty=1.3), SamplingParams(repetition_penalty=1.0),
+              SamplingParams(repetition_penalty=0.7, repetition_window=3), SamplingParams(repetition_penalty=2.0),
+              SamplingParams(repetition_penalty=1.1, repetition_window=20)]
+    seqs = [seq(p, out=frames[:n]) for p, n in zip(params, [9, 4, 9, 0, 5])]
+    sm = Sampler(torch.device("cpu"))
+    batch = sm.apply_penalties(lg, seqs, set(), window=4)
+    for i, s in enumerate(seqs):
+        assert torch.equal(batch[i:i + 1], sm.apply_penalties(lg[i:i + 1], [s], set(), window=4))
+    assert torch.equal(batch[1], lg[1]) and torch.equal(batch[3], lg[3])     # no penalty / no history
+    assert not torch.equal(batch[0], lg[0])
+
+
+def test_seeded_row_ignores_the_neighbours_top_k(logits):
+    """The draw runs over the batch's largest k; a seeded row still draws over its own k only."""
+    def draw(neighbour_k):
+        sm = Sampler(torch.device("cpu"))
+        seqs = [seq(SamplingParams(temperature=1.0, top_k=8, seed=5)), seq(SamplingParams(temperature=1.0, top_k=neighbour_k))]
+        return [sm(logits[:2], seqs, set())[0] for _ in range(20)]
+
+    assert draw(3) == draw(0) == draw(30)
+
+
+def test_top_k_top_p_draws_follow_the_filtered_distribution():
+    """ChatTTS order (top-p on the whole distribution, then top-k), drawn over the candidates only."""
+    probs = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])
+    sm, n = Sampler(torch.device("cpu")), 4000
+    s = seq(SamplingParams(temperature=1.0, top_k=3, top_p=0.75, seed=11))
+    got = torch.bincount(torch.tensor([sm(torch.log(probs)[None, None], [s], set(), p_first=True)[0]
+                                       for _ in range(n)]), minlength=6)
+    # top-p 0.75 keeps 0.4, 0.25, 0.15 (0.65 < 0.75 before the third); top-k 3 keeps the same three.
+    # 4000 draws: binomial standard deviation <= 0.008; 0.03 is over 3.5 of them
+    assert torch.allclose(got / n, torch.tensor([0.5, 0.3125, 0.1875, 0, 0, 0]), atol=0.03)
+    assert got[3:].sum() == 0

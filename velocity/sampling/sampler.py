@@ -1,30 +1,40 @@
 """Batched sampling where every row keeps its own parameters and its own random stream.
 
-Logits are [B, K, V]: K = 1 for text, K = num_vq codebooks for an audio frame.
+Logits are [B, K, V]: K = 1 for text, K = num_vq codebooks for an audio frame. One step's
+sampling is a fixed handful of tensor ops whatever the batch (no per-row tensors but the
+seeded rows' draws), and with top-k the draw runs over each row's k candidates, not all V.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from velocity.engine.sequence import Sequence, Token
 
 
-def top_k_top_p(x: torch.Tensor, ks: torch.Tensor, ps: torch.Tensor, p_first: bool = False) -> torch.Tensor:
-    """Per-row top-k (ks: [R], V = off) and top-p (ps: [R], 1 = off) as -inf masks. x: [R, V]
+def candidates(x: torch.Tensor, ks: torch.Tensor, ps: torch.Tensor, c: int,
+               p_first: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The c highest logits of each row and their ids, those a row's filters drop set to -inf.
+    x: [R, V]; ks: [R] top-k (V = off, c >= every k); ps: [R] top-p (1 = off) -> ([R, c], [R, c])
 
     Default order is transformers' (top-k, then top-p on the renormalised rest);
-    p_first=True is the ChatTTS reference's (top-p, then top-k).
+    p_first=True is the ChatTTS reference's (top-p on the whole distribution, then top-k).
     """
-    V = x.shape[-1]
-    xs, order = x.sort(dim=-1, descending=True)
-    rank = torch.arange(V, device=x.device)[None]
-    if not p_first:
-        xs = xs.masked_fill(rank >= ks[:, None], float("-inf"))
-    probs = xs.softmax(dim=-1)
-    xs = xs.masked_fill(probs.cumsum(dim=-1) - probs >= ps[:, None], float("-inf"))  # as transformers; keeps the top token
+    vals, ids = x.topk(c, dim=-1)                                  # descending
+    beyond_k = torch.arange(c, device=x.device)[None] >= ks[:, None]
     if p_first:
-        xs = xs.masked_fill(rank >= ks[:, None], float("-inf"))
-    return torch.full_like(x, float("-inf")).scatter(1, order, xs)
+        probs = x.softmax(dim=-1).gather(1, ids)
+    else:
+        vals = vals.masked_fill(beyond_k, float("-inf"))
+        probs = vals.softmax(dim=-1)
+    vals = vals.masked_fill(probs.cumsum(dim=-1) - probs >= ps[:, None], float("-inf"))  # keeps the top token
+    return (vals.masked_fill(beyond_k, float("-inf")) if p_first else vals), ids
+
+
+def top_k_top_p(x: torch.Tensor, ks: torch.Tensor, ps: torch.Tensor, p_first: bool = False) -> torch.Tensor:
+    """Per-row top-k (ks: [R], V = off) and top-p (ps: [R], 1 = off) as -inf masks. x: [R, V]"""
+    vals, ids = candidates(x, ks, ps, int(ks.max()), p_first)
+    return torch.full_like(x, float("-inf")).scatter(1, ids, vals)
 
 
 class Sampler:
@@ -61,21 +71,29 @@ class Sampler:
         tokens = logits.argmax(dim=-1)                                   # [B, K] greedy rows
         rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if rows:
-            idx = torch.tensor(rows, device=dev)
-            ps = [seqs[i].params for i in rows]
-            temps = torch.tensor([p.temperatures(K) for p in ps], device=dev)          # [R, K]
-            x = logits[idx] / temps[:, :, None]
-            ks = torch.tensor([p.top_k if 0 < p.top_k < V else V for p in ps], device=dev)
-            tp = torch.tensor([p.top_p for p in ps], device=dev)
-            if bool((ks < V).any()) or bool((tp < 1).any()):
-                x = top_k_top_p(x.view(-1, V), ks.repeat_interleave(K), tp.repeat_interleave(K), p_first)
-                x = x.view(len(rows), K, V)
-            probs = x.softmax(dim=-1)
-            noise = torch.empty_like(probs).exponential_()
-            for j, i in enumerate(rows):
-                if seqs[i].params.seed is not None:
-                    noise[j].exponential_(generator=self._generator(seqs[i]))
-            tokens[idx] = (probs / noise).argmax(dim=-1)                 # exponential race = categorical draw
+            R, ps = len(rows), [seqs[i].params for i in rows]
+            ks = [p.top_k if 0 < p.top_k < V else V for p in ps]
+            c = max(ks)
+            # one host-to-device copy: [R, K + 2] = temperatures, top-k, top-p
+            filt = torch.tensor([[*p.temperatures(K), k, p.top_p] for p, k in zip(ps, ks)], device=dev)
+            idx = torch.tensor(rows, device=dev) if R < B else None
+            x = (logits if idx is None else logits[idx]) / filt[:, :K, None]       # [R, K, V]
+            ids = None
+            if any(k < V or p.top_p < 1 for p, k in zip(ps, ks)):
+                x, ids = candidates(x.view(-1, V), filt[:, K].long().repeat_interleave(K),
+                                    filt[:, K + 1].repeat_interleave(K), c, p_first)
+                x, ids = x.view(R, K, c), ids.view(R, K, c)
+            probs = x.softmax(dim=-1)                                    # [R, K, c]
+            seeded = [(j, k) for j, (p, k) in enumerate(zip(ps, ks)) if p.seed is not None]
+            noise = torch.ones_like(probs) if len(seeded) == R else torch.empty_like(probs).exponential_()
+            for j, k in seeded:   # its own k columns, drawn contiguous (CPU draws a strided view otherwise)
+                noise[j, :, :k] = torch.empty(K, k, device=dev).exponential_(generator=self._generator(seqs[rows[j]]))
+            pick = (probs / noise).argmax(dim=-1, keepdim=True)          # exponential race = categorical draw
+            pick = pick[..., 0] if ids is None else ids.gather(-1, pick)[..., 0]           # [R, K]
+            if idx is None:
+                tokens = pick
+            else:
+                tokens[idx] = pick
         return [t[0] if K == 1 else tuple(t) for t in tokens.tolist()]
 
     def apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence], stop_ids: set[int],
@@ -85,22 +103,31 @@ class Sampler:
         dev = logits.device
         pen = [i for i, s in enumerate(seqs) if s.params.repetition_penalty != 1.0]
         if pen:
-            logits = logits.clone()
-            counts = torch.zeros(len(pen), K, V, device=dev)
-            for j, i in enumerate(pen):
+            hists, once = [], []
+            for i in pen:
                 s = seqs[i]
                 w = s.params.repetition_window or window
                 # audio frames: only generated frames count (the prompt is text)
                 hist = (s.token_ids if K == 1 else s.output_token_ids) if w is None else s.output_token_ids[-w:]
-                if hist:
-                    ids = torch.tensor(hist, device=dev).view(len(hist), -1)[:, :K].T      # [K, L]
-                    counts[j].scatter_add_(1, ids, torch.ones_like(ids, dtype=counts.dtype))
-                if w is None:        # transformers' rule: every earlier token penalised once
-                    counts[j].clamp_(max=1)
-            r = torch.tensor([seqs[i].params.repetition_penalty for i in pen], device=dev)[:, None, None]
-            alpha = r ** counts                                           # [P, K, V]
-            sub = logits[pen]
-            logits[pen] = torch.where(sub < 0, sub * alpha, sub / alpha)
+                hists.append([t[:K] if isinstance(t, tuple) else (t,) for t in hist])
+                once.append(w is None)   # transformers' rule: every earlier token penalised once
+            L, pad = max(1, *map(len, hists)), [(V,) * K]                # pad: an extra column V, dropped
+            ids = torch.from_numpy(np.array([h + pad * (L - len(h)) for h in hists])).to(dev).transpose(1, 2)  # [P, K, L]
+            counts = torch.zeros(len(pen), K, V + 1, device=dev).scatter_add_(2, ids, torch.ones(ids.shape, device=dev))
+            counts = counts[..., :V]
+            if all(once):
+                counts = counts.clamp(max=1)
+            elif any(once):
+                counts = torch.where(torch.tensor(once, device=dev)[:, None, None], counts.clamp(max=1), counts)
+            alpha = torch.tensor([seqs[i].params.repetition_penalty for i in pen], device=dev)[:, None, None] ** counts
+            full = len(pen) == B
+            sub = logits if full else logits[torch.tensor(pen, device=dev)]
+            sub = torch.where(sub < 0, sub * alpha, sub / alpha)         # [P, K, V]
+            if full:
+                logits = sub
+            else:
+                logits = logits.clone()
+                logits[torch.tensor(pen, device=dev)] = sub
         masked = [(i, s) for i, s in enumerate(seqs) if len(s.output_token_ids) < s.params.min_new_tokens]
         if masked:
             logits = logits.clone() if not pen else logits
