@@ -90,7 +90,6 @@ class LLMEngine:
         if seq is None:
             return None
         self.scheduler.finish(seq, "abort")
-        self.worker.sampler.forget(seq)
         return self._output(seq, [])
 
     def has_unfinished(self) -> bool:
@@ -110,7 +109,6 @@ class LLMEngine:
                 self.block_manager.forget_hashes(seq)
                 self.requests.pop(seq.request_id, None)
                 self.scheduler.finish(seq, "error")
-                self.worker.sampler.forget(seq)
                 outputs.append(self._output(seq, []))
                 outputs[-1].error = f"engine step failed: {e}"
             return outputs
@@ -122,7 +120,6 @@ class LLMEngine:
             if reason:
                 self.requests.pop(seq.request_id, None)
                 self.scheduler.finish(seq, reason)
-                self.worker.sampler.forget(seq)
             outputs.append(self._output(seq, [tok]))
         return outputs
 

@@ -1,8 +1,8 @@
 """Batched sampling where every row keeps its own parameters and its own random stream.
 
 Logits are [B, K, V]: K = 1 for text, K = num_vq codebooks for an audio frame. One step's
-sampling is a fixed handful of tensor ops whatever the batch (no per-row tensors but the
-seeded rows' draws), and with top-k the draw runs over each row's k candidates, not all V.
+sampling is a fixed handful of tensor ops whatever the batch (no per-row ops: on a GPU each
+would be a kernel launch), and with top-k the draw runs over each row's k candidates, not all V.
 """
 from __future__ import annotations
 
@@ -10,6 +10,39 @@ import numpy as np
 import torch
 
 from velocity.engine.sequence import Sequence, Token
+
+
+M64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15                # splitmix64's increment
+
+
+def _signed(x: int) -> int:
+    return x - (1 << 64) if x >> 63 else x
+
+
+def mix64(x: int) -> int:
+    """splitmix64's finaliser on a Python int (64 bits)."""
+    x &= M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M64
+    return x ^ (x >> 31)
+
+
+def mix64_tensor(x: torch.Tensor) -> torch.Tensor:
+    """mix64 on an int64 tensor's bit patterns (wrapping multiplies; masks make the shifts logical)."""
+    x = (x ^ ((x >> 30) & ((1 << 34) - 1))) * _signed(0xBF58476D1CE4E5B9)
+    x = (x ^ ((x >> 27) & ((1 << 37) - 1))) * _signed(0x94D049BB133111EB)
+    return x ^ ((x >> 31) & ((1 << 33) - 1))
+
+
+def exponential_noise(keys: torch.Tensor, K: int, c: int) -> torch.Tensor:
+    """keys [R] (int64) -> Exp(1) noise [R, K, c], element (k, j) of a row a function of its key,
+    k and j alone: a counter-based generator (splitmix64), so a row draws the same numbers in
+    any batch and any top-k width, and all rows draw in one go."""
+    counter = (torch.arange(K, device=keys.device)[:, None] << 32) + torch.arange(c, device=keys.device)[None]
+    bits = mix64_tensor(keys[:, None, None] + counter * _signed(GOLDEN))
+    u = (((bits >> 11) & ((1 << 53) - 1)).double() + 0.5) / 2.0 ** 53            # uniform in (0, 1)
+    return (-u.log()).float()
 
 
 def candidates(x: torch.Tensor, ks: torch.Tensor, ps: torch.Tensor, c: int,
@@ -41,23 +74,18 @@ class Sampler:
     """logits [B, K, V] + the batch's sequences -> one token (int, or K-tuple) per row.
 
     Repetition penalty and the min-tokens stop mask first, then for sampled rows temperature
-    (one per codebook if given), top-k/top-p, and a draw from the row's own generator when it
-    has a seed (so its tokens don't depend on its neighbours). Greedy rows take the exact argmax.
+    (one per codebook if given), top-k/top-p, and an exponential-race draw. A seeded row's noise
+    is a function of its seed and step alone (`exponential_noise`), so its tokens don't depend
+    on its neighbours. Greedy rows take the exact argmax.
     """
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.generators: dict[int, torch.Generator] = {}
 
-    def forget(self, seq: Sequence) -> None:
-        self.generators.pop(seq.seq_id, None)
-
-    def _generator(self, seq: Sequence) -> torch.Generator:
-        g = self.generators.get(seq.seq_id)
-        if g is None:
-            g = self.generators[seq.seq_id] = torch.Generator(device=self.device)
-            g.manual_seed(seq.params.seed)
-        return g
+    @staticmethod
+    def row_key(seq: Sequence) -> int:
+        """A seeded row's key for this step: its seed and how many tokens it has generated."""
+        return _signed(mix64(mix64(seq.params.seed) + len(seq.output_token_ids) * GOLDEN))
 
     @torch.no_grad()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence], stop_ids: set[int],
@@ -68,8 +96,8 @@ class Sampler:
         B, K, V = logits.shape
         dev = logits.device
         logits = self.apply_penalties(logits, seqs, stop_ids, window)
-        tokens = logits.argmax(dim=-1)                                   # [B, K] greedy rows
         rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
+        tokens = logits.argmax(dim=-1) if len(rows) < B else None        # [B, K] greedy rows
         if rows:
             R, ps = len(rows), [seqs[i].params for i in rows]
             ks = [p.top_k if 0 < p.top_k < V else V for p in ps]
@@ -84,10 +112,9 @@ class Sampler:
                                     filt[:, K + 1].repeat_interleave(K), c, p_first)
                 x, ids = x.view(R, K, c), ids.view(R, K, c)
             probs = x.softmax(dim=-1)                                    # [R, K, c]
-            seeded = [(j, k) for j, (p, k) in enumerate(zip(ps, ks)) if p.seed is not None]
-            noise = torch.ones_like(probs) if len(seeded) == R else torch.empty_like(probs).exponential_()
-            for j, k in seeded:   # its own k columns, drawn contiguous (CPU draws a strided view otherwise)
-                noise[j, :, :k] = torch.empty(K, k, device=dev).exponential_(generator=self._generator(seqs[rows[j]]))
+            unseeded = iter(torch.randint(-(1 << 62), 1 << 62, (R,)).tolist())
+            keys = [self.row_key(seqs[i]) if p.seed is not None else next(unseeded) for i, p in zip(rows, ps)]
+            noise = exponential_noise(torch.tensor(keys, device=dev), K, x.shape[-1])
             pick = (probs / noise).argmax(dim=-1, keepdim=True)          # exponential race = categorical draw
             pick = pick[..., 0] if ids is None else ids.gather(-1, pick)[..., 0]           # [R, K]
             if idx is None:
@@ -114,15 +141,17 @@ class Sampler:
             L, pad = max(1, *map(len, hists)), [(V,) * K]                # pad: an extra column V, dropped
             ids = torch.from_numpy(np.array([h + pad * (L - len(h)) for h in hists])).to(dev).transpose(1, 2)  # [P, K, L]
             counts = torch.zeros(len(pen), K, V + 1, device=dev).scatter_add_(2, ids, torch.ones(ids.shape, device=dev))
-            counts = counts[..., :V]
+            n = counts.gather(2, ids)                                      # [P, K, L] occurrences of each
             if all(once):
-                counts = counts.clamp(max=1)
+                n = n.clamp(max=1)
             elif any(once):
-                counts = torch.where(torch.tensor(once, device=dev)[:, None, None], counts.clamp(max=1), counts)
-            alpha = torch.tensor([seqs[i].params.repetition_penalty for i in pen], device=dev)[:, None, None] ** counts
+                n = torch.where(torch.tensor(once, device=dev)[:, None, None], n.clamp(max=1), n)
+            alpha = torch.tensor([seqs[i].params.repetition_penalty for i in pen], device=dev)[:, None, None] ** n
             full = len(pen) == B
             sub = logits if full else logits[torch.tensor(pen, device=dev)]
-            sub = torch.where(sub < 0, sub * alpha, sub / alpha)         # [P, K, V]
+            sub = torch.cat([sub, sub.new_zeros(len(pen), K, 1)], dim=-1)  # a copy, with the pad column
+            got = sub.gather(2, ids)                # only the history's logits change: a repeat writes the same
+            sub = sub.scatter_(2, ids, torch.where(got < 0, got * alpha, got / alpha))[..., :V]
             if full:
                 logits = sub
             else:
