@@ -6,6 +6,8 @@ would be a kernel launch), and with top-k the draw runs over each row's k candid
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -35,12 +37,18 @@ def mix64_tensor(x: torch.Tensor) -> torch.Tensor:
     return x ^ ((x >> 31) & ((1 << 33) - 1))
 
 
+@functools.lru_cache(maxsize=32)
+def _steps(K: int, c: int, device: torch.device) -> torch.Tensor:
+    """[K, c] splitmix64 increments of element (k, j): counter (k << 32) + j times GOLDEN."""
+    counter = (torch.arange(K, device=device)[:, None] << 32) + torch.arange(c, device=device)[None]
+    return counter * _signed(GOLDEN)
+
+
 def exponential_noise(keys: torch.Tensor, K: int, c: int) -> torch.Tensor:
     """keys [R] (int64) -> Exp(1) noise [R, K, c], element (k, j) of a row a function of its key,
     k and j alone: a counter-based generator (splitmix64), so a row draws the same numbers in
     any batch and any top-k width, and all rows draw in one go."""
-    counter = (torch.arange(K, device=keys.device)[:, None] << 32) + torch.arange(c, device=keys.device)[None]
-    bits = mix64_tensor(keys[:, None, None] + counter * _signed(GOLDEN))
+    bits = mix64_tensor(keys[:, None, None] + _steps(K, c, keys.device))
     u = (((bits >> 11) & ((1 << 53) - 1)).double() + 0.5) / 2.0 ** 53            # uniform in (0, 1)
     return (-u.log()).float()
 
