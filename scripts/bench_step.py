@@ -1,0 +1,202 @@
+#!/usr/bin/env python
+"""Engine decode step with ChatTTS sampling, split into model, sampler and the rest, by batch size.
+
+Every request samples as the service does (temperature 0.3, top-p 0.7, top-k 20, repetition
+penalty 1.05 over 16 frames, its own seed) with a speaker; the end code is ignored so the batch
+stays full. With the tiny checkpoint the model costs almost nothing and the step is the engine's
+host work (scheduler, inputs, sampler, outputs): on a GPU that is what bounds a step.
+
+    .venv/bin/python scripts/bench_step.py --size tiny
+    .venv/bin/python scripts/bench_step.py --size tiny --baseline-rev HEAD~1   # A/B against a revision
+    .venv/bin/python scripts/bench_step.py --size full --device cuda
+
+--baseline-rev REV measures velocity at git revision REV too (a temporary worktree, this script
+run with it first on the path), in alternating rounds (ABBA), and reports per batch size the
+median ratio of the baseline's step time to this checkout's. Writes JSON and a PNG.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger("bench_step")
+
+
+def measure(weights: str, device: str, batches: list[int], steps: int) -> dict:
+    """{batch: {"step_ms", "model_ms", "sampler_ms"}}: medians over `steps` decode steps."""
+    import torch
+
+    from velocity.config import EngineConfig
+    from velocity.engine.llm_engine import LLMEngine
+    from velocity.tts.pipeline import chattts_params
+    from velocity.tts.speaker import random_speaker
+
+    eng = LLMEngine(EngineConfig(model=weights, device=device, max_num_seqs=max(batches)))
+    w = eng.worker
+    sync = torch.cuda.synchronize if w.device.type == "cuda" else (lambda: None)
+    spent = {"model": 0.0, "sampler": 0.0}
+
+    class Timed:
+        """Calls through to `inner`, adding the seconds they take to spent[key]."""
+
+        def __init__(self, inner, key: str) -> None:
+            self.inner, self.key = inner, key
+
+        def __call__(self, *a, **kw):
+            sync()
+            t = time.perf_counter()
+            out = self.inner(*a, **kw)
+            sync()
+            spent[self.key] += time.perf_counter() - t
+            return out
+
+        def __getattr__(self, name: str):
+            return getattr(self.inner, name)
+
+    w.runner.run = Timed(w.runner.run, "model")
+    w.sampler = Timed(w.sampler, "sampler")
+    spk = torch.from_numpy(random_speaker(1, w.model.config.hidden_size))
+    out = {}
+    for b in batches:
+        ids = [f"b{b}-{i}" for i in range(b)]
+        for i, rid in enumerate(ids):
+            p = chattts_params(seed=i, max_new_tokens=steps + 40)
+            p.ignore_eos = True
+            eng.add_request(rid, list(range(5, 45)), p, speaker=spk)
+        for _ in range(20):                     # prefill, then decodes with a full history
+            eng.step()
+        rows = []
+        for _ in range(steps):
+            spent.update(model=0.0, sampler=0.0)
+            t = time.perf_counter()
+            eng.step()
+            sync()
+            rows.append((time.perf_counter() - t, spent["model"], spent["sampler"]))
+        for rid in ids:
+            eng.abort(rid)
+        out[b] = {k: 1e3 * statistics.median(r[j] for r in rows)
+                  for j, k in enumerate(("step_ms", "model_ms", "sampler_ms"))}
+        log.info("batch %d: step %.2f ms (model %.2f, sampler %.2f)", b, *out[b].values())
+    return out
+
+
+def child(args: argparse.Namespace, rev_dir: str | None) -> dict:
+    """One round in a fresh process, with the baseline's velocity first on the path if given."""
+    env = dict(os.environ, PYTHONPATH=rev_dir or str(ROOT))
+    cmd = [sys.executable, __file__, "--child", "--weights", args.weights, "--device", args.device,
+           "--batches", args.batches, "--steps", str(args.steps)]
+    return {int(k): v for k, v in json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True,
+                                                            text=True).stdout.splitlines()[-1]).items()}
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    arms = [a for a in ("baseline", "this") if a in res["arms"]]
+    batches = res["batches"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / len(arms)
+    for j, arm in enumerate(arms):
+        xs = [i + (j - (len(arms) - 1) / 2) * width for i in range(len(batches))]
+        m = res["arms"][arm]
+        bottom = [0.0] * len(batches)
+        for part, color in (("model_ms", "tab:blue"), ("sampler_ms", "tab:orange"), ("other_ms", "tab:gray")):
+            vals = [m[str(b)][part] for b in batches]
+            ax.bar(xs, vals, width, bottom=bottom, color=color, alpha=1.0 if arm == "this" else 0.45,
+                   label=f"{part[:-3]} ({res['labels'][arm]})")
+            bottom = [x + v for x, v in zip(bottom, vals)]
+    ax.set_xticks(range(len(batches)), [str(b) for b in batches])
+    ax.set_xlabel("sequences in the decode batch")
+    ax.set_ylabel("ms per step (median)")
+    ax.set_title(f"velocity decode step, ChatTTS sampling: {res['checkpoint']} on {res['device']}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", choices=("tiny", "full"), default="tiny", help="demo checkpoint made for the run")
+    ap.add_argument("--weights", help="a ChatTTS release folder instead of --size")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batches", default="1,8,32,64")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--rounds", type=int, default=4, help="with --baseline-rev: rounds of each arm")
+    ap.add_argument("--baseline-rev", help="git revision to compare against")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "engine_step"))
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    if args.child:
+        logging.basicConfig(level=logging.WARNING)
+        print(json.dumps(measure(args.weights, args.device, batches, args.steps)))
+        return
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from tqdm.auto import tqdm
+    with tempfile.TemporaryDirectory() as tmp:
+        if not args.weights:
+            from velocity.tts.checkpoint import write_checkpoint
+            args.weights = str(write_checkpoint(Path(tmp) / "ck", args.size, seed=0))
+        arms = {"this": None}
+        labels = {"this": subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+                                         capture_output=True, text=True).stdout.strip()}
+        if args.baseline_rev:
+            wt = str(Path(tmp) / "baseline")
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", wt, args.baseline_rev],
+                           check=True)
+            arms = {"baseline": wt, "this": None}
+            labels["baseline"] = args.baseline_rev
+        runs: dict[str, list[dict]] = {a: [] for a in arms}
+        order = list(arms)
+        try:
+            rounds = args.rounds if args.baseline_rev else 1
+            with tqdm(total=rounds * len(arms), desc="rounds") as bar:
+                for r in range(rounds):
+                    for a in (order if r % 2 == 0 else order[::-1]):      # ABBA
+                        runs[a].append(child(args, arms[a]))
+                        bar.update(1)
+        finally:
+            if args.baseline_rev:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", wt])
+    res = {"hardware": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
+           "device": args.device, "checkpoint": args.size if args.weights.startswith(tempfile.gettempdir())
+           else args.weights, "batches": batches, "steps": args.steps, "rounds": len(runs["this"]),
+           "labels": labels, "arms": {}, "rounds_raw": {a: [{str(b): v for b, v in x.items()} for x in runs[a]]
+                                                       for a in runs}}
+    for a, xs in runs.items():
+        res["arms"][a] = {}
+        for b in batches:
+            m = {k: statistics.median(x[b][k] for x in xs) for k in ("step_ms", "model_ms", "sampler_ms")}
+            m["other_ms"] = max(0.0, m["step_ms"] - m["model_ms"] - m["sampler_ms"])
+            res["arms"][a][str(b)] = m
+    if args.baseline_rev:
+        res["baseline_over_this"] = {str(b): statistics.median(x[b]["step_ms"] / y[b]["step_ms"]
+                                                               for x, y in zip(runs["baseline"], runs["this"]))
+                                     for b in batches}
+    for b in batches:
+        line = "batch %3d: step %.2f ms (model %.2f, sampler %.2f)" % (
+            b, *(res["arms"]["this"][str(b)][k] for k in ("step_ms", "model_ms", "sampler_ms")))
+        if args.baseline_rev:
+            line += "; baseline %.2f ms, %.2fx" % (res["arms"]["baseline"][str(b)]["step_ms"],
+                                                  res["baseline_over_this"][str(b)])
+        log.info(line)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=1))
+    plot(res, out.with_suffix(".png"))
+    log.info("wrote %s.json and .png", out)
+
+
+if __name__ == "__main__":
+    main()
