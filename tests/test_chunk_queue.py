@@ -94,3 +94,25 @@ def test_schedule_start_is_the_frames_before_each_chunk():
     s = ChunkSchedule(12, 36, 144)
     ends = [b for b, _ in zip(s.bounds(), range(6))]
     assert [s.start(i) for i in range(6)] == [0] + ends[:5]
+
+
+def test_a_batch_is_the_most_urgent_chunk_and_queued_chunks_of_its_length():
+    """get_due_batch: the earliest deadline, then others with its key (deadline order, at most n);
+    other lengths and refused chunks (key None) stay queued in their order."""
+    clock = Clock()
+    q = ChunkQueue(lambda i: 1.0 * i, clock)
+    for index, item in [(2, ("a2", 64)), (0, ("b0", 28)), (1, ("c1", 64)), (0, ("d0", 28)), (-1, ("e-err", None)),
+                        (3, ("f3", 64)), (0, ("g0", 28)), (0, ("h0", 28))]:
+        q.put(index, item)
+    key = lambda item: item[1]  # noqa: E731
+    names = lambda batch: [item[0] for _, item in batch]  # noqa: E731
+    assert names(q.get_due_batch(3, key)) == ["b0", "d0", "g0"]          # n = 3: h0 waits
+    assert names(q.get_due_batch(8, key)) == ["h0"]
+    assert names(q.get_due_batch(8, key)) == ["c1", "a2", "f3"]         # later deadlines join the batch
+    assert names(q.get_due_batch(8, key)) == ["e-err"]
+    q.put(0, ("x", None))
+    q.put(0, ("y", None))
+    assert names(q.get_due_batch(8, key)) == ["x"]                      # key None: alone
+    assert names(q.get_due_batch(1, key)) == ["y"]
+    q.close()
+    assert q.get_due_batch(8, key) == []

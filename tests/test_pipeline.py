@@ -38,3 +38,35 @@ def test_closing_a_stream_early_frees_its_sequence(pipe):
     it.close()
     assert not pipe.engine.has_unfinished() and pipe.engine.block_manager.num_used_blocks == 0
     assert len(pipe.synthesize("Next text.", params=params)) > 0        # the next request runs as usual
+
+
+def test_a_steps_chunks_decoded_in_one_call_give_the_same_audio(pipe):
+    """decode_batch > 1 (the GPU default) against one chunk per call: same chunks, same order per
+    text, audio within float32 rounding of batched convolutions (1e-4 of the peak)."""
+    texts = ["One sentence here.", "Another one, a bit longer than that.", "Third."]
+    params = lambda i: chattts_params(seed=i, max_new_tokens=24)  # noqa: E731
+
+    calls = []
+    decode = pipe.decoder.decode
+
+    def run(batch):
+        pipe.decode_batch = batch
+        calls.clear()
+        got: dict = {}
+        for ev in pipe.stream_many(texts, params=params, concurrency=3):
+            if ev.kind == "chunk":
+                got.setdefault(ev.text, []).append(ev.chunk)
+        return got, len(calls)
+
+    pipe.decoder.decode = lambda codes: calls.append(codes.shape[0]) or decode(codes)
+    try:
+        (one, calls_one), (many, calls_many) = run(1), run(8)
+    finally:
+        pipe.decode_batch = 1
+        del pipe.decoder.decode
+    assert calls_many < calls_one == sum(map(len, one.values()))         # some chunks shared a call
+    assert sorted(one) == sorted(many) == [0, 1, 2]
+    for t in one:
+        assert [c.index for c in many[t]] == [c.index for c in one[t]] == list(range(len(one[t])))
+        a, b = np.concatenate([c.audio for c in one[t]]), np.concatenate([c.audio for c in many[t]])
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-4 * np.abs(a).max())

@@ -1,28 +1,90 @@
 """A bounded soak (90 s in CI; `python -m client.soak` runs it for longer): concurrent streams,
 cancellations and bad requests against one server, then idle KV cache, no running sequences,
-resident memory back within the stated margin, every good request's audio complete."""
+resident memory back within the stated margin, every good request's audio complete. The
+vocoder batches chunks on this server (VELOCITY_VOCODER_BATCH=4, the GPU's default is 32)."""
 from __future__ import annotations
 
+import threading
+
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from client.soak import TEXTS, soak
-from triton_server import ROOT, TritonServer
+from triton_server import ROOT, TritonServer, wait_for
 from velocity.tts.checkpoint import write_checkpoint
 
 pytestmark = pytest.mark.server
 
 
-def test_soak(tmp_path):
-    ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
-    s = TritonServer(repo=ROOT / "model_repository", log_path=tmp_path / "server.log",
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    d = tmp_path_factory.mktemp("soak")
+    ckpt = write_checkpoint(d / "tiny", "tiny", seed=0)
+    s = TritonServer(repo=ROOT / "model_repository", log_path=d / "server.log",
                      env={"VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_KV_CACHE_BYTES": str(2 << 20),
-                          "VELOCITY_CHUNK_FIRST": "4", "VELOCITY_CHUNK_REST": "8", "VELOCITY_LOOKAHEAD": "4"})
+                          "VELOCITY_CHUNK_FIRST": "4", "VELOCITY_CHUNK_REST": "8", "VELOCITY_LOOKAHEAD": "4",
+                          # the GPU's way on CPU: queued chunks of one length decoded in one call
+                          "VELOCITY_VOCODER_BATCH": "4"})
     s.start(timeout=400)
-    try:
-        rep = soak(s.grpc_url, f"http://localhost:{s.metrics_port}/metrics", seconds=90, pid=s.proc.pid,
-                   concurrency=4, max_new=40,
-                   texts=[t for t in TEXTS if t.isascii()])   # the tiny demo vocabulary lacks most Chinese characters
-        assert rep["ok"], f"{rep}\n{s.log()[-3000:]}"
-        assert min(rep["requests"].get(k, 0) for k in ("good complete", "cancelled", "bad rejected")) > 0, rep
-    finally:
-        s.stop()
+    yield s
+    s.stop()
+
+
+def vocoder_inputs(codes: np.ndarray, context: int, length: int, index: int) -> list:
+    out = []
+    for name, arr in [("CODES", codes[None].astype(np.int32)), ("CONTEXT", np.array([[context]], np.int32)),
+                      ("LENGTH", np.array([[length]], np.int32)), ("CHUNK_INDEX", np.array([[index]], np.int32))]:
+        t = grpcclient.InferInput(name, list(arr.shape), "INT32")
+        t.set_data_from_numpy(arr)
+        out.append(t)
+    return out
+
+
+def test_vocoder_batches_queued_chunks_and_refuses_bad_codes(server):
+    """Chunks queued behind a long one are decoded in one call (fewer calls than chunks) and each
+    gets its own audio (within float32 rounding of a batched convolution: 1e-4 of the peak, as
+    tests/test_streaming.py); bad codes are refused with INVALID_ARG naming the range, alone."""
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    rng = np.random.default_rng(0)
+    chunks = [rng.integers(0, 625, (4, 24)) for _ in range(4)]
+    chunks_before, calls_before = (server.metric(f"velocity_vocoder_{m}_total") for m in ("chunks", "calls"))
+    got, lock = {}, threading.Lock()
+
+    def keep(name):
+        def done(result, error):
+            with lock:
+                got[name] = (result, error)
+        return done
+
+    g.async_infer("vocoder", vocoder_inputs(rng.integers(0, 625, (4, 600)), 0, 600, 0), keep("long"))
+    for i, c in enumerate(chunks):                     # queued while the long chunk decodes
+        g.async_infer("vocoder", vocoder_inputs(c, 4, 16, i + 1), keep(i))
+    assert wait_for(lambda: len(got) == 5, 300), got
+    assert all(err is None for _, err in got.values()), got
+    assert server.metric("velocity_vocoder_chunks_total") - chunks_before == 5
+    assert server.metric("velocity_vocoder_calls_total") - calls_before < 5
+    for i, c in enumerate(chunks):
+        alone = g.infer("vocoder", vocoder_inputs(c, 4, 16, i + 1)).as_numpy("WAVEFORM")
+        batched = got[i][0].as_numpy("WAVEFORM")
+        assert batched.shape == alone.shape == (1, 16 * 512)
+        np.testing.assert_allclose(batched, alone, rtol=0, atol=1e-4 * np.abs(alone).max())
+        assert got[i][0].as_numpy("CHUNK_INDEX").reshape(-1)[0] == i + 1
+    bad = chunks[0].copy()
+    bad[2, 5] = 625
+    for codes, match in [(bad, r"CODES must hold codes in \[0, 625\), got values in \[\d+, 625\]"),
+                         (chunks[0][:3], r"CODES must be \[1, 4, frames\], got \[1, 3, 24\]"),
+                         (chunks[0], "does not hold CONTEXT=20 \\+ LENGTH=16 frames")]:
+        with pytest.raises(InferenceServerException, match=match) as e:
+            g.infer("vocoder", vocoder_inputs(codes, 20 if codes is chunks[0] else 4, 16, 1))
+        assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert g.infer("vocoder", vocoder_inputs(chunks[1], 4, 16, 2)).as_numpy("WAVEFORM").shape == (1, 16 * 512)
+
+
+def test_soak(server):
+    rep = soak(server.grpc_url, f"http://localhost:{server.metrics_port}/metrics", seconds=90, pid=server.proc.pid,
+               concurrency=4, max_new=40,
+               texts=[t for t in TEXTS if t.isascii()])   # the tiny demo vocabulary lacks most Chinese characters
+    assert rep["ok"], f"{rep}\n{server.log()[-3000:]}"
+    assert min(rep["requests"].get(k, 0) for k in ("good complete", "cancelled", "bad rejected")) > 0, rep

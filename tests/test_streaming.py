@@ -97,3 +97,20 @@ def test_serving_chunk_rest_above_the_largest_chunk_means_chunks_of_rest():
     s = Settings(chunk_first=12, chunk_rest=200)          # default largest 144 < 200
     ends = [b for b, _ in zip(s.schedule.bounds(), range(3))]
     assert ends == [12, 212, 412]
+
+
+def test_chunks_decoded_together_equal_chunks_decoded_alone(decoder, frames):
+    """decode_chunks with a batch: each chunk's audio as decoded alone, in the order given, for
+    mixed lengths and a multi-row chunk. Tolerance: batched and single convolutions may sum in
+    another order (float32 rounding, about 1e-6 of the signal's peak); 1e-4 of the peak."""
+    sd = StreamingDecoder(decoder, ChunkSchedule(12, 36))
+    cut = sd.cut(frames[:40]) + sd.cut(frames[40:100]) + sd.cut(frames[100:], final=True)
+    chunks = [(c.tensor(), c.context, c.length) for c in cut]
+    chunks += [(torch.cat([chunks[1][0], chunks[1][0]]), chunks[1][1], chunks[1][2])]   # b = 2
+    alone = [decoder.decode_chunks([c])[0] for c in chunks]
+    together = decoder.decode_chunks(chunks, max_batch=8)
+    assert len({c[0].shape[-1] for c in chunks}) < len(chunks)          # some lengths repeat: real batches
+    assert [a.shape for a in together] == [a.shape for a in alone] and together[-1].shape[0] == 2
+    peak = max(float(a.abs().max()) for a in alone)
+    for a, b in zip(alone, together):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-4 * peak)

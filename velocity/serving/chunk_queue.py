@@ -13,7 +13,7 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 
@@ -48,13 +48,25 @@ class ChunkQueue:
 
     def get_due(self) -> tuple[float, Any] | None:
         """The next (deadline, item); blocks; None once closed and empty."""
+        batch = self.get_due_batch()
+        return batch[0] if batch else None
+
+    def get_due_batch(self, n: int = 1, key: Callable[[Any], Hashable] | None = None) -> list[tuple[float, Any]]:
+        """The next (deadline, item), and up to n - 1 more queued items with the same key (not
+        None), earliest deadline first: chunks to decode in one call. Blocks; [] once closed and empty."""
         with self._cv:
             while not self._heap and not self._closed:
                 self._cv.wait()
             if not self._heap:
-                return None
-            deadline, _, item = heapq.heappop(self._heap)
-            return deadline, item
+                return []
+            first = heapq.heappop(self._heap)
+            k = key(first[2]) if key is not None and n > 1 else None
+            more = [] if k is None else heapq.nsmallest(n - 1, (e for e in self._heap if key(e[2]) == k))
+            if more:
+                taken = {order for _, order, _ in more}
+                self._heap = [e for e in self._heap if e[1] not in taken]
+                heapq.heapify(self._heap)
+            return [(deadline, item) for deadline, _, item in [first, *more]]
 
     def close(self) -> None:
         """No more puts; get_due() drains what is queued, then returns None."""

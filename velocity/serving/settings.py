@@ -35,6 +35,9 @@ class Settings:
     vocoder_threads: int = 1                 # VELOCITY_VOCODER_THREADS
     # 1: the llm also takes the vocoder's threads while no vocoder decodes (velocity.serving.core_share)
     lend_vocoder_cores: int = 1              # VELOCITY_LEND_VOCODER_CORES
+    # Queued chunks of one length the vocoder decodes in one call (0: 32 on a GPU, 1 on CPU,
+    # where a batch costs what its chunks do one by one and only delays the most urgent)
+    vocoder_batch: int = 0                   # VELOCITY_VOCODER_BATCH
     pack_cpu_weights: int = 1                # VELOCITY_PACK_CPU_WEIGHTS: 1: oneDNN-prepacked llm weights on CPU
 
     @classmethod

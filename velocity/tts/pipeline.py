@@ -16,7 +16,7 @@ from velocity.sampling.params import SamplingParams
 from velocity.tts.audio_models import load_dvae, load_vocos
 from velocity.tts.frontend import DEFAULT_PROMPT, TextFrontend
 from velocity.tts.speaker import decode_speaker, random_speaker
-from velocity.tts.streaming import AudioDecoder, ChunkSchedule, StreamingDecoder
+from velocity.tts.streaming import AudioDecoder, ChunkSchedule, CodeChunk, StreamingDecoder, default_decode_batch
 
 logger = logging.getLogger(__name__)
 SAMPLE_RATE = 24000
@@ -56,12 +56,14 @@ class TTSPipeline:
     """synthesize(text) -> waveform; stream(text) yields chunks as frames are generated."""
 
     def __init__(self, folder: str | Path, device: str = "auto", schedule: ChunkSchedule = ChunkSchedule(),
-                 lookahead: int | None = None, **engine_kwargs) -> None:
+                 lookahead: int | None = None, decode_batch: int = 0, **engine_kwargs) -> None:
+        """decode_batch: chunks of one step decoded per call (0: `default_decode_batch` of the device)."""
         self.frontend = TextFrontend(folder)
         self.engine = LLMEngine(EngineConfig(model=str(folder), device=device, **engine_kwargs))
         dev = self.engine.worker.device
         self.decoder = AudioDecoder(load_dvae(folder, dev), load_vocos(folder, dev))
         self.schedule, self.lookahead = schedule, lookahead
+        self.decode_batch = decode_batch or default_decode_batch(dev)
         self._n = 0
 
     def speaker_vector(self, speaker: str | int | None) -> torch.Tensor | None:
@@ -84,8 +86,8 @@ class TTSPipeline:
                     params: SamplingParams | Callable[[int], SamplingParams] | None = None,
                     concurrency: int = 1) -> Iterator[Event]:
         """Texts through one engine, at most `concurrency` at a time, each its sentences in order
-        with one speaker; chunks are decoded in the step loop. params: one for all, or a function
-        of the text's index."""
+        with one speaker; chunks are decoded in the step loop, a step's chunks of one length
+        together (up to decode_batch). params: one for all, or a function of the text's index."""
         spk = self.speaker_vector(speaker)
         end_code = self.engine.worker.model.num_audio_tokens - 1
         todo, live = list(range(len(texts))), {}          # live: request id -> its text (one per text)
@@ -111,22 +113,22 @@ class TTSPipeline:
                         add(t)
                     else:
                         yield Event(i, "end")
+                ready: list[tuple[_Text, CodeChunk | None]] = []          # None: the text's end
                 for out in self.engine.step():
                     t = live[out.request_id]
-                    finished = False
-                    chunks = t.decoder.push([f for f in out.new_token_ids if end_code not in f])
+                    ready += [(t, c) for c in t.decoder.cut([f for f in out.new_token_ids if end_code not in f])]
                     if out.finished:
                         del live[out.request_id]
                         t.next_sentence += 1
                         if t.next_sentence < len(t.sentences):
                             add(t)
                         else:
-                            chunks += t.decoder.push([], final=True)
-                            finished = True
-                    for k, audio in chunks:
-                        yield Event(t.index, "chunk", Chunk(k, audio.cpu().numpy()))
-                    if finished:
-                        yield Event(t.index, "end")
+                            ready += [(t, c) for c in t.decoder.cut([], final=True)] + [(t, None)]
+                audio = iter(self.decoder.decode_chunks([(c.tensor(), c.context, c.length) for _, c in ready if c],
+                                                        self.decode_batch))
+                for t, c in ready:
+                    yield Event(t.index, "end") if c is None else \
+                        Event(t.index, "chunk", Chunk(c.index, next(audio)[0].cpu().numpy()))
         finally:                                    # closed early: free the engine's sequences
             for rid in live:
                 self.engine.abort(rid)

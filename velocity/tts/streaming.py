@@ -9,6 +9,7 @@ tests/test_streaming.py and stated in docs/benchmarks.md).
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -62,6 +63,12 @@ class ChunkSchedule:
             size = min(2 * size, max(self.largest, self.rest))
 
 
+def default_decode_batch(device: torch.device) -> int:
+    """Chunks decoded in one call: on a GPU a call costs about what one chunk does (kernel
+    launches), on CPU a batch costs what its chunks do one by one and only delays the first."""
+    return 32 if device.type == "cuda" else 1
+
+
 @dataclass
 class CodeChunk:
     """Frames [start - context, end + lookahead) as far as known; the audio kept is `length` frames."""
@@ -70,6 +77,10 @@ class CodeChunk:
     codes: list[tuple[int, ...]]
     context: int                   # leading frames that are context only
     length: int                    # frames whose audio this chunk produces
+
+    def tensor(self) -> torch.Tensor:
+        """codes [1, num_vq, T]"""
+        return torch.tensor(self.codes, dtype=torch.long).T[None]
 
 
 class FrameChunker:
@@ -110,16 +121,32 @@ class AudioDecoder:
         self.dvae, self.vocos = dvae, vocos
         self.samples_per_frame = 2 * vocos.cfg.hop_length
         self.exact_context = exact_context(dvae, vocos)
+        self.num_vq = dvae.cfg.groups * dvae.cfg.residuals        # codebooks per frame
+        self.num_codes = math.prod(dvae.cfg.levels)              # codes per codebook: [0, num_codes)
 
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """codes [B, num_vq, T] -> audio [B, T * 512] (on the decoder's device)"""
         return self.vocos(self.dvae(codes.to(next(self.vocos.parameters()).device)))
 
-    def decode_chunk(self, codes: torch.Tensor, context: int, length: int) -> torch.Tensor:
-        """codes [B, num_vq, T] of a chunk -> audio of its frames [context, context + length)"""
+    def decode_chunks(self, chunks: list[tuple[torch.Tensor, int, int]], max_batch: int = 1) -> list[torch.Tensor]:
+        """[(codes [b, num_vq, T], context, length)] -> each chunk's audio [b, length * 512], in order.
+        Chunks of the same T are decoded together, up to max_batch chunks per call."""
+        out: list[torch.Tensor | None] = [None] * len(chunks)
+        groups: dict[int, list[int]] = {}
+        for i, (codes, _, _) in enumerate(chunks):
+            groups.setdefault(codes.shape[-1], []).append(i)
         n = self.samples_per_frame
-        return self.decode(codes)[..., context * n:(context + length) * n]
+        for rows in groups.values():
+            for s in range(0, len(rows), max(1, max_batch)):
+                part = rows[s:s + max(1, max_batch)]
+                audio = self.decode(torch.cat([chunks[i][0] for i in part]))          # [sum b, T * 512]
+                row = 0
+                for i in part:
+                    codes, ctx, length = chunks[i]
+                    out[i] = audio[row:row + codes.shape[0], ctx * n:(ctx + length) * n]
+                    row += codes.shape[0]
+        return out
 
 
 class StreamingDecoder:
@@ -131,8 +158,12 @@ class StreamingDecoder:
         self.chunker = FrameChunker(schedule, decoder.exact_context if left is None else left,
                                     decoder.exact_context if lookahead is None else lookahead)
 
+    def cut(self, frames: list[tuple[int, ...]], final: bool = False) -> list[CodeChunk]:
+        """Add frames; returns the chunks now complete, still codes (to decode with others)."""
+        return self.chunker.push(frames) + (self.chunker.finish() if final else [])
+
     def push(self, frames: list[tuple[int, ...]], final: bool = False) -> list[tuple[int, torch.Tensor]]:
         """Add frames; returns [(chunk index, audio [n * 512])] for every chunk now complete."""
-        chunks = self.chunker.push(frames) + (self.chunker.finish() if final else [])
-        return [(c.index, self.decoder.decode_chunk(torch.tensor(c.codes, dtype=torch.long).T[None],
-                                                     c.context, c.length)[0]) for c in chunks]
+        chunks = self.cut(frames, final)
+        audio = self.decoder.decode_chunks([(c.tensor(), c.context, c.length) for c in chunks])
+        return [(c.index, a[0]) for c, a in zip(chunks, audio)]

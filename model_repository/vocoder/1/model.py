@@ -1,14 +1,16 @@
 """Triton adapter: DVAE + Vocos on one chunk (velocity.tts.streaming.AudioDecoder). Stateless.
 
 execute() only queues: a decode thread takes chunks earliest deadline first
-(velocity.serving.chunk_queue) and answers each as soon as it is decoded, through the
-request's response sender (one response with the final flag: allowed in default mode since
-Triton 24.06). So a new stream's first chunk does not wait behind a batch of later chunks.
+(velocity.serving.chunk_queue), with other queued chunks of the same length up to
+VELOCITY_VOCODER_BATCH (one call for all: on a GPU it costs about what one chunk does), and
+answers each as soon as it is decoded, through the request's response sender (one response
+with the final flag: allowed in default mode since Triton 24.06). So a new stream's first chunk does not wait behind a batch of later chunks.
 """
 import contextlib
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -19,7 +21,7 @@ from velocity.serving.core_share import CoreBoard, board_path
 from velocity.serving.requests import stream_error
 from velocity.serving.settings import Settings
 from velocity.tts.audio_models import load_dvae, load_vocos
-from velocity.tts.streaming import FRAMES_PER_SECOND, AudioDecoder
+from velocity.tts.streaming import FRAMES_PER_SECOND, AudioDecoder, default_decode_batch
 from velocity.worker.worker import resolve_device
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -32,12 +34,30 @@ def make_metrics() -> dict:
     out = {}
     for key, name, desc in [
             ("chunks", "velocity_vocoder_chunks_total", "Chunks decoded by the vocoder"),
+            ("calls", "velocity_vocoder_calls_total", "Decoder calls (chunks of one length decoded together)"),
             ("queue", "velocity_vocoder_queue_seconds_total", "Seconds chunks waited in the vocoder's queue"),
             ("decode", "velocity_vocoder_decode_seconds_total", "Seconds spent decoding chunks"),
             ("late", "velocity_vocoder_late_seconds_total", "Seconds chunks were decoded past their deadline")]:
         FAMILIES.append(MF(name=name, description=desc, kind=MF.COUNTER))
         out[key] = FAMILIES[-1].Metric(labels={"model": "vocoder"})
     return out
+
+
+@dataclass(slots=True)
+class Job:
+    """One queued chunk request."""
+    index: np.ndarray                 # CHUNK_INDEX as sent (echoed back)
+    codes: np.ndarray                 # [b, num_vq, T]
+    context: int
+    length: int
+    sender: object
+    queued: float
+    error: object = None              # a response that answers it without decoding
+
+
+def same_shape(job: Job) -> tuple | None:
+    """Jobs decodable in one call share this ([num_vq, T]); a refused job goes alone."""
+    return None if job.error is not None else job.codes.shape[1:]
 
 
 class TritonPythonModel:
@@ -50,6 +70,7 @@ class TritonPythonModel:
         except Exception as e:
             raise pb_utils.TritonModelException(f"vocoder: cannot load {s.weights}: {e}")
         self.device = dev
+        self.batch = s.vocoder_batch or default_decode_batch(dev)
         self.cores = None
         if s.lend_vocoder_cores and dev.type == "cpu":     # tell the llm when this one decodes
             self.cores = CoreBoard(board_path(s.run_dir))
@@ -62,51 +83,69 @@ class TritonPythonModel:
 
     def execute(self, requests: list) -> None:
         for r in requests:
-            sender = r.get_response_sender()
             get = lambda n: pb_utils.get_input_tensor_by_name(r, n).as_numpy()  # noqa: E731
             # copies: the request's tensors are freed when execute returns. An error chunk
             # (index < 0) is queued too, behind its stream's chunks: answered at once it could
             # overtake them, and one such run left the ensemble request in flight (Triton 2.51)
-            chunk_index = get("CHUNK_INDEX").copy()
-            work = (chunk_index, get("CODES").astype(np.int64), int(get("CONTEXT").reshape(-1)[0]),
-                    int(get("LENGTH").reshape(-1)[0]), sender, time.monotonic())
-            self.queue.put(int(chunk_index.reshape(-1)[0]), work)
+            job = Job(get("CHUNK_INDEX").copy(), get("CODES").astype(np.int64), int(get("CONTEXT").reshape(-1)[0]),
+                      int(get("LENGTH").reshape(-1)[0]), r.get_response_sender(), time.monotonic())
+            job.error = self._refusal(job)
+            self.queue.put(int(job.index.reshape(-1)[0]), job)
         return None
 
-    def _decode_loop(self) -> None:
-        while (due := self.queue.get_due()) is not None:
-            deadline, (chunk_index, codes, ctx, length, sender, queued) = due
-            try:
-                sender.send(self._decode(chunk_index, codes, ctx, length, queued, deadline), flags=FINAL)
-            except Exception:                 # a broken sender must not stop the loop
-                log.exception("vocoder: could not answer chunk %s", chunk_index.reshape(-1))
-
-    def _decode(self, chunk_index: np.ndarray, codes: np.ndarray, ctx: int, length: int, queued: float,
-                deadline: float):
+    def _refusal(self, job: Job):
+        """The error response for a job that is not to be decoded, or None."""
         Err = pb_utils.TritonError
-        index = int(chunk_index.reshape(-1)[0])
+        index = int(job.index.reshape(-1)[0])
         if index < 0:                     # the llm ended or refused the stream: its error code
             msg, unavailable = stream_error(index, self.settings)
             return pb_utils.InferenceResponse(error=Err(msg, Err.UNAVAILABLE if unavailable else Err.INTERNAL))
-        if codes.ndim != 3 or not (0 <= ctx and length >= 1 and ctx + length <= codes.shape[-1]):
-            return pb_utils.InferenceResponse(error=Err(
-                f"CODES {tuple(codes.shape)} does not hold CONTEXT={ctx} + LENGTH={length} frames", Err.INVALID_ARG))
+        codes, ctx, length, d = job.codes, job.context, job.length, self.decoder
+        if codes.ndim != 3 or codes.shape[1] != d.num_vq:
+            msg = f"CODES must be [1, {d.num_vq}, frames], got {list(codes.shape)}"
+        elif not (0 <= ctx and length >= 1 and ctx + length <= codes.shape[-1]):
+            msg = f"CODES {list(codes.shape)} does not hold CONTEXT={ctx} + LENGTH={length} frames"
+        elif codes.min() < 0 or codes.max() >= d.num_codes:
+            msg = f"CODES must hold codes in [0, {d.num_codes}), got values in [{codes.min()}, {codes.max()}]"
+        else:
+            return None
+        return pb_utils.InferenceResponse(error=Err(msg, Err.INVALID_ARG))
+
+    def _decode_loop(self) -> None:
+        while batch := self.queue.get_due_batch(self.batch, key=same_shape):
+            jobs = [job for _, job in batch]
+            for job, response in zip(jobs, self._decode(jobs, [deadline for deadline, _ in batch])):
+                try:
+                    job.sender.send(response, flags=FINAL)
+                except Exception:                 # a broken sender must not stop the loop
+                    log.exception("vocoder: could not answer chunk %s", job.index.reshape(-1))
+
+    def _decode(self, jobs: list[Job], deadlines: list[float]) -> list:
+        """Responses for jobs of one shape (decoded in one call), or for one refused job."""
+        if jobs[0].error is not None:
+            return [jobs[0].error]
         start = time.monotonic()
         try:
             with self.cores.busy() if self.cores is not None else contextlib.nullcontext():
-                audio = self.decoder.decode_chunk(torch.from_numpy(codes).to(self.device), ctx, length)
-            audio = audio.float().cpu().numpy()                                    # [1, samples]
+                audio = self.decoder.decode_chunks([(torch.from_numpy(j.codes).to(self.device), j.context, j.length)
+                                                    for j in jobs], len(jobs))
+            audio = [a.float().cpu().numpy() for a in audio]                             # [b, samples] each
         except Exception as e:
-            log.exception("vocoder: chunk %d failed", index)
-            return pb_utils.InferenceResponse(error=Err(f"vocoder failed on chunk {index}: {e}", Err.INTERNAL))
+            if len(jobs) > 1:             # one bad chunk (codes out of range) must not fail the others
+                return [r for j, d in zip(jobs, deadlines) for r in self._decode([j], [d])]
+            log.exception("vocoder: chunk %s failed", jobs[0].index.reshape(-1))
+            Err = pb_utils.TritonError
+            return [pb_utils.InferenceResponse(error=Err(
+                f"vocoder failed on chunk {int(jobs[0].index.reshape(-1)[0])}: {e}", Err.INTERNAL))]
         done = time.monotonic()
         m = self.metrics
-        m["chunks"].increment(1)
-        m["queue"].increment(start - queued)
+        m["chunks"].increment(len(jobs))
+        m["calls"].increment(1)
+        m["queue"].increment(sum(start - j.queued for j in jobs))
         m["decode"].increment(done - start)
-        m["late"].increment(max(0.0, done - deadline))
-        return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("WAVEFORM", audio), pb_utils.Tensor("CHUNK_INDEX", chunk_index)])
+        m["late"].increment(sum(max(0.0, done - d) for d in deadlines))
+        return [pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("WAVEFORM", a), pb_utils.Tensor("CHUNK_INDEX", j.index)]) for j, a in zip(jobs, audio)]
 
     def finalize(self) -> None:
         """Decode what is queued, then stop."""
