@@ -144,6 +144,7 @@ def main() -> None:
         return
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from tqdm.auto import tqdm
+    checkpoint = args.weights or args.size
     with tempfile.TemporaryDirectory() as tmp:
         if not args.weights:
             from velocity.tts.checkpoint import write_checkpoint
@@ -170,8 +171,8 @@ def main() -> None:
             if args.baseline_rev:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", wt])
     res = {"hardware": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
-           "device": args.device, "checkpoint": args.size if args.weights.startswith(tempfile.gettempdir())
-           else args.weights, "batches": batches, "steps": args.steps, "rounds": len(runs["this"]),
+           "device": args.device, "checkpoint": checkpoint, "batches": batches, "steps": args.steps,
+           "rounds": len(runs["this"]),
            "labels": labels, "arms": {}, "rounds_raw": {a: [{str(b): v for b, v in x.items()} for x in runs[a]]
                                                        for a in runs}}
     for a, xs in runs.items():

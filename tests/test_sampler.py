@@ -56,7 +56,7 @@ def test_greedy_is_exact_argmax_whatever_the_neighbours(logits):
     seqs = [seq(SamplingParams(temperature=0)), seq(SamplingParams(temperature=1.5, top_k=5)),
             seq(SamplingParams(temperature=0)), seq(SamplingParams(temperature=0.7, top_p=0.5)),
             seq(SamplingParams(temperature=0)), seq(SamplingParams(temperature=1.0))]
-    out = Sampler(torch.device("cpu"))(logits, seqs, set())
+    out = Sampler()(logits, seqs, set())
     for i in (0, 2, 4):
         assert out[i] == int(logits[i].argmax())
 
@@ -65,7 +65,7 @@ def test_repetition_penalty_matches_transformers(logits):
     hist = [[1, 2, 3, 4], [5, 5, 6], [7], [8, 9, 10, 11, 12], [1], [2]]
     pens = [1.3, 1.0, 0.8, 2.0, 1.3, 1.0]
     seqs = [seq(SamplingParams(temperature=0, repetition_penalty=r), prompt=h) for h, r in zip(hist, pens)]
-    ours = Sampler(torch.device("cpu")).apply_penalties(logits[:, None], seqs, set())[:, 0]
+    ours = Sampler().apply_penalties(logits[:, None], seqs, set())[:, 0]
     for i, (h, r) in enumerate(zip(hist, pens)):
         ref = RepetitionPenaltyLogitsProcessor(r)(torch.tensor([h]), logits[i:i + 1].clone())
         assert torch.equal(ours[i:i + 1], ref)
@@ -75,13 +75,13 @@ def test_min_new_tokens_masks_stop_tokens_until_reached(logits):
     stop = int(logits[0].argmax())
     s_early = seq(SamplingParams(temperature=0, min_new_tokens=3), out=[1, 2])
     s_done = seq(SamplingParams(temperature=0, min_new_tokens=3), out=[1, 2, 3])
-    out = Sampler(torch.device("cpu"))(logits[:1].repeat(2, 1), [s_early, s_done], {stop})
+    out = Sampler()(logits[:1].repeat(2, 1), [s_early, s_done], {stop})
     assert out[0] != stop and out[1] == stop
 
 
 def test_seeded_rows_reproducible_whatever_else_is_in_the_batch(logits):
     def draw(batch_params, steps=5):
-        sm = Sampler(torch.device("cpu"))
+        sm = Sampler()
         seqs = [seq(p) for p in batch_params]
         got = []
         for _ in range(steps):
@@ -100,7 +100,7 @@ def test_seeded_rows_reproducible_whatever_else_is_in_the_batch(logits):
 def test_sampling_follows_the_distribution():
     torch.manual_seed(0)
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    sm, n = Sampler(torch.device("cpu")), 4000
+    sm, n = Sampler(), 4000
     s = seq(SamplingParams(temperature=1.0))
     counts = torch.bincount(torch.tensor([sm(logits, [s], set())[0] for _ in range(n)]), minlength=4)
     # 4000 draws: binomial standard deviation <= 0.008; 0.03 is over 3.5 of them
@@ -129,7 +129,7 @@ def test_windowed_penalty_counts_each_occurrence_per_codebook():
             e[0, k, t] = v * 2.0 ** n if v < 0 else v / 2.0 ** n
         return e
 
-    sm = Sampler(torch.device("cpu"))
+    sm = Sampler()
     # the head's default window (2): frames (1, 3), (4, 2)
     torch.testing.assert_close(sm.apply_penalties(logits, [s], set(), window=2),
                                expect({(0, 1): 1, (0, 4): 1, (1, 3): 1, (1, 2): 1}), rtol=0, atol=0)
@@ -148,7 +148,7 @@ def test_batched_penalties_equal_each_row_alone():
               SamplingParams(repetition_penalty=0.7, repetition_window=3), SamplingParams(repetition_penalty=2.0),
               SamplingParams(repetition_penalty=1.1, repetition_window=20)]
     seqs = [seq(p, out=frames[:n]) for p, n in zip(params, [9, 4, 9, 0, 5])]
-    sm = Sampler(torch.device("cpu"))
+    sm = Sampler()
     batch = sm.apply_penalties(lg, seqs, set(), window=4)
     for i, s in enumerate(seqs):
         assert torch.equal(batch[i:i + 1], sm.apply_penalties(lg[i:i + 1], [s], set(), window=4))
@@ -159,7 +159,7 @@ def test_batched_penalties_equal_each_row_alone():
 def test_seeded_row_ignores_the_neighbours_top_k(logits):
     """The draw runs over the batch's largest k; a seeded row still draws over its own k only."""
     def draw(neighbour_k):
-        sm = Sampler(torch.device("cpu"))
+        sm = Sampler()
         seqs = [seq(SamplingParams(temperature=1.0, top_k=8, seed=5)), seq(SamplingParams(temperature=1.0, top_k=neighbour_k))]
         return [step(sm, logits[:2], seqs)[0] for _ in range(20)]
 
@@ -169,7 +169,7 @@ def test_seeded_row_ignores_the_neighbours_top_k(logits):
 def test_top_k_top_p_draws_follow_the_filtered_distribution():
     """ChatTTS order (top-p on the whole distribution, then top-k), drawn over the candidates only."""
     probs = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])
-    sm, n = Sampler(torch.device("cpu")), 4000
+    sm, n = Sampler(), 4000
     s = seq(SamplingParams(temperature=1.0, top_k=3, top_p=0.75, seed=11))
     got = torch.bincount(torch.tensor([step(sm, torch.log(probs)[None, None], [s], p_first=True)[0]
                                        for _ in range(n)]), minlength=6)

@@ -105,7 +105,7 @@ def test_chunks_decoded_together_equal_chunks_decoded_alone(decoder, frames):
     another order (float32 rounding, about 1e-6 of the signal's peak); 1e-4 of the peak."""
     sd = StreamingDecoder(decoder, ChunkSchedule(12, 36))
     cut = sd.cut(frames[:40]) + sd.cut(frames[40:100]) + sd.cut(frames[100:], final=True)
-    chunks = [(c.tensor(), c.context, c.length) for c in cut]
+    chunks = [(torch.tensor(c.codes).T[None], c.context, c.length) for c in cut]
     chunks += [(torch.cat([chunks[1][0], chunks[1][0]]), chunks[1][1], chunks[1][2])]   # b = 2
     alone = [decoder.decode_chunks([c])[0] for c in chunks]
     together = decoder.decode_chunks(chunks, max_batch=8)

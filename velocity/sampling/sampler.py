@@ -16,6 +16,7 @@ from velocity.engine.sequence import Sequence, Token
 
 M64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15                # splitmix64's increment
+MUL1, MUL2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB   # splitmix64's finaliser multipliers
 
 
 def _signed(x: int) -> int:
@@ -25,15 +26,15 @@ def _signed(x: int) -> int:
 def mix64(x: int) -> int:
     """splitmix64's finaliser on a Python int (64 bits)."""
     x &= M64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M64
+    x = ((x ^ (x >> 30)) * MUL1) & M64
+    x = ((x ^ (x >> 27)) * MUL2) & M64
     return x ^ (x >> 31)
 
 
 def mix64_tensor(x: torch.Tensor) -> torch.Tensor:
     """mix64 on an int64 tensor's bit patterns (wrapping multiplies; masks make the shifts logical)."""
-    x = (x ^ ((x >> 30) & ((1 << 34) - 1))) * _signed(0xBF58476D1CE4E5B9)
-    x = (x ^ ((x >> 27) & ((1 << 37) - 1))) * _signed(0x94D049BB133111EB)
+    x = (x ^ ((x >> 30) & ((1 << 34) - 1))) * _signed(MUL1)
+    x = (x ^ ((x >> 27) & ((1 << 37) - 1))) * _signed(MUL2)
     return x ^ ((x >> 31) & ((1 << 33) - 1))
 
 
@@ -87,9 +88,6 @@ class Sampler:
     on its neighbours. Greedy rows take the exact argmax.
     """
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-
     @staticmethod
     def row_key(seq: Sequence) -> int:
         """A seeded row's key for this step: its seed and how many tokens it has generated."""
@@ -120,7 +118,7 @@ class Sampler:
                                     filt[:, K + 1].repeat_interleave(K), c, p_first)
                 x, ids = x.view(R, K, c), ids.view(R, K, c)
             probs = x.softmax(dim=-1)                                    # [R, K, c]
-            unseeded = iter(torch.randint(-(1 << 62), 1 << 62, (R,)).tolist())
+            unseeded = iter(torch.randint(-(1 << 62), 1 << 62, (sum(p.seed is None for p in ps),)).tolist())
             keys = [self.row_key(seqs[i]) if p.seed is not None else next(unseeded) for i, p in zip(rows, ps)]
             noise = exponential_noise(torch.tensor(keys, device=dev), K, x.shape[-1])
             pick = (probs / noise).argmax(dim=-1, keepdim=True)          # exponential race = categorical draw
@@ -155,16 +153,16 @@ class Sampler:
             elif any(once):
                 n = torch.where(torch.tensor(once, device=dev)[:, None, None], n.clamp(max=1), n)
             alpha = torch.tensor([seqs[i].params.repetition_penalty for i in pen], device=dev)[:, None, None] ** n
-            full = len(pen) == B
-            sub = logits if full else logits[torch.tensor(pen, device=dev)]
+            rows = None if len(pen) == B else torch.tensor(pen, device=dev)
+            sub = logits if rows is None else logits[rows]
             sub = torch.cat([sub, sub.new_zeros(len(pen), K, 1)], dim=-1)  # a copy, with the pad column
             got = sub.gather(2, ids)                # only the history's logits change: a repeat writes the same
             sub = sub.scatter_(2, ids, torch.where(got < 0, got * alpha, got / alpha))[..., :V]
-            if full:
+            if rows is None:
                 logits = sub
             else:
                 logits = logits.clone()
-                logits[torch.tensor(pen, device=dev)] = sub
+                logits[rows] = sub
         masked = [(i, s) for i, s in enumerate(seqs) if len(s.output_token_ids) < s.params.min_new_tokens]
         if masked:
             logits = logits.clone() if not pen else logits

@@ -124,8 +124,7 @@ class TTSPipeline:
                             add(t)
                         else:
                             ready += [(t, c) for c in t.decoder.cut([], final=True)] + [(t, None)]
-                audio = iter(self.decoder.decode_chunks([(c.tensor(), c.context, c.length) for _, c in ready if c],
-                                                        self.decode_batch))
+                audio = iter(self.decoder.decode_cut([c for _, c in ready if c], self.decode_batch))
                 for t, c in ready:
                     yield Event(t.index, "end") if c is None else \
                         Event(t.index, "chunk", Chunk(c.index, next(audio)[0].cpu().numpy()))

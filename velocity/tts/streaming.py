@@ -78,10 +78,6 @@ class CodeChunk:
     context: int                   # leading frames that are context only
     length: int                    # frames whose audio this chunk produces
 
-    def tensor(self) -> torch.Tensor:
-        """codes [1, num_vq, T]"""
-        return torch.tensor(self.codes, dtype=torch.long).T[None]
-
 
 class FrameChunker:
     """Cuts a stream of frames into chunks: push(frames) -> chunks ready now; finish() -> the rest.
@@ -136,10 +132,10 @@ class AudioDecoder:
         groups: dict[int, list[int]] = {}
         for i, (codes, _, _) in enumerate(chunks):
             groups.setdefault(codes.shape[-1], []).append(i)
-        n = self.samples_per_frame
+        n, step = self.samples_per_frame, max(1, max_batch)
         for rows in groups.values():
-            for s in range(0, len(rows), max(1, max_batch)):
-                part = rows[s:s + max(1, max_batch)]
+            for s in range(0, len(rows), step):
+                part = rows[s:s + step]
                 audio = self.decode(torch.cat([chunks[i][0] for i in part]))          # [sum b, T * 512]
                 row = 0
                 for i in part:
@@ -147,6 +143,11 @@ class AudioDecoder:
                     out[i] = audio[row:row + codes.shape[0], ctx * n:(ctx + length) * n]
                     row += codes.shape[0]
         return out
+
+    def decode_cut(self, chunks: list[CodeChunk], max_batch: int = 1) -> list[torch.Tensor]:
+        """decode_chunks for the chunks a FrameChunker cut: each one's audio [1, length * 512]."""
+        return self.decode_chunks([(torch.tensor(c.codes, dtype=torch.long).T[None], c.context, c.length)
+                                   for c in chunks], max_batch)
 
 
 class StreamingDecoder:
@@ -165,5 +166,4 @@ class StreamingDecoder:
     def push(self, frames: list[tuple[int, ...]], final: bool = False) -> list[tuple[int, torch.Tensor]]:
         """Add frames; returns [(chunk index, audio [n * 512])] for every chunk now complete."""
         chunks = self.cut(frames, final)
-        audio = self.decoder.decode_chunks([(c.tensor(), c.context, c.length) for c in chunks])
-        return [(c.index, a[0]) for c, a in zip(chunks, audio)]
+        return [(c.index, a[0]) for c, a in zip(chunks, self.decoder.decode_cut(chunks))]

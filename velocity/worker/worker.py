@@ -60,7 +60,7 @@ class Worker:
         kernel = paged_decode_kernel() if self.device.type == "cpu" and self.dtype == torch.float32 else None
         self.runner = ModelRunner(self.model, config.block_size, self.cache.scratch_block, self.max_model_len,
                                   config.max_num_seqs, self.device, use_graphs, kernel)
-        self.sampler = Sampler(self.device)
+        self.sampler = Sampler()
 
     def _blocks_from_budget(self, block_bytes: int) -> int:
         if self.device.type != "cuda":

@@ -4,7 +4,8 @@ execute() only queues: a decode thread takes chunks earliest deadline first
 (velocity.serving.chunk_queue), with other queued chunks of the same length up to
 VELOCITY_VOCODER_BATCH (one call for all: on a GPU it costs about what one chunk does), and
 answers each as soon as it is decoded, through the request's response sender (one response
-with the final flag: allowed in default mode since Triton 24.06). So a new stream's first chunk does not wait behind a batch of later chunks.
+with the final flag: allowed in default mode since Triton 24.06). So a new stream's first chunk
+does not wait behind a batch of later chunks.
 """
 import contextlib
 import logging
@@ -131,7 +132,7 @@ class TritonPythonModel:
                                                     for j in jobs], len(jobs))
             audio = [a.float().cpu().numpy() for a in audio]                             # [b, samples] each
         except Exception as e:
-            if len(jobs) > 1:             # one bad chunk (codes out of range) must not fail the others
+            if len(jobs) > 1:             # a failed batch (e.g. out of GPU memory): each chunk on its own
                 return [r for j, d in zip(jobs, deadlines) for r in self._decode([j], [d])]
             log.exception("vocoder: chunk %s failed", jobs[0].index.reshape(-1))
             Err = pb_utils.TritonError
