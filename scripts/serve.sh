@@ -59,7 +59,18 @@ fi
 export VELOCITY_WEIGHTS="$(realpath -m "$WEIGHTS")"
 # The drain handshake with the llm model (velocity/serving/drain.py) goes through this folder.
 export VELOCITY_RUN_DIR="$(mktemp -d "${TMPDIR:-/tmp}/velocity-serve.XXXXXX")"
-trap 'rm -rf "$VELOCITY_RUN_DIR"' EXIT
+# The python backend's shared-memory regions (1 MiB+ each in /dev/shm) outlive a server that
+# crashes or is killed; named after this run, they are removed on exit whatever happened.
+shm_prefix=""
+if [[ " ${extra[*]} " != *shm-region-prefix-name* ]]; then
+    shm_prefix="velocity_${VELOCITY_RUN_DIR##*.}_"
+    args+=(--backend-config="python,shm-region-prefix-name=$shm_prefix")
+fi
+cleanup() {
+    rm -rf "$VELOCITY_RUN_DIR"
+    [[ -z "$shm_prefix" ]] || rm -f /dev/shm/"$shm_prefix"*
+}
+trap cleanup EXIT
 
 echo "[serve] tritonserver: $server"
 echo "[serve] models:       $REPO"
@@ -67,6 +78,7 @@ echo "[serve] weights:      $VELOCITY_WEIGHTS"
 echo "[serve] gRPC    $BIND:$GRPC_PORT"
 echo "[serve] HTTP    http://$BIND:$HTTP_PORT   (ready: /v2/health/ready)"
 echo "[serve] metrics http://$BIND:$METRICS_PORT/metrics"
+[[ -z "$shm_prefix" ]] || echo "[serve] shared memory: /dev/shm/$shm_prefix*"
 
 setsid "$server" "${args[@]}" "${extra[@]}" &
 pid=$!                         # setsid makes the server its own process-group leader

@@ -1,8 +1,11 @@
 """A real tritonserver (the pytriton wheel's, via scripts/serve.sh) with a small decoupled model."""
 from __future__ import annotations
 
+import glob
 import json
+import os
 import queue
+import re
 import signal
 import time
 import urllib.request
@@ -79,3 +82,31 @@ def test_serve_sh_stop_leaves_nothing(tmp_path, sig, code):
         s.stop()
     assert rc == code, s.log()
     assert left == [], f"left running after {sig.name}: {left}\n{s.log()}"
+    assert glob.glob(shm_pattern(s)) == []
+
+
+def shm_pattern(s: TritonServer) -> str:
+    """The python backend's shared-memory regions of this server, as serve.sh names them."""
+    m = re.search(r"\[serve\] shared memory: (\S+)", s.log())
+    assert m, s.log()
+    return m.group(1)
+
+
+def test_killed_server_leaves_no_shared_memory(tmp_path):
+    """A server that dies without cleaning up (SIGKILL) leaves its stubs' /dev/shm regions
+    behind; serve.sh removes them and every stub."""
+    s = TritonServer(repo=TESTS_REPO, log_path=tmp_path / "server.log").start()
+    try:
+        pids = s.processes()
+        regions = glob.glob(shm_pattern(s))
+        assert regions, "the running server has shared-memory regions under serve.sh's name"
+        server = next(p for p in pids if comm(p) == "tritonserver")
+        os.kill(server, signal.SIGKILL)
+        s.proc.wait(timeout=60)
+        time.sleep(0.5)
+        left = [(p, comm(p)) for p in pids if alive(p)]
+    finally:
+        s.stop()
+    assert left == [], f"left running after the server was killed: {left}\n{s.log()}"
+    assert [r for r in regions if os.path.exists(r)] == []
+    assert glob.glob(shm_pattern(s)) == []
