@@ -12,7 +12,9 @@ host work (scheduler, inputs, sampler, outputs): on a GPU that is what bounds a 
 
 --baseline-rev REV measures velocity at git revision REV too (a temporary worktree, this script
 run with it first on the path), in alternating rounds (ABBA), and reports per batch size the
-median ratio of the baseline's step time to this checkout's. Writes JSON and a PNG.
+median ratio of the baseline's step time to this checkout's; --baseline-dir DIR does the same
+with a folder holding a `velocity` package (a copy without git, e.g. on a device machine).
+Writes JSON and a PNG.
 """
 from __future__ import annotations
 
@@ -132,8 +134,10 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batches", default="1,8,32,64")
     ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--rounds", type=int, default=4, help="with --baseline-rev: rounds of each arm")
-    ap.add_argument("--baseline-rev", help="git revision to compare against")
+    ap.add_argument("--rounds", type=int, default=4, help="with a baseline: rounds of each arm")
+    base = ap.add_mutually_exclusive_group()
+    base.add_argument("--baseline-rev", help="git revision to compare against")
+    base.add_argument("--baseline-dir", help="folder holding the velocity package to compare against")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "engine_step"))
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -151,17 +155,22 @@ def main() -> None:
             args.weights = str(write_checkpoint(Path(tmp) / "ck", args.size, seed=0))
         arms = {"this": None}
         labels = {"this": subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
-                                         capture_output=True, text=True).stdout.strip()}
+                                         capture_output=True, text=True).stdout.strip() or "this"}
         if args.baseline_rev:
             wt = str(Path(tmp) / "baseline")
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", wt, args.baseline_rev],
                            check=True)
             arms = {"baseline": wt, "this": None}
             labels["baseline"] = args.baseline_rev
+        elif args.baseline_dir:
+            if not (Path(args.baseline_dir) / "velocity" / "__init__.py").is_file():
+                raise SystemExit(f"--baseline-dir {args.baseline_dir}: no velocity package in it")
+            arms = {"baseline": str(Path(args.baseline_dir).resolve()), "this": None}
+            labels["baseline"] = Path(args.baseline_dir).name
         runs: dict[str, list[dict]] = {a: [] for a in arms}
         order = list(arms)
         try:
-            rounds = args.rounds if args.baseline_rev else 1
+            rounds = args.rounds if len(arms) > 1 else 1
             with tqdm(total=rounds * len(arms), desc="rounds") as bar:
                 for r in range(rounds):
                     for a in (order if r % 2 == 0 else order[::-1]):      # ABBA
@@ -181,14 +190,14 @@ def main() -> None:
             m = {k: statistics.median(x[b][k] for x in xs) for k in ("step_ms", "model_ms", "sampler_ms")}
             m["other_ms"] = max(0.0, m["step_ms"] - m["model_ms"] - m["sampler_ms"])
             res["arms"][a][str(b)] = m
-    if args.baseline_rev:
+    if "baseline" in runs:
         res["baseline_over_this"] = {str(b): statistics.median(x[b]["step_ms"] / y[b]["step_ms"]
                                                                for x, y in zip(runs["baseline"], runs["this"]))
                                      for b in batches}
     for b in batches:
         line = "batch %3d: step %.2f ms (model %.2f, sampler %.2f)" % (
             b, *(res["arms"]["this"][str(b)][k] for k in ("step_ms", "model_ms", "sampler_ms")))
-        if args.baseline_rev:
+        if "baseline" in runs:
             line += "; baseline %.2f ms, %.2fx" % (res["arms"]["baseline"][str(b)]["step_ms"],
                                                   res["baseline_over_this"][str(b)])
         log.info(line)

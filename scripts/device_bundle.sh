@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Pack what scripts/device_sweep.sh needs on a GPU machine that has python3 + torch but no
+# network and no Triton (e.g. the `device` tool's machines): writes .device/ (ignored by git).
+#
+#   scripts/device_bundle.sh [--python 3.12] [--baseline-rev REV]
+#
+# .device/triton<PYV>.tar.xz  the pytriton wheel's tritonserver, its libraries, the python
+#                             backend and the stub for Python PYV (~27 MB; the wheel's own
+#                             libpython 3.13 left out: the stub uses the machine's libpython)
+# .device/*.whl               tritonclient[grpc] 2.51.0, grpcio, protobuf, python-rapidjson for PYV
+# .device/baseline_velocity.tar  `git archive REV velocity` (with --baseline-rev), for the
+#                             engine-step A/B (the device's copy of the tree has no .git)
+# Needs scripts/setup.sh's venv and PyPI (pip download). About 50 MB in all: under the 64 MiB
+# a device run may carry.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYV=3.12
+REV=""
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --python) PYV="$2"; shift 2 ;;
+        --baseline-rev) REV="$2"; shift 2 ;;
+        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "device_bundle.sh: unknown flag '$1' (try --help)" >&2; exit 2 ;;
+    esac
+done
+PY="$ROOT/.venv/bin/python"
+[[ -x "$PY" ]] || { echo "device_bundle.sh: no $ROOT/.venv; run scripts/setup.sh first" >&2; exit 1; }
+site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+tri=pytriton/tritonserver
+[[ -x "$site/$tri/python_backend_stubs/$PYV/triton_python_backend_stub" ]] || {
+    echo "device_bundle.sh: the pytriton wheel has no stub for Python $PYV" >&2; exit 1; }
+out="$ROOT/.device"
+mkdir -p "$out"
+echo "[bundle] server for Python $PYV -> $out/triton$PYV.tar.xz"
+(cd "$site" && tar -cJf "$out/triton$PYV.tar.xz" --exclude='__pycache__' --exclude='libpython3-*' \
+    "$tri/bin" "$tri/backends/python" "$tri/caches" "$tri/python_backend_stubs/$PYV" nvidia_pytriton.libs)
+echo "[bundle] client wheels for cp${PYV/./}"
+tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+"$PY" -m pip download -q --only-binary :all: --python-version "$PYV" -d "$tmp" \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    "tritonclient[grpc]==2.51.0" python-rapidjson
+rm -f "$out"/*.whl
+cp "$tmp"/tritonclient-*.whl "$tmp"/grpcio-*.whl "$tmp"/protobuf-*.whl "$tmp"/python_rapidjson-*.whl "$out"/
+if [[ -n "$REV" ]]; then
+    echo "[bundle] velocity at $REV -> $out/baseline_velocity.tar"
+    git -C "$ROOT" archive --format=tar -o "$out/baseline_velocity.tar" "$REV" velocity
+    git -C "$ROOT" rev-parse --short "$REV" > "$out/baseline_velocity.rev"
+fi
+du -sh "$out"

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# GPU figures on a machine with python3 + torch (CUDA) but no network and no Triton, from the
+# repository root, with .device/ made by scripts/device_bundle.sh next to the tree:
+#
+#   PARTS=triton scripts/device_sweep.sh   # client.bench through a real Triton server (levels
+#                                          # LEVELS, default 1,8,32) + the in-process baseline
+#   PARTS=step   scripts/device_sweep.sh   # scripts/bench_step.py: the engine's decode step,
+#                                          # A/B against .device/baseline_velocity.tar if there
+#
+# With the `device` tool: run(command="PARTS=triton bash scripts/device_sweep.sh",
+# carry=[".device"], timeout_s=600), then PARTS=step in a second call (each fits in 10 min).
+# Makes the full-size demo checkpoint (SIZE=tiny for a rehearsal, DEVICE=cpu on a CPU machine).
+# Writes under $OUT: run.log, server.log, metrics.txt, serving_gpu.json/.png, engine_step_gpu.json/.png.
+set -uo pipefail
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+exec > >(tee "$OUT/run.log") 2>&1
+ROOT="$(pwd)"
+PARTS=" ${PARTS:-triton step} "
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"       # velocity is not installed there
+DEVICE="${DEVICE:-cuda}"
+get() { python3 -c "import sys,urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())" "$1" 2>/dev/null; }
+PY="$(command -v python3)"
+SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+LIBDIR="$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')"
+PYV="$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+echo "python $PY ($PYV) site $SITE libdir $LIBDIR"; nvidia-smi -L 2>/dev/null
+
+W=/tmp/demo-checkpoint
+"$PY" scripts/make_demo_checkpoint.py --size "${SIZE:-full}" --out "$W" > "$OUT/checkpoint.log" 2>&1 \
+    || { cat "$OUT/checkpoint.log"; exit 1; }
+HW="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"; HW="${HW:-CPU}"
+
+if [[ "$PARTS" == *" triton "* ]]; then
+    # serve.sh wants "$VENV/bin/python" and puts "$VENV/bin" first on PATH, where the stub's
+    # embedded python finds its packages; a system python3 may have no `python` next to it
+    VENV="$(dirname "$(dirname "$PY")")"
+    [[ -x "$VENV/bin/python" ]] || ln -s "$PY" "$VENV/bin/python" || { echo "no $VENV/bin/python"; exit 1; }
+    tar -xf "${TARBALL:-.device/triton$PYV.tar.xz}" -C "$SITE" || exit 1
+    [[ -n "${NO_WHEELS:-}" ]] || "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device/*.whl || exit 1
+    export PYTHONPATH="/tmp/site:$PYTHONPATH"
+    be="$VENV/triton/backends/python"; tri="$SITE/pytriton/tritonserver"; mkdir -p "$be"
+    ln -sfn "$tri/backends/python/libtriton_python.so" "$be/libtriton_python.so"
+    ln -sfn "$tri/backends/python/triton_python_backend_utils.py" "$be/triton_python_backend_utils.py"
+    ln -sfn "$tri/python_backend_stubs/$PYV/triton_python_backend_stub" "$be/triton_python_backend_stub"
+    export LD_LIBRARY_PATH="$LIBDIR:/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    if LD_LIBRARY_PATH="$SITE/nvidia_pytriton.libs:$LD_LIBRARY_PATH" ldd "$be/triton_python_backend_stub" | grep "not found"; then
+        echo "the stub misses a library; libpython$PYV here:"; find / -xdev -name "libpython$PYV*.so*" 2>/dev/null | head
+        exit 1
+    fi
+    VENV="$VENV" setsid scripts/serve.sh --weights "$W" --bind 127.0.0.1 > "$OUT/server.log" 2>&1 &
+    spid=$!
+    for i in $(seq 1 300); do
+        get http://localhost:8000/v2/health/ready >/dev/null && break
+        kill -0 $spid 2>/dev/null || break
+        sleep 1
+    done
+    if get http://localhost:8000/v2/health/ready >/dev/null; then
+        echo "server ready after ${i}s"
+        PYTHONUNBUFFERED=1 TQDM_DISABLE=1 "$PY" -m client.bench --concurrency "${LEVELS:-1,8,32}" --requests 16 \
+            --weights "$W" --in-process-concurrency 1,32 --device "$DEVICE" --hardware "$HW" \
+            --out "$OUT/serving_gpu" 2>&1 | tail -60
+        get http://localhost:8002/metrics | grep "^velocity_" > "$OUT/metrics.txt"
+    else
+        echo "server not ready"; tail -80 "$OUT/server.log"
+    fi
+    kill -TERM -- -$spid 2>/dev/null
+    for _ in $(seq 1 60); do kill -0 $spid 2>/dev/null || break; sleep 1; done
+    kill -KILL -- -$spid 2>/dev/null
+    tail -20 "$OUT/server.log"
+fi
+
+if [[ "$PARTS" == *" step "* ]]; then
+    base=()
+    if [[ -f .device/baseline_velocity.tar ]]; then
+        rev="$(cat .device/baseline_velocity.rev 2>/dev/null || echo baseline)"
+        mkdir -p "/tmp/$rev" && tar -xf .device/baseline_velocity.tar -C "/tmp/$rev"
+        base=(--baseline-dir "/tmp/$rev" --rounds "${ROUNDS:-2}")
+    fi
+    PYTHONUNBUFFERED=1 TQDM_DISABLE=1 "$PY" scripts/bench_step.py --weights "$W" --device "$DEVICE" "${base[@]}" \
+        --batches 1,8,32,64 --steps 100 --out "$OUT/engine_step_gpu" 2>&1 | tail -8
+fi
