@@ -6,6 +6,8 @@
 #                                          # LEVELS, default 1,8,32) + the in-process baseline
 #   PARTS=step   scripts/device_sweep.sh   # scripts/bench_step.py: the engine's decode step,
 #                                          # A/B against .device/baseline_velocity.tar if there
+#   PARTS=tests  scripts/device_sweep.sh   # the CUDA tests (tests/test_cuda_graphs.py; they
+#                                          # skip on a CPU-only machine)
 #
 # With the `device` tool: run(command="PARTS=triton bash scripts/device_sweep.sh",
 # carry=[".device"], timeout_s=600), then PARTS=step in a second call (each fits in 10 min).
@@ -25,7 +27,12 @@ LIBDIR="$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))'
 PYV="$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
 echo "python $PY ($PYV) site $SITE libdir $LIBDIR"; nvidia-smi -L 2>/dev/null
 
+if [[ "$PARTS" == *" tests "* ]]; then
+    "$PY" -m pytest -q -ra -p no:cacheprovider tests/test_cuda_graphs.py 2>&1 | tail -30
+fi
+
 W=/tmp/demo-checkpoint
+[[ "$PARTS" == *" triton "* || "$PARTS" == *" step "* ]] || exit 0
 "$PY" scripts/make_demo_checkpoint.py --size "${SIZE:-full}" --out "$W" > "$OUT/checkpoint.log" 2>&1 \
     || { cat "$OUT/checkpoint.log"; exit 1; }
 HW="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"; HW="${HW:-CPU}"
