@@ -45,10 +45,8 @@ if [[ "$PARTS" == *" triton "* ]]; then
     tar -xf "${TARBALL:-.device/triton$PYV.tar.xz}" -C "$SITE" || exit 1
     [[ -n "${NO_WHEELS:-}" ]] || "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device/*.whl || exit 1
     export PYTHONPATH="/tmp/site:$PYTHONPATH"
-    be="$VENV/triton/backends/python"; tri="$SITE/pytriton/tritonserver"; mkdir -p "$be"
-    ln -sfn "$tri/backends/python/libtriton_python.so" "$be/libtriton_python.so"
-    ln -sfn "$tri/backends/python/triton_python_backend_utils.py" "$be/triton_python_backend_utils.py"
-    ln -sfn "$tri/python_backend_stubs/$PYV/triton_python_backend_stub" "$be/triton_python_backend_stub"
+    scripts/link_python_backend.sh "$PY" "$VENV" || exit 1
+    be="$VENV/triton/backends/python"
     export LD_LIBRARY_PATH="$LIBDIR:/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     if LD_LIBRARY_PATH="$SITE/nvidia_pytriton.libs:$LD_LIBRARY_PATH" ldd "$be/triton_python_backend_stub" | grep "not found"; then
         echo "the stub misses a library; libpython$PYV here:"; find / -xdev -name "libpython$PYV*.so*" 2>/dev/null | head

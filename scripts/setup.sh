@@ -46,15 +46,8 @@ fi
 
 # Backend folder for the wheel's tritonserver: python backend + the stub for our Python.
 site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-pyver="$("$VENV/bin/python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
-tri="$site/pytriton/tritonserver"
-if [[ -d "$tri" ]]; then
-    be="$VENV/triton/backends/python"
-    mkdir -p "$be"
-    ln -sfn "$tri/backends/python/libtriton_python.so" "$be/libtriton_python.so"
-    ln -sfn "$tri/backends/python/triton_python_backend_utils.py" "$be/triton_python_backend_utils.py"
-    ln -sfn "$tri/python_backend_stubs/$pyver/triton_python_backend_stub" "$be/triton_python_backend_stub"
-    [[ -e "$be/triton_python_backend_stub" ]] || { echo "[setup] no python backend stub for Python $pyver in pytriton" >&2; exit 1; }
+if [[ -d "$site/pytriton/tritonserver" ]]; then
+    bash "$ROOT/scripts/link_python_backend.sh" "$VENV/bin/python" "$VENV" || { echo "[setup] see above" >&2; exit 1; }
     # perf_analyzer (from the tritonclient wheel) looks for two libraries that the
     # pytriton wheel carries under hashed names.
     libs="$site/nvidia_pytriton.libs"
