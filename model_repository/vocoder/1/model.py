@@ -55,6 +55,11 @@ class Job:
     queued: float
     error: object = None              # a response that answers it without decoding
 
+    @property
+    def number(self) -> int:
+        """The chunk's index (< 0: the llm's error code for its stream)."""
+        return int(self.index.reshape(-1)[0])
+
 
 def same_shape(job: Job) -> tuple | None:
     """Jobs decodable in one call share this ([num_vq, T]); a refused job goes alone."""
@@ -91,13 +96,13 @@ class TritonPythonModel:
             job = Job(get("CHUNK_INDEX").copy(), get("CODES").astype(np.int64), int(get("CONTEXT").reshape(-1)[0]),
                       int(get("LENGTH").reshape(-1)[0]), r.get_response_sender(), time.monotonic())
             job.error = self._refusal(job)
-            self.queue.put(int(job.index.reshape(-1)[0]), job)
+            self.queue.put(job.number, job)
         return None
 
     def _refusal(self, job: Job):
         """The error response for a job that is not to be decoded, or None."""
         Err = pb_utils.TritonError
-        index = int(job.index.reshape(-1)[0])
+        index = job.number
         if index < 0:                     # the llm ended or refused the stream: its error code
             msg, unavailable = stream_error(index, self.settings)
             return pb_utils.InferenceResponse(error=Err(msg, Err.UNAVAILABLE if unavailable else Err.INTERNAL))
@@ -119,7 +124,7 @@ class TritonPythonModel:
                 try:
                     job.sender.send(response, flags=FINAL)
                 except Exception:                 # a broken sender must not stop the loop
-                    log.exception("vocoder: could not answer chunk %s", job.index.reshape(-1))
+                    log.exception("vocoder: could not answer chunk %d", job.number)
 
     def _decode(self, jobs: list[Job], deadlines: list[float]) -> list:
         """Responses for jobs of one shape (decoded in one call), or for one refused job."""
@@ -134,10 +139,10 @@ class TritonPythonModel:
         except Exception as e:
             if len(jobs) > 1:             # a failed batch (e.g. out of GPU memory): each chunk on its own
                 return [r for j, d in zip(jobs, deadlines) for r in self._decode([j], [d])]
-            log.exception("vocoder: chunk %s failed", jobs[0].index.reshape(-1))
+            log.exception("vocoder: chunk %d failed", jobs[0].number)
             Err = pb_utils.TritonError
             return [pb_utils.InferenceResponse(error=Err(
-                f"vocoder failed on chunk {int(jobs[0].index.reshape(-1)[0])}: {e}", Err.INTERNAL))]
+                f"vocoder failed on chunk {jobs[0].number}: {e}", Err.INTERNAL))]
         done = time.monotonic()
         m = self.metrics
         m["chunks"].increment(len(jobs))
