@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import random
 import sys
 import threading
@@ -20,13 +21,67 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
+from tritonclient.utils import np_to_triton_dtype
+
 from client.bench import bench_texts
 from client.tts_client import ServerError, metric, stream_grpc
 
 TEXTS = bench_texts()
 BAD = [{"TEXT": "   "}, {"TOP_P": 2.0}, {"MAX_NEW_TOKENS": 0}, {"SPEAKER": "not a speaker"}, {"TEMPERATURE": -1.0},
        {"TOP_K": -5}, {"PROMPT": "free text"}]
-RSS_MARGIN = (1.2, 64 << 20)       # end <= 1.2 x after warm-up + 64 MiB
+RSS_MARGIN = (1.2, 64 << 20)
+
+
+def llm_request(ids: list[int], lengths: list[int], speaker: list[float] | None = None,
+                params_f=(0.3, 0.7, 1.05), params_i=(20, 40, -1)) -> dict:
+    """Inputs of a direct call to the `llm` model (what text_frontend would send)."""
+    return {"TOKEN_IDS": np.array([ids], np.int32), "SENTENCE_LENGTHS": np.array([lengths], np.int32),
+            "SPEAKER_VECTOR": np.array([speaker or []], np.float32),
+            "PARAMS_F": np.array([params_f], np.float32), "PARAMS_I": np.array([params_i], np.int64)}
+
+
+# Malformed direct llm calls: each must be refused with INVALID_ARG and hold no slot afterwards.
+BAD_LLM = [llm_request([10 ** 6, 5], [2]),                            # not a text token id
+           llm_request([1, 2, 3], [3], speaker=[0.5] * 5),               # a speaker of the wrong size
+           llm_request([1, 2, 3], [3], params_i=(20, 10 ** 7, -1)),      # too many new tokens
+           llm_request([1] * 100_000, [100_000]),                        # a prompt over max_model_len
+           llm_request([1, 2, 3], [5])]                                  # lengths that do not split the ids
+
+
+def call_llm(url: str, arrays: dict, timeout: float = 120) -> tuple[int, str | None]:
+    """One direct request to the decoupled `llm` model -> (chunks received, error message or None)."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    got: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    chunks, error = 0, None
+    try:
+        inputs = []
+        for name, arr in arrays.items():
+            t = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+            t.set_data_from_numpy(arr)
+            inputs.append(t)
+        client.async_stream_infer("llm", inputs, enable_empty_final_response=True)
+        while True:
+            result, err = got.get(timeout=timeout)
+            if err is not None:
+                error = str(err)
+                break
+            codes = result.as_numpy("CODES")
+            if codes is not None:
+                index = int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0])
+                if index < 0:                      # an error chunk (velocity.serving.requests.STREAM_*)
+                    error = f"error chunk {index}"
+                    break
+                chunks += 1
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream(cancel_requests=error is None and chunks > 0)
+        client.close()
+    return chunks, error       # end <= 1.2 x after warm-up + 64 MiB
 
 
 def descendants(pid: int) -> list[int]:
@@ -60,9 +115,17 @@ def tree_rss(pid: int) -> int:
 
 
 def one(url: str, r: random.Random, max_new: int, stats: Counter, problems: list, texts: list[str]) -> None:
-    """One random request: good (60%), cancelled after its first chunk (25%) or bad (15%)."""
-    kind = r.choices(["good", "cancel", "bad"], [0.6, 0.25, 0.15])[0]
+    """One random request: good (55%), cancelled after its first chunk (25%), bad (12%) or a
+    malformed direct call to the llm model (8%)."""
+    kind = r.choices(["good", "cancel", "bad", "bad llm"], [0.55, 0.25, 0.12, 0.08])[0]
     values = {"TEXT": r.choice(texts), "MAX_NEW_TOKENS": max_new, "SEED": r.randrange(1 << 20)}
+    if kind == "bad llm":
+        chunks, error = call_llm(url, r.choice(BAD_LLM))
+        if error is None or chunks or error.startswith("error chunk"):   # not an INVALID_ARG response
+            problems.append(f"malformed llm call not refused: {chunks} chunks, {error}")
+        else:
+            stats["bad llm rejected"] += 1
+        return
     if kind == "bad":
         try:
             list(stream_grpc(url, {**values, **r.choice(BAD)}, timeout=120, check=False))

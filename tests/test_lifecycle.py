@@ -20,6 +20,7 @@ import time
 import pytest
 import tritonclient.grpc as grpcclient
 
+from client.soak import BAD_LLM, call_llm
 from client.tts_client import ServerError, stream_grpc
 from test_tts_server import llm_inputs
 from triton_server import ROOT, alive, wait_for
@@ -69,8 +70,17 @@ def refusal(url: str, text: str = "Am I let in?") -> str | None:
 def test_request_limit_then_drain_on_stop(start_triton, tmp_path):
     ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
     s = start_triton(ROOT / "model_repository", env={
-        "VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_MAX_CONCURRENT_REQUESTS": "2", "VELOCITY_MAX_TEXT_CHARS": "5000", "DRAIN_TIMEOUT": str(DRAIN),
+        "VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_MAX_CONCURRENT_REQUESTS": "2", "VELOCITY_MAX_TEXT_CHARS": "5000",
+        "DRAIN_TIMEOUT": str(DRAIN),
         "EXIT_TIMEOUT": str(EXIT)})
+
+    # malformed direct llm calls are refused, name the input, and give their slot back: with
+    # the limit at 2 they used to lock every later request out ("server busy")
+    for arrays, names in zip(BAD_LLM[:3], ["TOKEN_IDS, sentence 0", "SPEAKER_VECTOR", "PARAMS_I[1]"]):
+        chunks, error = call_llm(s.grpc_url, arrays)
+        assert chunks == 0 and error is not None and names in error, error
+    assert "max_new_tokens) must be in [1, 2048]" in error
+    assert wait_for(lambda: s.metric("velocity_active_requests") == 0)
 
     # two long streams: one straight to the llm (cancellable), one through the ensemble
     direct = grpcclient.InferenceServerClient(s.grpc_url)

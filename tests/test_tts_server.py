@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -126,6 +127,31 @@ def test_bad_inputs_invalid_arg_then_good_request(server, bad, match):
     assert e.value.status() == "400" and re.search(match, e.value.message()), e.value
     ok, err2 = stream_tts(server.grpc_url, {"TEXT": "fine.", "MAX_NEW_TOKENS": 8, "SEED": 1})
     assert err2 is None and ok
+
+
+def test_a_stream_without_text_is_an_error_not_silence(server):
+    """Triton 2.51 checks required inputs only when the input count is off: a `tts` request with
+    SEED but no TEXT used to end with an empty final response (HTTP 200, no audio). TEXT is
+    optional in the ensemble's config so text_frontend always runs and says it is required."""
+    chunks, err = stream_tts(server.grpc_url, {"SEED": 3})
+    assert not chunks and err is not None and "TEXT is required" in err, err
+    req = urllib.request.Request(f"http://{server.http_url}/v2/models/tts/generate_stream",
+                                 data=json.dumps({"text": "lowercase key", "SEED": 3}).encode())
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=120)
+    assert e.value.code == 400 and "TEXT is required" in e.value.read().decode()
+
+
+def test_a_json_value_of_the_wrong_type_is_refused_by_triton_itself(server):
+    """Documented in the README: Triton's HTTP front end parses the body before any model sees it
+    and answers a wrong JSON type with 500 "Unable to parse 'data'" (2.51); nothing breaks."""
+    req = urllib.request.Request(f"http://{server.http_url}/v2/models/tts/generate_stream",
+                                 data=json.dumps({"TEXT": "Hi.", "TEMPERATURE": "hot"}).encode())
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=120)
+    assert e.value.code == 500 and "Unable to parse 'data'" in e.value.read().decode()
+    ok, err = stream_tts(server.grpc_url, {"TEXT": "still fine.", "MAX_NEW_TOKENS": 8, "SEED": 1})
+    assert err is None and ok
 
 
 @pytest.mark.parametrize("name,dt,arr,match", [

@@ -150,6 +150,44 @@ def parse_triton_request(request, pb_utils, settings: Settings, frontend) -> tup
         return None, pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))
 
 
+def llm_inputs(get, max_new_tokens: int) -> tuple[list[list[int]], np.ndarray | None, SamplingParams]:
+    """The llm model's inputs (as text_frontend makes them) -> (sentences, speaker or None, params).
+
+    get(name) -> np.ndarray | None. Raises ValueError naming the input and its allowed range; the
+    engine's own checks (token ids, speaker size, prompt length) run per sentence in the llm."""
+    def need(name: str) -> np.ndarray:
+        v = get(name)
+        if v is None:
+            raise ValueError(f"{name} is required")
+        return v.reshape(-1)
+
+    ids, lengths = need("TOKEN_IDS"), need("SENTENCE_LENGTHS")
+    if ids.dtype.kind not in "iu" or lengths.dtype.kind not in "iu":
+        raise ValueError("TOKEN_IDS and SENTENCE_LENGTHS must be integers")
+    lengths = lengths.tolist()
+    if not lengths or min(lengths) < 1 or sum(lengths) != ids.size:
+        raise ValueError(f"SENTENCE_LENGTHS must be positive and add up to the {ids.size} TOKEN_IDS, "
+                         f"got {lengths[:8]}{'...' if len(lengths) > 8 else ''}")
+    bounds = np.cumsum([0] + lengths)
+    sentences = [ids[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
+    spk = need("SPEAKER_VECTOR").astype(np.float32, copy=True)
+    pf, pi = need("PARAMS_F"), need("PARAMS_I")
+    if pf.size != 3 or pi.size != 3 or pi.dtype.kind not in "iu":
+        raise ValueError("PARAMS_F must hold [temperature, top_p, repetition_penalty] and PARAMS_I "
+                         f"the integers [top_k, max_new_tokens, seed (-1: none)], got {pf.size} and {pi.size} values")
+    (temp, top_p, rep), (top_k, max_new, seed) = pf.tolist(), pi.tolist()
+    if not 1 <= max_new <= max_new_tokens:
+        raise ValueError(f"PARAMS_I[1] (max_new_tokens) must be in [1, {max_new_tokens}], got {max_new}")
+    if not -1 <= seed < 2**63:
+        raise ValueError(f"PARAMS_I[2] (seed) must be -1 (none) or in [0, 2^63), got {seed}")
+    try:
+        params = SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, repetition_penalty=rep,
+                                max_new_tokens=max_new, seed=None if seed < 0 else seed)
+    except ValueError as e:
+        raise ValueError(f"PARAMS_F/PARAMS_I: {e}") from e
+    return sentences, (spk if spk.size else None), params
+
+
 # Inside the ensemble the llm never answers with an error response: Triton 2.51's ensemble then
 # may never retire the request (it stays "in flight", the server cannot unload `tts` and stopping
 # ends in the exit timeout). The llm sends a last chunk with LENGTH 0 and one of these codes as

@@ -15,7 +15,8 @@ import triton_python_backend_utils as pb_utils
 from velocity import AsyncLLMEngine, EngineConfig, SamplingParams
 from velocity.serving.core_share import CoreBoard, ThreadLender, board_path
 from velocity.serving.drain import Drain
-from velocity.serving.requests import STREAM_BUSY, STREAM_DRAINING, STREAM_FAILED, STREAM_SHUTTING_DOWN
+from velocity.serving.requests import (STREAM_BUSY, STREAM_DRAINING, STREAM_FAILED, STREAM_SHUTTING_DOWN,
+                                      llm_inputs)
 from velocity.serving.settings import Settings
 from velocity.tts.streaming import FRAMES_PER_SECOND, FrameChunker
 from velocity.worker.worker import resolve_device
@@ -61,14 +62,16 @@ class Stream:
         if self.done:
             return
         self.done = True
-        if code is not None:
-            send_error(self.sender, code, self.model.num_vq)
-        else:
-            self.sender.send(flags=FINAL)
-            frames = len(self.chunker.frames)
-            if frames:
-                self.model.metrics["rtf"].observe((time.monotonic() - self.t0) / (frames / FRAMES_PER_SECOND))
-        self.model.streams.pop(id(self), None)
+        try:
+            if code is not None:
+                send_error(self.sender, code, self.model.num_vq)
+            else:
+                self.sender.send(flags=FINAL)
+                frames = len(self.chunker.frames)
+                if frames:
+                    self.model.metrics["rtf"].observe((time.monotonic() - self.t0) / (frames / FRAMES_PER_SECOND))
+        finally:                                 # a sender that fails must not keep the slot
+            self.model.streams.pop(id(self), None)
 
     def on_output(self, out) -> None:            # on the engine thread
         try:
@@ -109,6 +112,11 @@ def send_codes(sender, codes: np.ndarray, context: int, length: int, index: int,
     sender.send(pb_utils.InferenceResponse(output_tensors=[
         pb_utils.Tensor("CODES", codes), pb_utils.Tensor("CONTEXT", i32(context)),
         pb_utils.Tensor("LENGTH", i32(length)), pb_utils.Tensor("CHUNK_INDEX", i32(index))]), flags=flags)
+
+
+def send_failure(sender, message: str, code) -> None:
+    """An error response that ends a request the llm did not start (direct callers only)."""
+    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), flags=FINAL)
 
 
 def send_error(sender, code: int, num_vq: int) -> None:
@@ -162,7 +170,7 @@ class TritonPythonModel:
                 gpu_memory_utilization=s.gpu_memory_utilization, max_num_seqs=s.max_num_seqs,
                 pack_cpu_weights=bool(s.pack_cpu_weights)), before_step=self.lender)
         except Exception as e:
-            raise pb_utils.TritonModelException(f"llm: cannot start the engine on {s.weights}: {e}")
+            raise pb_utils.TritonModelException(f"llm: cannot start the engine on {s.weights}: {e}") from e
         self.end_code = self.engine.engine.worker.model.num_audio_tokens - 1
         self.num_vq = self.engine.engine.worker.model.num_vq
         self.streams: dict[int, Stream] = {}
@@ -210,31 +218,49 @@ class TritonPythonModel:
         return STREAM_BUSY if limit and len(self.streams) >= limit else None
 
     def _start(self, request) -> None:
-        get = lambda n: pb_utils.get_input_tensor_by_name(request, n).as_numpy()  # noqa: E731
+        """Refuse, reject or start one request; every path ends it or leaves it in self.streams."""
         if refusal := self._refusal():
             self.metrics["refused"].increment(1)
             send_error(request.get_response_sender(), refusal, self.num_vq)
             return
         try:
-            ids = get("TOKEN_IDS").reshape(-1).tolist()
-            lengths = get("SENTENCE_LENGTHS").reshape(-1).tolist()
-            if sum(lengths) != len(ids) or not lengths or min(lengths) < 1:
-                raise ValueError(f"SENTENCE_LENGTHS {lengths} do not split {len(ids)} TOKEN_IDS")
-            bounds = np.cumsum([0] + lengths)
-            sentences = [ids[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-            spk = get("SPEAKER_VECTOR").reshape(-1)
-            speaker = torch.from_numpy(spk.copy()) if spk.size else None
-            (temp, top_p, rep), (top_k, max_new, seed) = get("PARAMS_F").reshape(-1), get("PARAMS_I").reshape(-1)
-            params = SamplingParams(temperature=float(temp), top_p=float(top_p), top_k=int(top_k),
-                                    repetition_penalty=float(rep), max_new_tokens=int(max_new),
-                                    seed=None if seed < 0 else int(seed))
-            stream = Stream(self, request, sentences, speaker, params)
-            self.streams[id(stream)] = stream
+            sentences, speaker, params = self._parse(request)
+        except ValueError as e:                  # what the caller sent
+            send_failure(request.get_response_sender(), str(e), pb_utils.TritonError.INVALID_ARG)
+            return
+        except Exception as e:                   # our fault
+            log.exception("llm: could not read a request")
+            send_failure(request.get_response_sender(), f"llm: internal error ({e}); see the server log",
+                         pb_utils.TritonError.INTERNAL)
+            return
+        stream = Stream(self, request, sentences, speaker, params)
+        self.streams[id(stream)] = stream
+        try:
             stream.start_sentence()
-        except Exception as e:
-            sender = request.get_response_sender()
-            sender.send(pb_utils.InferenceResponse(
-                error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)), flags=FINAL)
+        except Exception:                        # checked above, so our fault: end it, free its slot
+            log.exception("llm: could not start stream %s", stream.rid)
+            stream.end(STREAM_FAILED)
+
+    def _parse(self, request) -> tuple[list, torch.Tensor | None, SamplingParams]:
+        """The request's sentences, speaker and sampling, checked as the engine will check them."""
+        def get(name):
+            t = pb_utils.get_input_tensor_by_name(request, name)
+            return None if t is None else t.as_numpy()
+
+        sentences, spk, params = llm_inputs(get, self.settings.max_new_tokens)
+        engine = self.engine.engine
+        for i, ids in enumerate(sentences):
+            try:
+                engine.validate(ids, params)
+            except ValueError as e:
+                raise ValueError(f"TOKEN_IDS, sentence {i}: {e}") from e
+        speaker = None if spk is None else torch.from_numpy(spk)
+        if speaker is not None:
+            try:
+                engine.worker.model.check_speaker(speaker)
+            except ValueError as e:
+                raise ValueError(f"SPEAKER_VECTOR: {e}") from e
+        return sentences, speaker, params
 
     def finalize(self) -> None:
         self._stop.set()
