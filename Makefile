@@ -1,7 +1,9 @@
 # The two commands of the README: `make serve` and `make test`.
 VENV     ?= .venv
 PY       := $(VENV)/bin/python
-WEIGHTS  ?=
+# The weights folder: WEIGHTS=... or VELOCITY_WEIGHTS=... (empty: the demo checkpoint,
+# which scripts/serve.sh builds on first use).
+WEIGHTS  ?= $(VELOCITY_WEIGHTS)
 DEMO     := checkpoints/demo-tiny
 PYTEST_ARGS ?=
 
@@ -10,13 +12,12 @@ PYTEST_ARGS ?=
 setup:
 	@bash scripts/setup.sh
 
-# A demo checkpoint (seeded random weights: noise, not speech) when no WEIGHTS are given.
+# A demo checkpoint (seeded random weights: noise, not speech).
 demo: setup
-	@if [ -z "$(WEIGHTS)" ] && [ -f scripts/make_demo_checkpoint.py ] && [ ! -d $(DEMO) ]; then \
-		$(PY) scripts/make_demo_checkpoint.py --size tiny --out $(DEMO); fi
+	@[ -d $(DEMO) ] || $(PY) scripts/make_demo_checkpoint.py --size tiny --out $(DEMO)
 
-serve: demo
-	@bash scripts/serve.sh $(if $(WEIGHTS),--weights $(WEIGHTS),--weights $(DEMO))
+serve: setup
+	@bash scripts/serve.sh $(if $(WEIGHTS),--weights $(WEIGHTS))
 
 test: setup
 	@$(PY) -m pytest $(PYTEST_ARGS)

@@ -5,11 +5,13 @@
     velocity-tts-client "Hello." -o h.wav --http                  # HTTP generate_stream (SSE)
     velocity-tts-client "Hello." -o h.wav --offline               # tts_offline, one response
 
-Prints time to first audio, total time, audio seconds and the real-time factor.
+Prints time to first audio, total time, audio seconds and the real-time factor. The WAV is
+16-bit PCM (`--format float` for 32-bit float). Any failure prints one line and exits non-zero.
 """
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import logging
 import queue
@@ -19,6 +21,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -27,6 +30,7 @@ log = logging.getLogger("velocity-tts-client")
 
 # Input name -> (Triton datatype, numpy dtype)
 INPUTS = {"TEXT": ("BYTES", object), "PROMPT": ("BYTES", object), "SPEAKER": ("BYTES", object),
+          "SPEAKER_SEED": ("INT64", np.int64),
           "TEMPERATURE": ("FP32", np.float32), "TOP_P": ("FP32", np.float32), "TOP_K": ("INT32", np.int32),
           "REPETITION_PENALTY": ("FP32", np.float32), "MAX_NEW_TOKENS": ("INT32", np.int32),
           "SEED": ("INT64", np.int64)}
@@ -126,6 +130,9 @@ def stream_http(url: str, values: dict, timeout: float = 600) -> Iterator[tuple[
         raise ServerError(f"HTTP {e.code}: {e.read().decode(errors='replace')}") from e
     except urllib.error.URLError as e:
         raise ServerError(f"no Triton server at http://{url} ({e.reason}); start one with `make serve`") from e
+    except (http.client.HTTPException, ConnectionError, json.JSONDecodeError) as e:
+        raise ServerError(f"http://{url} does not answer as Triton's HTTP endpoint ({type(e).__name__}: {e}); "
+                          "is that the gRPC port? HTTP listens on 8000 by default") from e
 
 
 def offline_grpc(url: str, values: dict) -> Iterator[tuple[int, np.ndarray]]:
@@ -142,8 +149,13 @@ def offline_grpc(url: str, values: dict) -> Iterator[tuple[int, np.ndarray]]:
     yield 0, res.as_numpy("WAVEFORM").reshape(-1)
 
 
-def synthesize(chunks: Iterator[tuple[int, np.ndarray]], wav_path: str | None = None) -> Result:
-    """Collect chunks in index order, appending each to the WAV file as soon as it is next in line."""
+WAV_FORMATS = {"pcm16": "PCM_16", "float": "FLOAT"}      # --format -> soundfile subtype
+
+
+def synthesize(chunks: Iterator[tuple[int, np.ndarray]], wav_path: str | None = None,
+               subtype: str = "PCM_16") -> Result:
+    """Collect chunks in index order, appending each to the WAV file as soon as it is next in line.
+    Whatever happens, the chunk source is closed (a gRPC stream stops; nothing is left running)."""
     import soundfile as sf
 
     t0 = time.perf_counter()
@@ -158,12 +170,15 @@ def synthesize(chunks: Iterator[tuple[int, np.ndarray]], wav_path: str | None = 
             while len(parts) in pending:
                 parts.append(pending.pop(len(parts)))
                 if wav_path:
-                    out = out or sf.SoundFile(wav_path, "w", SAMPLE_RATE, 1, "FLOAT")
+                    out = out or sf.SoundFile(wav_path, "w", SAMPLE_RATE, 1, subtype)
                     out.write(parts[-1])
                     out.flush()
     finally:
         if out is not None:
             out.close()
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
     if pending:
         raise ServerError(f"chunks {sorted(pending)} arrived but chunk {len(parts)} never did")
     res.total = time.perf_counter() - t0
@@ -189,11 +204,6 @@ def metric(metrics_url: str, name: str) -> float:
     return parse_metric(fetch_metrics(metrics_url), name)
 
 
-def speaker_from_seed(seed: int, dim: int) -> str:
-    from velocity.tts.speaker import encode_speaker, random_speaker
-    return encode_speaker(random_speaker(seed, dim))
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="velocity-tts-client", description=__doc__.split("\n")[0])
     ap.add_argument("text", nargs="?", help="text to speak (or --file)")
@@ -205,8 +215,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument("--offline", action="store_true", help="tts_offline: the whole waveform in one response")
     spk = ap.add_mutually_exclusive_group()
     spk.add_argument("--speaker", help="a speaker string from the ChatTTS release")
-    spk.add_argument("--speaker-seed", type=int, help="a random speaker made from this seed")
-    ap.add_argument("--speaker-dim", type=int, default=768, help="speaker size for --speaker-seed (release: 768)")
+    spk.add_argument("--speaker-seed", type=int, help="a random speaker made by the server from this seed")
     ap.add_argument("--prompt", help="control tokens, e.g. [speed_5] (server default)")
     ap.add_argument("--temperature", type=float)
     ap.add_argument("--top-p", type=float)
@@ -214,27 +223,61 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repetition-penalty", type=float)
     ap.add_argument("--max-new-tokens", type=int)
     ap.add_argument("--seed", type=int, help="sampling seed: the same seed gives the same audio")
+    ap.add_argument("--format", choices=sorted(WAV_FORMATS), default="pcm16",
+                    help="WAV samples: pcm16 (default; what every player and Python's wave module read) "
+                         "or float (32-bit, the server's exact output)")
     args = ap.parse_args(argv)
     if (args.text is None) == (args.file is None):
         ap.error("give the text as an argument or with --file (one of them)")
     return args
 
 
+def read_text(args: argparse.Namespace) -> str:
+    if args.file is None:
+        return args.text
+    try:
+        return Path(args.file).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--file {args.file} is not UTF-8 text ({e.reason} at byte {e.start}); "
+                         "convert it, e.g. iconv -t UTF-8") from e
+    except OSError as e:
+        raise ValueError(f"cannot read --file {args.file}: {e.strerror}") from e
+
+
+def check_out(path: str) -> None:
+    """Fail before the request when the WAV cannot be written where asked."""
+    folder = Path(path).resolve().parent
+    if not folder.is_dir():
+        raise ValueError(f"cannot write {path}: the folder {folder} does not exist")
+    if Path(path).is_dir():
+        raise ValueError(f"cannot write {path}: it is a folder")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    text = args.text if args.file is None else open(args.file, encoding="utf-8").read()
-    speaker = args.speaker or (speaker_from_seed(args.speaker_seed, args.speaker_dim)
-                               if args.speaker_seed is not None else None)
-    values = {"TEXT": text, "SPEAKER": speaker, "PROMPT": args.prompt, "TEMPERATURE": args.temperature,
-              "TOP_P": args.top_p, "TOP_K": args.top_k, "REPETITION_PENALTY": args.repetition_penalty,
-              "MAX_NEW_TOKENS": args.max_new_tokens, "SEED": args.seed}
+    try:
+        text = read_text(args)
+        check_out(args.out)
+    except ValueError as e:
+        log.error("error: %s", e)
+        return 2
+    values = {"TEXT": text, "SPEAKER": args.speaker, "SPEAKER_SEED": args.speaker_seed, "PROMPT": args.prompt,
+              "TEMPERATURE": args.temperature, "TOP_P": args.top_p, "TOP_K": args.top_k,
+              "REPETITION_PENALTY": args.repetition_penalty, "MAX_NEW_TOKENS": args.max_new_tokens,
+              "SEED": args.seed}
     url = args.url or ("localhost:8000" if args.http else "localhost:8001")
     source = (stream_http if args.http else offline_grpc if args.offline else stream_grpc)(url, values)
     try:
-        res = synthesize(source, args.out)
+        res = synthesize(source, args.out, WAV_FORMATS[args.format])
     except ServerError as e:
         log.error("error: %s", e)
+        return 1
+    except KeyboardInterrupt:
+        log.error("interrupted")
+        return 130
+    except Exception as e:                       # one line, never a traceback or a hang
+        log.error("error: %s: %s", type(e).__name__, e)
         return 1
     log.info("%s: %.2f s of audio in %d chunk(s); first audio after %.3f s, total %.3f s, RTF %.3f",
              args.out, res.seconds, len(res.chunk_times), res.first_audio or float("nan"), res.total, res.rtf)

@@ -2,37 +2,46 @@
 # Serve model_repository/ with a real Triton Inference Server, in the foreground.
 #
 #   scripts/serve.sh [--weights DIR] [--http-port N] [--grpc-port N] [--metrics-port N]
-#                    [--bind ADDRESS] [--model-repository DIR] [-- extra tritonserver flags]
+#                    [--health-port N] [--bind ADDRESS] [--model-repository DIR]
+#                    [-- extra tritonserver flags]
 #
 # Each flag can also be set by environment: VELOCITY_WEIGHTS, HTTP_PORT, GRPC_PORT,
-# METRICS_PORT, BIND (default 0.0.0.0, every interface; 127.0.0.1 = this machine only),
-# MODEL_REPOSITORY. A model that fails to load (bad weights) leaves the server up and
-# not ready, with the reason in the log, instead of ending it. Uses the `tritonserver`
+# METRICS_PORT, HEALTH_PORT, BIND (default 0.0.0.0, every interface; 127.0.0.1 = this
+# machine only), MODEL_REPOSITORY. Without weights it serves the demo checkpoint (built on
+# first use: noise, not speech); a folder without the release's files stops it at once with
+# the reason. A model that fails to load (corrupt weights) leaves the server up and not
+# ready, with the reason in the log, instead of ending it. HEALTH_PORT (default 8003) answers
+# /v2/health/ready like Triton but 503 while draining: point load balancers there. Uses the `tritonserver`
 # on PATH when there is one (the NGC container), else the one in the nvidia-pytriton wheel.
 # Ctrl-C or SIGTERM drains, then stops: new requests are refused (UNAVAILABLE), live streams
 # get DRAIN_TIMEOUT seconds (default 20) to finish and are then ended with an UNAVAILABLE
 # error, then the server and every python stub process stop: they run in a process group of
 # their own, which is signalled as a whole (EXIT_TIMEOUT, default 30, bounds that part).
+# A second Ctrl-C (SIGINT) skips the drain; a repeated SIGTERM does not. A shell started in
+# the background without job control starts this with SIGINT ignored: send it SIGTERM.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
-WEIGHTS="${VELOCITY_WEIGHTS:-$ROOT/checkpoints/demo-tiny}"
+DEMO="$ROOT/checkpoints/demo-tiny"
+WEIGHTS="${VELOCITY_WEIGHTS:-}"
 HTTP_PORT="${HTTP_PORT:-8000}"
 GRPC_PORT="${GRPC_PORT:-8001}"
 METRICS_PORT="${METRICS_PORT:-8002}"
+HEALTH_PORT="${HEALTH_PORT:-8003}"
 BIND="${BIND:-0.0.0.0}"
 REPO="${MODEL_REPOSITORY:-$ROOT/model_repository}"
 EXIT_TIMEOUT="${EXIT_TIMEOUT:-30}"
 DRAIN_TIMEOUT="${DRAIN_TIMEOUT:-20}"
 extra=()
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --weights) WEIGHTS="$2"; shift 2 ;;
         --http-port) HTTP_PORT="$2"; shift 2 ;;
         --grpc-port) GRPC_PORT="$2"; shift 2 ;;
         --metrics-port) METRICS_PORT="$2"; shift 2 ;;
+        --health-port) HEALTH_PORT="$2"; shift 2 ;;
         --bind) BIND="$2"; shift 2 ;;
         --model-repository) REPO="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
@@ -56,6 +65,23 @@ else
 fi
 # The python stub finds the venv's packages through the venv's bin/ first on PATH.
 [[ -d "$VENV/bin" ]] && export PATH="$VENV/bin:$PATH"
+PYTHON="$(command -v python3 || command -v python)"
+[[ -x "$VENV/bin/python" ]] && PYTHON="$VENV/bin/python"
+# Our models read the weights; a repository without them (tests/model_repository) needs none.
+needs_weights=0
+for m in text_frontend llm vocoder; do [[ -d "$REPO/$m" ]] && needs_weights=1; done
+if [[ -z "$WEIGHTS" && $needs_weights == 1 ]]; then
+    WEIGHTS="$DEMO"
+    if [[ ! -d "$WEIGHTS/asset" ]]; then
+        echo "[serve] no --weights given: building the demo checkpoint $WEIGHTS (random weights: noise, not speech)"
+        "$PYTHON" "$ROOT/scripts/make_demo_checkpoint.py" --size tiny --out "$WEIGHTS"
+    fi
+fi
+WEIGHTS="${WEIGHTS:-$DEMO}"
+if [[ $needs_weights == 1 ]] && ! why="$("$PYTHON" -m velocity.release "$WEIGHTS" 2>&1)"; then
+    echo "serve.sh: $why" >&2
+    exit 2
+fi
 export VELOCITY_WEIGHTS="$(realpath -m "$WEIGHTS")"
 # The drain handshake with the llm model (velocity/serving/drain.py) goes through this folder.
 export VELOCITY_RUN_DIR="$(mktemp -d "${TMPDIR:-/tmp}/velocity-serve.XXXXXX")"
@@ -66,7 +92,9 @@ if [[ " ${extra[*]} " != *shm-region-prefix-name* ]]; then
     shm_prefix="velocity_${VELOCITY_RUN_DIR##*.}_"
     args+=(--backend-config="python,shm-region-prefix-name=$shm_prefix")
 fi
+health_pid=""
 cleanup() {
+    [[ -z "$health_pid" ]] || kill "$health_pid" 2>/dev/null || true
     rm -rf "$VELOCITY_RUN_DIR"
     [[ -z "$shm_prefix" ]] || rm -f /dev/shm/"$shm_prefix"*
 }
@@ -75,20 +103,27 @@ trap cleanup EXIT
 echo "[serve] tritonserver: $server"
 echo "[serve] models:       $REPO"
 echo "[serve] weights:      $VELOCITY_WEIGHTS"
-echo "[serve] gRPC    $BIND:$GRPC_PORT"
-echo "[serve] HTTP    http://$BIND:$HTTP_PORT   (ready: /v2/health/ready)"
-echo "[serve] metrics http://$BIND:$METRICS_PORT/metrics"
+host="$BIND"; local_host="$BIND"
+if [[ "$BIND" == 0.0.0.0 ]]; then host="localhost"; local_host="127.0.0.1"; fi
+[[ "$BIND" == 0.0.0.0 ]] && echo "[serve] listening on every interface (--bind 127.0.0.1: this machine only)"
+echo "[serve] gRPC    $host:$GRPC_PORT"
+echo "[serve] HTTP    http://$host:$HTTP_PORT"
+echo "[serve] metrics http://$host:$METRICS_PORT/metrics"
+echo "[serve] ready   http://$host:$HEALTH_PORT/v2/health/ready   (503 while draining: for load balancers)"
 [[ -z "$shm_prefix" ]] || echo "[serve] shared memory: /dev/shm/$shm_prefix*"
 
 setsid "$server" "${args[@]}" "${extra[@]}" &
 pid=$!                         # setsid makes the server its own process-group leader
+"$PYTHON" -m velocity.serving.health --port "$HEALTH_PORT" --bind "$BIND" \
+    --triton "http://$local_host:$HTTP_PORT" --run-dir "$VELOCITY_RUN_DIR" &
+health_pid=$!
 drain() {
     compgen -G "$VELOCITY_RUN_DIR/serving.*" >/dev/null || return 0   # no llm is serving
     echo "[serve] draining: new requests refused, live streams get ${DRAIN_TIMEOUT}s to finish"
     echo "$DRAIN_TIMEOUT" > "$VELOCITY_RUN_DIR/draining.tmp"
     mv "$VELOCITY_RUN_DIR/draining.tmp" "$VELOCITY_RUN_DIR/draining"
     for _ in $(seq $(((DRAIN_TIMEOUT + 5) * 10))); do
-        [[ $hurry == 1 ]] && { echo "[serve] second signal: not waiting for the drain"; return 0; }
+        [[ $hurry == 1 ]] && { echo "[serve] second Ctrl-C: not waiting for the drain"; return 0; }
         compgen -G "$VELOCITY_RUN_DIR/serving.*" >/dev/null || { echo "[serve] drained"; return 0; }
         kill -0 "$pid" 2>/dev/null || return 0
         sleep 0.1
@@ -97,7 +132,11 @@ drain() {
 }
 hurry=0
 stop() {
-    trap 'hurry=1' INT TERM          # a second Ctrl-C/SIGTERM: stop now
+    # A second Ctrl-C stops now. Another SIGTERM does not: `kill -- -PGID`, systemd and `timeout`
+    # signal the whole group, and make passes its SIGTERM on, so one stop request arrives twice.
+    touch "$VELOCITY_RUN_DIR/stopping"   # HEALTH_PORT answers 503 from now on
+    trap 'hurry=1' INT
+    trap 'echo "[serve] SIGTERM again: still draining (Ctrl-C or SIGINT stops at once)"' TERM
     drain
     echo "[serve] stopping (process group $pid)"
     kill -TERM -- "-$pid" 2>/dev/null || true

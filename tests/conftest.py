@@ -6,24 +6,42 @@ from pathlib import Path
 
 import pytest
 
-from triton_server import TESTS_REPO, TritonServer
+from triton_server import ROOT, TESTS_REPO, TritonServer
 
 
 @pytest.fixture
 def start_triton(tmp_path: Path) -> Iterator[Callable[..., TritonServer]]:
-    """Factory: start_triton(repo, env={...}, until="ready"|"live") -> a started TritonServer; all are
-    stopped after the test."""
+    """Factory: start_triton(repo, env={...}, until="ready"|"live", via_make=False) -> a started
+    TritonServer; all are stopped after the test."""
     servers: list[TritonServer] = []
 
     def start(repo: Path, env: dict[str, str] | None = None, timeout: float = 240.0,
-              until: str = "ready") -> TritonServer:
-        s = TritonServer(repo=Path(repo), log_path=tmp_path / f"server{len(servers)}.log", env=env or {})
+              until: str = "ready", via_make: bool = False) -> TritonServer:
+        s = TritonServer(repo=Path(repo), log_path=tmp_path / f"server{len(servers)}.log", env=env or {},
+                         via_make=via_make)
         servers.append(s)
         return s.start(timeout=timeout, until=until)
 
     yield start
     for s in servers:
         s.stop()
+
+
+@pytest.fixture(scope="session")
+def tts_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    """model_repository/ on the tiny demo checkpoint (frames per sentence capped at 200, small
+    chunks), shared by tests/test_tts_server.py and tests/test_readme.py."""
+    from velocity.tts.checkpoint import write_checkpoint
+
+    d = tmp_path_factory.mktemp("tts")
+    ckpt = write_checkpoint(d / "tiny", "tiny", seed=0)
+    s = TritonServer(repo=ROOT / "model_repository", log_path=d / "server.log",
+                     env={"VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_KV_CACHE_BYTES": str(32 << 20),
+                          "VELOCITY_MAX_NEW_TOKENS": "200", "VELOCITY_CHUNK_FIRST": "4",
+                          "VELOCITY_CHUNK_REST": "8", "VELOCITY_LOOKAHEAD": "4"})
+    s.start(timeout=400)
+    yield s
+    s.stop()
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,8 @@
 """The C++ paged decode-attention kernel against the torch reference path."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -45,3 +47,32 @@ def test_engine_greedy_same_with_and_without_kernel(tmp_path):
             llm.engine.worker.runner.decode_kernel = None
         outs.append([o.token_ids for o in llm.generate(ps, params)])
     assert_same(outs[0], outs[1], ps, "kernel vs torch path")
+
+
+def test_the_build_is_cached_in_this_environment():
+    """Not in ~/.cache/torch_extensions, which checkouts with other sources shared and rebuilt."""
+    import sys
+
+    from velocity.model.cpu_kernels import build_directory
+    d = build_directory()
+    assert d is not None and d.startswith(sys.prefix) and list(Path(d).glob("*.so")), d
+
+
+WITHOUT_COMPILER = """
+import logging, sys
+sys.prefix = sys.argv[1]                  # a fresh cache folder: nothing built there yet
+from velocity.model.cpu_kernels import paged_decode_kernel
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+sys.exit(0 if paged_decode_kernel() is None else 3)
+"""
+
+
+def test_without_a_compiler_the_fallback_is_a_warning_that_says_what_to_do(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", WITHOUT_COMPILER, str(tmp_path)], capture_output=True, text=True,
+                       env={**os.environ, "CXX": "/nonexistent/g++"}, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "WARNING C++ paged decode attention kernel unavailable" in p.stderr and "apt-get install g++" in p.stderr

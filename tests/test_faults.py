@@ -1,9 +1,12 @@
 """Broken weights: the model fails to load with a log line naming the file (and tensor), the
 server stays up and reports not ready, nothing hangs, and stopping it leaves nothing behind.
+A weights folder that is not there, or not a release, stops serve.sh before Triton starts.
 Stopping with live streams: tests/test_lifecycle.py."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import time
 import urllib.error
 import urllib.request
 
@@ -20,10 +23,6 @@ pytestmark = pytest.mark.server
 @pytest.fixture(scope="module")
 def good(tmp_path_factory):
     return write_checkpoint(tmp_path_factory.mktemp("good") / "tiny", "tiny", seed=0)
-
-
-def missing(good, d):
-    return d / "no-such-folder", ["no-such-folder"]
 
 
 def truncated(good, d):
@@ -50,7 +49,7 @@ def model_ready(server, model: str) -> bool:
         return False
 
 
-@pytest.mark.parametrize("fault", [missing, truncated, wrong_shape], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fault", [truncated, wrong_shape], ids=lambda f: f.__name__)
 def test_bad_weights_leave_the_server_up_and_not_ready(start_triton, good, tmp_path, fault):
     weights, must_say = fault(good, tmp_path)
     s = start_triton(ROOT / "model_repository", env={"VELOCITY_WEIGHTS": str(weights),
@@ -66,3 +65,24 @@ def test_bad_weights_leave_the_server_up_and_not_ready(start_triton, good, tmp_p
     assert not [p for p in pids if alive(p)]
     # the llm that failed never finalizes: its core board goes with serve.sh's run folder
     assert not [b for p in pids for b in find_boards(p)]
+
+
+@pytest.mark.parametrize("where,says", [("no-such-folder", "does not exist"),
+                                        ("empty", "is not a ChatTTS release folder"),
+                                        ("no-vocos", "lacks asset/Vocos.safetensors")])
+def test_a_wrong_weights_folder_stops_serve_sh_at_once_with_the_reason(good, tmp_path, where, says):
+    """It used to start a server that was never ready, with the reason deep in Triton's log."""
+    weights = tmp_path / where
+    if where == "empty":
+        weights.mkdir()
+    elif where == "no-vocos":
+        shutil.copytree(good, weights)
+        (weights / "asset" / "Vocos.safetensors").unlink()
+    t0 = time.monotonic()
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "serve.sh"), "--weights", str(weights),
+                        "--http-port", "1", "--grpc-port", "1", "--metrics-port", "1"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and time.monotonic() - t0 < 30, (p.returncode, p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and str(weights) in lines[0], p.stderr
+    assert "tritonserver" not in p.stdout                    # it never started

@@ -12,6 +12,7 @@ ends them itself (cancel, drain).
 """
 from __future__ import annotations
 
+import os
 import queue
 import signal
 import threading
@@ -112,11 +113,14 @@ def test_request_limit_then_drain_on_stop(start_triton, tmp_path):
     medium.start()
     assert medium.first.wait(120) and medium.outcome is None, medium.outcome
     pids = s.processes()
+    assert s.health("ready", port=s.health_port)
     t_stop = time.monotonic()
     s.proc.send_signal(signal.SIGTERM)
 
-    # draining: new requests are refused (one sent before the llm sees the drain may get in)
+    # draining: new requests are refused (one sent before the llm sees the drain may get in);
+    # Triton still says ready, serve.sh's health port says not ready (what balancers probe)
     assert wait_for(lambda: "[serve] draining" in s.log(), timeout=10), s.log()
+    assert not s.health("ready", port=s.health_port) and s.health("ready")
     deadline = time.monotonic() + 10
     while (msg := refusal(s.grpc_url)) is None or "new requests are refused" not in msg:
         assert time.monotonic() < deadline, f"still admitting new requests while draining: {msg}"
@@ -135,4 +139,27 @@ def test_request_limit_then_drain_on_stop(start_triton, tmp_path):
     assert rc == 143 and "[serve] drained" in log, log
     assert "Exit timeout expired" not in log and "Signal (6)" not in log, log
     assert stopped_after < DRAIN + EXIT, f"stopping took {stopped_after:.0f} s"
+    assert wait_for(lambda: not [p for p in pids if alive(p)]), "a server or stub process was left behind"
+
+
+def test_one_sigterm_to_the_make_serve_group_drains(start_triton, tmp_path):
+    """`kill -- -PGID` on `make serve` (what systemd, `timeout` and docker stop on a make-based
+    entrypoint do) reaches make and serve.sh, and make passes its SIGTERM on: serve.sh sees two.
+    It must still drain: the live stream finishes, and nothing is left."""
+    ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
+    s = start_triton(ROOT / "model_repository", env={"VELOCITY_WEIGHTS": str(ckpt), "DRAIN_TIMEOUT": str(DRAIN),
+                                                     "EXIT_TIMEOUT": "10"}, via_make=True)
+    assert f"weights:      {ckpt}" in s.log(), s.log()[:2000]       # VELOCITY_WEIGHTS reaches serve.sh
+    live = Listener(s.grpc_url, {"TEXT": "A stream that is live when the group is told to stop.",
+                                 "MAX_NEW_TOKENS": 150, "REPETITION_PENALTY": 1.0, "SEED": 3})
+    live.start()
+    assert live.first.wait(120) and live.outcome is None, live.outcome
+    pids = s.processes()
+    os.killpg(s.proc.pid, signal.SIGTERM)
+    live.join(DRAIN + 60)
+    assert live.outcome == ("complete", ""), live.outcome
+    s.proc.wait(DRAIN + 60)
+    log = s.log()
+    assert "[serve] draining" in log and "[serve] drained" in log, log[-3000:]
+    assert "not waiting for the drain" not in log, log[-3000:]
     assert wait_for(lambda: not [p for p in pids if alive(p)]), "a server or stub process was left behind"

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import queue
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -15,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from client.tts_client import ServerError, make_inputs, stream_grpc
 from client.tts_client import main as client_main
-from triton_server import ROOT, TritonServer, free_port, wait_for
+from triton_server import ROOT, free_port, wait_for
 from velocity.tts.checkpoint import write_checkpoint
 
 pytestmark = pytest.mark.server
@@ -31,17 +33,9 @@ def stream_tts(url: str, values: dict) -> tuple[list[tuple[int, np.ndarray]], st
     return chunks, None
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tts")
-    ckpt = write_checkpoint(d / "tiny", "tiny", seed=0)
-    s = TritonServer(repo=ROOT / "model_repository", log_path=d / "server.log",
-                     env={"VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_KV_CACHE_BYTES": str(32 << 20),
-                          "VELOCITY_MAX_NEW_TOKENS": "200", "VELOCITY_CHUNK_FIRST": "4",
-                          "VELOCITY_CHUNK_REST": "8", "VELOCITY_LOOKAHEAD": "4"})
-    s.start(timeout=400)
-    yield s
-    s.stop()
+@pytest.fixture
+def server(tts_server):
+    return tts_server
 
 
 GOOD = {"TEXT": "Hello world. 你好，世界。", "SEED": 7, "MAX_NEW_TOKENS": 24, "TEMPERATURE": 0.8}
@@ -241,22 +235,69 @@ def test_cancelling_through_the_ensemble_finishes_within_max_new_tokens_and_leak
 
 def test_client_cli_grpc_http_offline_write_the_same_wav(server, tmp_path, caplog):
     import logging
+    import wave
 
     import soundfile as sf
+
+    from velocity.tts.speaker import encode_speaker, random_speaker
     caplog.set_level(logging.INFO)
-    common = ["--seed", "11", "--max-new-tokens", "20", "--speaker-seed", "3", "--speaker-dim", "64"]
+    common = ["--seed", "11", "--max-new-tokens", "20"]
     text = tmp_path / "in.txt"
     text.write_text("Hello there. 你好。", encoding="utf-8")
     wavs = {}
-    for mode, url in [("grpc", server.grpc_url), ("http", server.http_url), ("offline", server.grpc_url)]:
+    for mode, url, flags in [("grpc", server.grpc_url, []), ("http", server.http_url, ["--http"]),
+                             ("offline", server.grpc_url, ["--offline"]),
+                             ("float", server.grpc_url, ["--format", "float"])]:
         out = tmp_path / f"{mode}.wav"
-        flags = {"grpc": [], "http": ["--http"], "offline": ["--offline"]}[mode]
-        assert client_main(["--file", str(text), "-o", str(out), "--url", url, *flags, *common]) == 0
+        # the server makes the speaker from the seed, at the weights' size (64 in the tiny demo)
+        assert client_main(["--file", str(text), "-o", str(out), "--url", url, "--speaker-seed", "3",
+                            *flags, *common]) == 0
         wavs[mode], sr = sf.read(out, dtype="float32")
         assert sr == 24000 and len(wavs[mode]) > 0 and len(wavs[mode]) % 512 == 0
+        assert sf.info(out).subtype == ("FLOAT" if mode == "float" else "PCM_16")
+    with wave.open(str(tmp_path / "grpc.wav")) as w:          # 16-bit PCM: the standard library reads it
+        assert (w.getsampwidth(), w.getframerate(), w.getnframes()) == (2, 24000, len(wavs["grpc"]))
     np.testing.assert_array_equal(wavs["grpc"], wavs["offline"])
-    np.testing.assert_allclose(wavs["http"], wavs["grpc"], rtol=0, atol=1e-6)   # JSON floats round trip
+    # 16-bit PCM holds the float audio to 1.5 steps (a step is 1/32768): half a step of rounding, and
+    # libsndfile scales by 32767 on writing and 1/32768 on reading (up to one step at full scale)
+    np.testing.assert_allclose(wavs["grpc"], np.clip(wavs["float"], -1, 1), rtol=0, atol=1.5 / 32768)
+    # JSON floats round trip to ~1e-7, which may cross one rounding boundary of the 16-bit grid
+    np.testing.assert_allclose(wavs["http"], wavs["grpc"], rtol=0, atol=1 / 32768 + 1e-7)
     assert "first audio after" in caplog.text and "RTF" in caplog.text
+    # SPEAKER_SEED is the speaker string of the same seed's speaker
+    spk = encode_speaker(random_speaker(3, 64))
+    assert client_main(["--file", str(text), "-o", str(tmp_path / "spk.wav"), "--url", server.grpc_url,
+                        "--speaker", spk, "--format", "float", *common]) == 0
+    np.testing.assert_array_equal(sf.read(tmp_path / "spk.wav", dtype="float32")[0], wavs["float"])
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """The installed client in a process of its own: a hang fails the test instead of the suite."""
+    return subprocess.run([sys.executable, "-m", "client.tts_client", *args], cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def one_line(p: subprocess.CompletedProcess) -> str:
+    lines = [line for line in (p.stdout + p.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1, p.stdout + p.stderr
+    return lines[0]
+
+
+def test_client_cli_errors_exit_with_one_line_and_never_hang(server, tmp_path):
+    """Each used to hang (a gRPC stream left open) or print a traceback."""
+    p = run_cli("Hi.", "-o", str(tmp_path / "nodir" / "x.wav"), "--url", server.grpc_url)
+    assert p.returncode == 2 and "does not exist" in one_line(p)
+    p = run_cli("Hi.", "-o", "/dev/full", "--url", server.grpc_url, "--max-new-tokens", "20")
+    assert p.returncode == 1 and one_line(p).startswith("error:")          # fails after the stream began
+    p = run_cli("Hi.", "-o", str(tmp_path / "x.wav"), "--http", "--url", server.grpc_url)
+    assert p.returncode == 1 and "is that the gRPC port?" in one_line(p)
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("Caf\xe9 cr\xe8me.".encode("latin-1"))
+    p = run_cli("--file", str(latin1), "-o", str(tmp_path / "x.wav"), "--url", server.grpc_url)
+    assert p.returncode == 2 and "is not UTF-8 text" in one_line(p)
+    p = run_cli("Hi.", "-o", str(tmp_path / "x.wav"), "--url", server.grpc_url, "--temperature", "-1")
+    assert p.returncode == 1 and "TEMPERATURE must be >= 0" in one_line(p)
+    assert not (tmp_path / "x.wav").exists()
 
 
 def test_client_cli_says_when_the_server_is_down(tmp_path, caplog):
@@ -285,8 +326,6 @@ time.sleep(600)
 def test_a_client_that_disconnects_without_cancelling_gets_its_blocks_freed(server):
     """A client process killed mid-stream (no cancel, the connection just drops): the llm
     notices and the KV blocks come back long before MAX_NEW_TOKENS would end the request."""
-    import subprocess
-    import sys
 
     assert wait_for(lambda: server.metric("velocity_kv_blocks_used") == 0 and server.metric("velocity_kv_blocks_free") > 0)
     idle_free = server.metric("velocity_kv_blocks_free")
@@ -335,8 +374,6 @@ def test_the_llm_borrows_the_idle_vocoders_threads_only_while_it_is_idle(server)
 
 def test_bench_ab_runs_all_three_arms(server, tmp_path):
     """scripts/bench_ab.py: paired rounds of the server, the server without lending, and in-process."""
-    import subprocess
-    import sys
 
     ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)                 # the server's weights
     out = tmp_path / "ab"

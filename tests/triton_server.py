@@ -67,6 +67,8 @@ class TritonServer:
     http_port: int = field(default_factory=free_port)
     grpc_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
+    health_port: int = field(default_factory=free_port)
+    via_make: bool = False            # start with `make serve` (ports by environment) instead of serve.sh
     proc: subprocess.Popen | None = None
 
     @property
@@ -80,12 +82,15 @@ class TritonServer:
     def start(self, timeout: float = 240.0, until: str = "ready") -> "TritonServer":
         """Start serve.sh; wait until /v2/health/{until} ("ready", or "live" for a server whose
         models may fail to load)."""
-        cmd = ["bash", str(SERVE), "--model-repository", str(self.repo),
-               "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
-               "--metrics-port", str(self.metrics_port)]
-        env = {**os.environ, "EXIT_TIMEOUT": "10", "DRAIN_TIMEOUT": "5", **self.env}
+        ports = {"HTTP_PORT": self.http_port, "GRPC_PORT": self.grpc_port, "METRICS_PORT": self.metrics_port,
+                 "HEALTH_PORT": self.health_port}
+        cmd = (["make", "-s", "serve"] if self.via_make else
+               ["bash", str(SERVE), "--model-repository", str(self.repo)]
+               + [a for k, v in ports.items() for a in (f"--{k[:-5].lower()}-port", str(v))])
+        env = {**os.environ, "EXIT_TIMEOUT": "10", "DRAIN_TIMEOUT": "5", **{k: str(v) for k, v in ports.items()},
+               **self.env}
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(ROOT),
                                      env=env, start_new_session=True, preexec_fn=_default_sigint)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -100,9 +105,11 @@ class TritonServer:
     def ready(self) -> bool:
         return self.health("ready")
 
-    def health(self, what: str = "ready") -> bool:
+    def health(self, what: str = "ready", port: int | None = None) -> bool:
+        """Triton's /v2/health/{what}; on serve.sh's health port with port=s.health_port."""
         try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/{what}", timeout=2) as r:
+            with urllib.request.urlopen(f"http://localhost:{port or self.http_port}/v2/health/{what}",
+                                        timeout=2) as r:
                 return r.status == 200
         except OSError:
             return False

@@ -1,11 +1,20 @@
-"""An optional C++ kernel for paged decode attention on CPU, built on first use with torch's
-cpp_extension (needs a C++ compiler and ninja). It reads each cached key and value once,
-straight from the paged cache, instead of gathering them into a padded copy first.
-The torch path in attention.py stays the reference; tests compare the two."""
+"""An optional C++ kernel for paged decode attention on CPU, built with torch's cpp_extension
+(needs g++ and ninja) by scripts/setup.sh, or on first use. It reads each cached key and value
+once, straight from the paged cache, instead of gathering them into a padded copy first.
+The torch path in attention.py stays the reference; tests compare the two.
+
+The build (about 30 s) is cached inside the Python environment (sys.prefix/velocity-kernels), so
+checkouts with venvs of their own never rebuild each other's; torch's default cache is used
+where that folder is not writable.
+
+    python -m velocity.model.cpu_kernels     # build now; exit 1 (with the reason) if it cannot
+"""
 from __future__ import annotations
 
 import logging
 import os
+import sys
+from pathlib import Path
 
 import torch
 
@@ -93,8 +102,28 @@ def paged_decode_kernel():
         from torch.utils.cpp_extension import load_inline
 
         _kernel = load_inline(name="velocity_paged_decode_v2", cpp_sources=SOURCE, functions=["paged_decode"],
-                              extra_cflags=["-O3", "-fopenmp-simd", "-march=native"], verbose=False).paged_decode
+                              extra_cflags=["-O3", "-fopenmp-simd", "-march=native"], verbose=False,
+                              build_directory=build_directory()).paged_decode
         logger.info("using the C++ paged decode attention kernel")
     except Exception as e:   # no compiler or ninja: the torch path serves
-        logger.warning("C++ paged decode kernel unavailable (%s); using the torch path", e)
+        logger.warning("C++ paged decode attention kernel unavailable, using the slower torch path: %s "
+                       "(install g++, e.g. apt-get install g++, then rerun scripts/setup.sh; "
+                       "VELOCITY_CPU_KERNEL=0 turns the kernel off)", (str(e).strip().splitlines() or [repr(e)])[-1])
     return _kernel
+
+
+def build_directory() -> str | None:
+    """sys.prefix/velocity-kernels/<python>-<torch> where writable, else None (torch's default)."""
+    import torch
+
+    d = Path(sys.prefix) / "velocity-kernels" / f"py{sys.version_info[0]}{sys.version_info[1]}-torch{torch.__version__}"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return str(d) if os.access(d, os.W_OK) else None
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    sys.exit(0 if paged_decode_kernel() is not None else 1)

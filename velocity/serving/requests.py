@@ -104,19 +104,26 @@ class TTSRequest:
 
 
 def parse_tts_request(get, settings: Settings, frontend) -> TTSRequest:
-    """get(name) -> np.ndarray | None for TEXT, PROMPT, SPEAKER and the sampling inputs.
+    """get(name) -> np.ndarray | None for TEXT, PROMPT, SPEAKER or SPEAKER_SEED and the sampling inputs.
 
     Raises ValueError naming the bad input and its allowed range (INVALID_ARG for Triton).
     """
     from velocity.tts.frontend import DEFAULT_PROMPT
-    from velocity.tts.speaker import SpeakerError, decode_speaker
+    from velocity.tts.speaker import SpeakerError, decode_speaker, seeded_speaker
 
     text = text_input(get("TEXT"), "TEXT", required=True, max_chars=settings.max_text_chars)
     prompt = text_input(get("PROMPT"), "PROMPT", required=False) or DEFAULT_PROMPT
     speaker = text_input(get("SPEAKER"), "SPEAKER", required=False)
     params = sampling_inputs(get, settings)
     vec = np.zeros(0, np.float32)
-    if speaker and speaker.strip():
+    speaker_seed = _scalar(get("SPEAKER_SEED"), "SPEAKER_SEED", integer=True)
+    if speaker_seed is not None:
+        if speaker and speaker.strip():
+            raise ValueError("give SPEAKER or SPEAKER_SEED, not both")
+        if not 0 <= speaker_seed < 2**63:
+            raise ValueError(f"SPEAKER_SEED must be in [0, 2^63), got {speaker_seed}")
+        vec = seeded_speaker(speaker_seed, frontend.speaker_dim)
+    elif speaker and speaker.strip():
         try:
             vec = decode_speaker(speaker, frontend.speaker_dim)
         except SpeakerError as e:

@@ -39,6 +39,12 @@ def decode_speaker(s: str, dim: int = 768) -> np.ndarray:
     return vec
 
 
+def seeded_speaker(seed: int, dim: int) -> np.ndarray:
+    """The speaker SPEAKER_SEED picks: random_speaker(seed, dim) as its speaker string holds it
+    (float16), so SPEAKER=encode_speaker(random_speaker(seed, dim)) gives the same voice."""
+    return random_speaker(seed, dim).astype(np.float16).astype(np.float32)
+
+
 def random_speaker(seed: int, dim: int = 768, mean: np.ndarray | None = None,
                    std: np.ndarray | None = None) -> np.ndarray:
     """randn(dim) * std + mean from a seed (standard normal without the release's statistics)."""

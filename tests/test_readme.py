@@ -1,0 +1,95 @@
+"""The README's commands and snippets, as written, against a real server (tts_server: the tiny
+demo checkpoint). Only the address changes: localhost:8000/8001 become the test server's ports."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import urllib.request
+
+import numpy as np
+import pytest
+
+from triton_server import ROOT
+
+pytestmark = pytest.mark.server
+README = (ROOT / "README.md").read_text()
+TRITON_TYPES = {"TYPE_STRING": "BYTES", "TYPE_FP32": "FP32", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64"}
+
+
+def input_table() -> dict[str, str]:
+    """README's table of inputs: name -> Triton type."""
+    return dict(re.findall(r"^\| `([A-Z_]+)` \| (BYTES|FP32|INT32|INT64) \|", README, re.M))
+
+
+def python_snippet() -> str:
+    blocks = re.findall(r"```python\n(.*?)```", README, re.S)
+    assert len(blocks) == 1, "the README's one Python snippet"
+    return blocks[0]
+
+
+def curl_commands() -> list[tuple[str, dict]]:
+    """(path, JSON body) of each `curl ... -d '<body>' localhost:8000/<path>` in the README."""
+    found = re.findall(r"curl [^']*-d '(.*?)'[\s\\]*localhost:8000(/\S+)", README, re.S)
+    return [(path, json.loads(body)) for body, path in found]
+
+
+def example_values() -> dict:
+    from velocity.tts.speaker import encode_speaker, random_speaker
+    return {"TEXT": "Hello world.", "PROMPT": "[speed_3]", "SPEAKER": encode_speaker(random_speaker(1, 64)),
+            "SPEAKER_SEED": 5, "TEMPERATURE": 0.5, "TOP_P": 0.9, "TOP_K": 10, "REPETITION_PENALTY": 1.1,
+            "MAX_NEW_TOKENS": 16, "SEED": 7}
+
+
+def test_the_input_table_is_the_models_inputs():
+    config = (ROOT / "model_repository" / "tts" / "config.pbtxt").read_text()
+    inputs = dict(re.findall(r'\{ name: "([A-Z_]+)", data_type: (TYPE_\w+), dims: \[ 1, 1 \]', config))
+    assert input_table() == {k: TRITON_TYPES[v] for k, v in inputs.items() if k not in ("WAVEFORM", "CHUNK_INDEX")}
+
+
+def run_snippet(code: str, server) -> np.ndarray:
+    code = code.replace("localhost:8001", server.grpc_url)
+    code += "\nimport sys; np.save(sys.stdout.buffer, audio)\n"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=180)   # a hang fails
+    assert p.returncode == 0, p.stderr.decode()[-3000:]
+    import io
+    return np.load(io.BytesIO(p.stdout))
+
+
+def test_the_python_snippet(tts_server):
+    code = python_snippet()
+    audio = run_snippet(code, tts_server)
+    assert audio.dtype == np.float32 and len(audio) > 0 and len(audio) % 512 == 0
+    assert np.array_equal(run_snippet(code, tts_server), audio)          # SEED 7: the same audio again
+    line = next(x for x in code.splitlines() if x.startswith("inputs = ["))
+    values = example_values()
+    for name, dtype in input_table().items():
+        if name == "TEXT":
+            continue
+        one = f'inputs = [inp("TEXT", "Hello world.", "BYTES"), inp({name!r}, {values[name]!r}, {dtype!r})]'
+        got = run_snippet(code.replace(line, one), tts_server)
+        assert len(got) > 0 and len(got) % 512 == 0, name
+
+
+def test_the_curl_commands(tts_server):
+    cmds = dict(curl_commands())
+    assert set(cmds) == {"/v2/models/tts/generate_stream", "/v2/models/tts_offline/infer"}, cmds
+
+    def post(path: str, body: dict) -> bytes:
+        req = urllib.request.Request(f"http://{tts_server.http_url}{path}", data=json.dumps(body).encode())
+        with urllib.request.urlopen(req, timeout=180) as r:
+            return r.read()
+
+    events = [json.loads(x[6:]) for x in post("/v2/models/tts/generate_stream", cmds["/v2/models/tts/generate_stream"])
+              .splitlines() if x.startswith(b"data: ")]
+    streamed = np.concatenate([np.asarray(e["WAVEFORM"], np.float32).reshape(-1) for e in events])
+    assert [e["CHUNK_INDEX"] for e in events] == list(range(len(events)))
+    whole = json.loads(post("/v2/models/tts_offline/infer", cmds["/v2/models/tts_offline/infer"]))
+    out = whole["outputs"][0]
+    assert whole["model_name"] == "tts_offline" and out["name"] == "WAVEFORM" and out["datatype"] == "FP32"
+    assert out["shape"] == [1, len(streamed)]
+    np.testing.assert_allclose(np.asarray(out["data"], np.float32), streamed, rtol=0, atol=1e-6)   # JSON floats
+    # "about 5x the size of the float32 audio"
+    size = sum(len(json.dumps(e["WAVEFORM"])) for e in events) / (4 * len(streamed))
+    assert 3 < size < 7, size
