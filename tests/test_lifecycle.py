@@ -150,6 +150,7 @@ def test_one_sigterm_to_the_make_serve_group_drains(start_triton, tmp_path):
     s = start_triton(ROOT / "model_repository", env={"VELOCITY_WEIGHTS": str(ckpt), "DRAIN_TIMEOUT": str(DRAIN),
                                                      "EXIT_TIMEOUT": "10"}, via_make=True)
     assert f"weights:      {ckpt}" in s.log(), s.log()[:2000]       # VELOCITY_WEIGHTS reaches serve.sh
+    assert f"[serve] gRPC    localhost:{s.grpc_port}\n" in s.log()   # where to connect, as the README says
     live = Listener(s.grpc_url, {"TEXT": "A stream that is live when the group is told to stop.",
                                  "MAX_NEW_TOKENS": 150, "REPETITION_PENALTY": 1.0, "SEED": 3})
     live.start()
