@@ -14,7 +14,8 @@ setup:
 
 # A demo checkpoint (seeded random weights: noise, not speech).
 demo: setup
-	@[ -d $(DEMO) ] || $(PY) scripts/make_demo_checkpoint.py --size tiny --out $(DEMO)
+	@$(PY) -m velocity.release $(DEMO) 2>/dev/null || { rm -rf $(DEMO); \
+		$(PY) scripts/make_demo_checkpoint.py --size tiny --out $(DEMO); }
 
 serve: setup
 	@bash scripts/serve.sh $(if $(WEIGHTS),--weights $(WEIGHTS))

@@ -71,9 +71,10 @@ PYTHON="$(command -v python3 || command -v python)"
 needs_weights=0
 for m in text_frontend llm vocoder; do [[ -d "$REPO/$m" ]] && needs_weights=1; done
 if [[ -z "$WEIGHTS" && $needs_weights == 1 ]]; then
-    WEIGHTS="$DEMO"
-    if [[ ! -d "$WEIGHTS/asset" ]]; then
+    WEIGHTS="$DEMO"             # ours: (re)built when missing or older than the release layout
+    if ! "$PYTHON" -m velocity.release "$WEIGHTS" 2>/dev/null; then
         echo "[serve] no --weights given: building the demo checkpoint $WEIGHTS (random weights: noise, not speech)"
+        rm -rf "$WEIGHTS"
         "$PYTHON" "$ROOT/scripts/make_demo_checkpoint.py" --size tiny --out "$WEIGHTS"
     fi
 fi

@@ -15,6 +15,7 @@ RELEASE_FILES = (
     "asset/gpt/model.safetensors",
     "asset/Embed.safetensors",
     "asset/DVAE.safetensors",
+    "asset/Decoder.safetensors",
     "asset/Vocos.safetensors",
     "asset/tokenizer/tokenizer.json",
 )

@@ -1,17 +1,19 @@
-"""Load the release's DVAE and Vocos from asset/*.safetensors (and write random ones for demos)."""
+"""Load the release's DVAE, Decoder and Vocos from asset/*.safetensors (and write random ones for demos)."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from velocity.model.loader import build_empty, fill, iter_safetensors
-from velocity.tts.dvae import DVAE, DVAEConfig
+from velocity.tts.dvae import DECODER, DVAE, DVAEConfig
 from velocity.tts.vocos import Vocos, VocosConfig
 
-DVAE_KEEP = ("coef", "decoder.", "out_conv.", "vq_layer.quantizer.rvqs.")
+DVAE_KEEP = ("coef", "decoder.", "out_conv.", "vq_layer.quantizer.rvqs.")     # the decoding side
+DECODER_KEEP = ("coef", "decoder.", "out_conv.")
 VOCOS_KEEP = ("backbone.", "head.out.")
 
 
@@ -28,6 +30,14 @@ def load_dvae(folder: str | Path, device: torch.device = torch.device("cpu"),
     return model.to(device).eval()        # the constant buffers were made on the CPU
 
 
+def load_decoder(folder: str | Path, device: torch.device = torch.device("cpu"),
+                 dtype: torch.dtype = torch.float32) -> DVAE:
+    """asset/Decoder.safetensors: GPT hidden states -> mel (the reference's default decode path)."""
+    model = build_empty(lambda: DVAE(DECODER), device, dtype)
+    fill(model, iter_safetensors([Path(folder) / "asset" / "Decoder.safetensors"]), rename=_keep(DECODER_KEEP))
+    return model.to(device).eval()
+
+
 def load_vocos(folder: str | Path, device: torch.device = torch.device("cpu"),
                dtype: torch.dtype = torch.float32) -> Vocos:
     model = build_empty(Vocos, device, dtype)
@@ -35,10 +45,13 @@ def load_vocos(folder: str | Path, device: torch.device = torch.device("cpu"),
     return model.to(device).eval()        # the constant buffers were made on the CPU
 
 
+LAYER_SCALE = re.compile(r"decoder_block\.\d+\.weight$")     # the DVAE's ConvNeXt layer scales
+
+
 def _randomise(model: nn.Module, g: torch.Generator, std: float = 0.02) -> dict[str, torch.Tensor]:
     out = {}
     for name, p in model.state_dict().items():
-        if name.endswith("gamma"):
+        if name.endswith("gamma") or LAYER_SCALE.search(name):
             t = torch.full(p.shape, 0.1)
         elif name.endswith(("norm.weight", "coef")):
             t = 1 + torch.rand(p.shape, generator=g) * 0.1
@@ -63,16 +76,26 @@ def mel_filterbank(n_fft: int, n_mels: int, sample_rate: int) -> torch.Tensor:
     return torch.clamp(torch.minimum(up, down), min=0)
 
 
+def mel_buffers(prefix: str, n_fft: int = 1024, n_mels: int = 100, sample_rate: int = 24000) -> dict:
+    """The mel front end's stored window and filter bank (torchaudio's names)."""
+    return {f"{prefix}.mel_spec.spectrogram.window": torch.hann_window(n_fft),
+            f"{prefix}.mel_spec.mel_scale.fb": mel_filterbank(n_fft, n_mels, sample_rate)}
+
+
 def random_dvae_tensors(g: torch.Generator) -> dict[str, torch.Tensor]:
-    t = _randomise(DVAE(DVAEConfig()), g)
-    return t
+    """asset/DVAE.safetensors, the whole file: decoder and encoder sides."""
+    return _randomise(DVAE(DVAEConfig(), encoder=True), g) | mel_buffers("preprocessor_mel")
+
+
+def random_decoder_tensors(g: torch.Generator) -> dict[str, torch.Tensor]:
+    """asset/Decoder.safetensors."""
+    return _randomise(DVAE(DECODER), g)
 
 
 def random_vocos_tensors(g: torch.Generator) -> dict[str, torch.Tensor]:
     cfg = VocosConfig()
     t = _randomise(Vocos(cfg), g)
     t["head.out.weight"] *= 0.1          # keep the random magnitudes moderate
-    t["feature_extractor.mel_spec.spectrogram.window"] = torch.hann_window(cfg.n_fft)
-    t["feature_extractor.mel_spec.mel_scale.fb"] = mel_filterbank(cfg.n_fft, cfg.n_mels, cfg.sample_rate)
+    t |= mel_buffers("feature_extractor", cfg.n_fft, cfg.n_mels, cfg.sample_rate)
     t["head.istft.window"] = torch.hann_window(cfg.n_fft)
     return t

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from velocity.tts.audio_models import random_dvae_tensors, random_vocos_tensors
+from velocity.tts.audio_models import random_decoder_tensors, random_dvae_tensors, random_vocos_tensors
 from velocity.tts.tokens import SPECIAL_TOKENS, demo_vocab
 
 logger = logging.getLogger(__name__)
@@ -105,6 +105,7 @@ def write_checkpoint(out: str | Path, size: str = "tiny", seed: int = 0) -> Path
     save_file(emb, str(asset / "Embed.safetensors"))
     save_file(random_dvae_tensors(g), str(asset / "DVAE.safetensors"))
     save_file(random_vocos_tensors(g), str(asset / "Vocos.safetensors"))
+    save_file(random_decoder_tensors(g), str(asset / "Decoder.safetensors"))
     write_tokenizer(asset / "tokenizer", s.text_vocab)
     (out / "velocity-demo.json").write_text(json.dumps(
         {"note": "seeded random weights: noise, not speech", "size": size, "seed": seed, "gpt": asdict(s)}, indent=2))

@@ -1,4 +1,5 @@
-"""The ConvNeXt block shared by the DVAE decoder and Vocos (same tensor names as the release)."""
+"""The ConvNeXt block shared by the DVAE, the Decoder and Vocos (same tensor names as the release:
+the layer scale is `gamma` in Vocos.safetensors and `weight` in DVAE/Decoder.safetensors)."""
 from __future__ import annotations
 
 import torch
@@ -9,13 +10,15 @@ from torch import nn
 class ConvNeXtBlock(nn.Module):
     """Depthwise conv, LayerNorm, MLP, layer scale, residual. x: [B, C, T] -> [B, C, T]"""
 
-    def __init__(self, dim: int, intermediate_dim: int, kernel: int = 7, dilation: int = 1) -> None:
+    def __init__(self, dim: int, intermediate_dim: int, kernel: int = 7, dilation: int = 1,
+                 scale_name: str = "gamma") -> None:
         super().__init__()
+        self.scale_name = scale_name
         self.dwconv = nn.Conv1d(dim, dim, kernel, padding=dilation * (kernel // 2), dilation=dilation, groups=dim)
         self.norm = nn.LayerNorm(dim, eps=1e-6)
         self.pwconv1 = nn.Linear(dim, intermediate_dim)
         self.pwconv2 = nn.Linear(intermediate_dim, dim)
-        self.gamma = nn.Parameter(torch.ones(dim))
+        self.register_parameter(scale_name, nn.Parameter(torch.ones(dim)))
 
     @property
     def reach(self) -> int:
@@ -25,4 +28,4 @@ class ConvNeXtBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.dwconv(x).transpose(1, 2)                       # [B, T, C]
         y = self.pwconv2(F.gelu(self.pwconv1(self.norm(y))))
-        return x + (self.gamma * y).transpose(1, 2)
+        return x + (getattr(self, self.scale_name) * y).transpose(1, 2)

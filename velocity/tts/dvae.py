@@ -1,4 +1,11 @@
-"""DVAE decoder of the ChatTTS release: audio codes -> 100-bin mel (one GPT frame = 2 mel frames)."""
+"""The ChatTTS release's DVAE (audio codes -> 100-bin mel) and its Decoder (GPT hidden states ->
+mel), one module class with two configurations. One GPT frame = 2 mel frames in both.
+
+Tensor names follow asset/DVAE.safetensors and asset/Decoder.safetensors: a ConvNeXt block's
+layer scale is `decoder.decoder_block.N.weight`. The DVAE file also holds the encoder side
+(mel front end, downsample convs, encoder, the quantizer's project_in), which decoding does
+not use; `encoder=True` builds it, so that the demo writer writes the release's whole file.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,8 +21,8 @@ class DVAEConfig:
     levels: tuple[int, ...] = (5, 5, 5, 5)   # FSQ levels per code (625 codes)
     groups: int = 2                          # G: codebooks 0..R-1 feed group 0, R..2R-1 group 1
     residuals: int = 2                       # R residual levels per group
-    vq_dim: int = 1024
-    idim: int = 512                          # decoder input after the (1024, T) -> (512, 2T) reshape
+    vq_dim: int = 1024                       # 0: no quantizer (the Decoder: input is hidden states)
+    idim: int = 512                          # decoder input after the (2 * idim, T) -> (idim, 2T) reshape
     odim: int = 512
     hidden: int = 256
     n_layer: int = 12
@@ -25,8 +32,42 @@ class DVAEConfig:
     n_mels: int = 100
 
 
+DECODER = DVAEConfig(vq_dim=0, idim=384, odim=384, hidden=512)   # asset/Decoder.safetensors
+ENCODER = dict(idim=512, odim=1024, hidden=256, n_layer=12, bn_dim=128)
+
+
+class ConvStack(nn.Module):
+    """conv_in (bottleneck), ConvNeXt blocks, conv_out. x: [B, idim, F] -> [B, odim, F]"""
+
+    def __init__(self, idim: int, odim: int, hidden: int, n_layer: int, bn_dim: int, kernel: int = 7,
+                 dilation: int = 2) -> None:
+        super().__init__()
+        self.conv_in = nn.Sequential(nn.Conv1d(idim, bn_dim, 3, 1, 1), nn.GELU(), nn.Conv1d(bn_dim, hidden, 3, 1, 1))
+        self.decoder_block = nn.ModuleList(
+            ConvNeXtBlock(hidden, hidden * 4, kernel, dilation, scale_name="weight") for _ in range(n_layer))
+        self.conv_out = nn.Conv1d(hidden, odim, 1, bias=False)
+
+    @property
+    def reach(self) -> int:
+        """Frames of context read on each side."""
+        return 2 + sum(b.reach for b in self.decoder_block)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv_in(x)
+        for block in self.decoder_block:
+            y = block(y)
+        return self.conv_out(y)
+
+
 class ResidualFSQ(nn.Module):
-    """Only what decoding needs: FSQ codes scaled per residual level, summed, projected out."""
+    """Only what decoding needs: FSQ codes scaled per residual level, summed, projected out.
+
+    Residual level r is scaled by (L - 1) ** -r (0.25 for L = 5), as vector-quantize-pytorch did
+    from residual FSQ's first version (2023-11-03) to 1.25.x. 1.26.0 (2025-11-21, commit f570433)
+    changed it to L ** -r (0.2). The release's weights predate that: ChatTTS was published on
+    2024-05-28 (vector-quantize-pytorch 1.14.24 of 2024-05-16 was current; its requirements
+    never pinned a version), its DVAE last changed when it moved to safetensors (2024-10-16),
+    and its last commit is of 2025-05-23. So 0.25, and the conformance venv pins 1.14.24."""
 
     def __init__(self, dim: int, levels: tuple[int, ...], residuals: int) -> None:
         super().__init__()
@@ -54,28 +95,28 @@ class ResidualFSQ(nn.Module):
 
 
 class DVAE(nn.Module):
-    """codes [B, G*R, T] -> mel [B, n_mels, 2T]. Tensor names follow asset/DVAE.safetensors."""
+    """codes [B, G*R, T] (or, without a quantizer, hidden states [B, 2*idim, T]) -> mel [B, n_mels, 2T]."""
 
-    def __init__(self, cfg: DVAEConfig = DVAEConfig()) -> None:
+    def __init__(self, cfg: DVAEConfig = DVAEConfig(), encoder: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
         self.coef = nn.Parameter(torch.ones(1, cfg.n_mels, 1))
-        self.vq_layer = nn.Module()
-        self.vq_layer.quantizer = nn.Module()
-        self.vq_layer.quantizer.rvqs = nn.ModuleList(
-            ResidualFSQ(cfg.vq_dim // cfg.groups, cfg.levels, cfg.residuals) for _ in range(cfg.groups))
-        self.decoder = nn.Module()
-        self.decoder.conv_in = nn.Sequential(nn.Conv1d(cfg.idim, cfg.bn_dim, 3, 1, 1), nn.GELU(),
-                                             nn.Conv1d(cfg.bn_dim, cfg.hidden, 3, 1, 1))
-        self.decoder.decoder_block = nn.ModuleList(
-            ConvNeXtBlock(cfg.hidden, cfg.hidden * 4, cfg.kernel, cfg.dilation) for _ in range(cfg.n_layer))
-        self.decoder.conv_out = nn.Conv1d(cfg.hidden, cfg.odim, 1, bias=False)
+        if encoder:                            # the release's encoder side (not used for decoding)
+            self.downsample_conv = nn.Sequential(nn.Conv1d(cfg.n_mels, cfg.idim, 3, 1, 1), nn.GELU(),
+                                                 nn.Conv1d(cfg.idim, cfg.idim, 4, 2, 1), nn.GELU())
+            self.encoder = ConvStack(**ENCODER, kernel=cfg.kernel, dilation=cfg.dilation)
+        if cfg.vq_dim:
+            self.vq_layer = nn.Module()
+            self.vq_layer.quantizer = nn.Module()
+            self.vq_layer.quantizer.rvqs = nn.ModuleList(
+                ResidualFSQ(cfg.vq_dim // cfg.groups, cfg.levels, cfg.residuals) for _ in range(cfg.groups))
+        self.decoder = ConvStack(cfg.idim, cfg.odim, cfg.hidden, cfg.n_layer, cfg.bn_dim, cfg.kernel, cfg.dilation)
         self.out_conv = nn.Conv1d(cfg.odim, cfg.n_mels, 3, 1, 1, bias=False)
 
     @property
     def reach(self) -> int:
         """Mel frames of context the decoder reads on each side of a frame."""
-        return 2 + sum(b.reach for b in self.decoder.decoder_block) + 1
+        return self.decoder.reach + 1
 
     def embed(self, codes: torch.Tensor) -> torch.Tensor:
         """codes [B, G*R, T] -> features [B, vq_dim, T]"""
@@ -86,11 +127,9 @@ class DVAE(nn.Module):
         return torch.cat(feats, dim=-1).transpose(1, 2)
 
     @torch.inference_mode()
-    def forward(self, codes: torch.Tensor) -> torch.Tensor:
-        x = self.embed(codes)                                            # [B, 1024, T]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cfg.vq_dim:
+            x = self.embed(x)                                            # codes -> [B, 1024, T]
         B, C, T = x.shape
-        x = x.view(B, 2, C // 2, T).permute(0, 2, 3, 1).reshape(B, C // 2, 2 * T)   # [B, 512, 2T]
-        y = self.decoder.conv_in(x)
-        for block in self.decoder.decoder_block:
-            y = block(y)
-        return self.out_conv(self.decoder.conv_out(y)) * self.coef       # [B, 100, 2T]
+        x = x.view(B, 2, C // 2, T).permute(0, 2, 3, 1).reshape(B, C // 2, 2 * T)   # [B, idim, 2T]
+        return self.out_conv(self.decoder(x)) * self.coef                # [B, 100, 2T]

@@ -1,0 +1,134 @@
+"""Record what the reference implementation (chattts==0.2.5) does, as fixtures for CI.
+
+    scripts/conformance/regenerate.sh           # setup_venv.sh, then this in .refvenv
+
+Runs in .refvenv (the reference is AGPL: a side environment, never imported by the project).
+It writes a demo folder with the project's own writer (velocity.tts.checkpoint, seeded, so CI
+rebuilds the same bytes without the reference), loads every file into the reference's modules
+strictly (the release's file set and tensor names), and records the reference's outputs on
+those weights in tests/fixtures/chattts_0.2.5/:
+
+  manifest.json   the release's files: tensor names, shapes and dtypes as the reference's
+                  modules define them (release dimensions; the GPT body's names per layer),
+                  plus the SHA-256 of each weights file the writer produced
+  audio.npz       seeded codes and hidden states, and the reference's mel and waveform for
+                  both decode paths: DVAE(codes) (use_decoder=False) and Decoder(hidden
+                  states) (use_decoder=True, its default), each followed by Vocos
+  versions.json   the versions of the reference and its dependencies the fixtures come from
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata as md
+import json
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+SIZE, SEED = "tiny", 0        # the demo folder the fixtures are recorded on (tests rebuild it)
+FRAMES = 40                   # GPT frames decoded (0.85 s of audio)
+
+
+def reference_modules(gpt_hidden: int, text_vocab: int) -> dict[str, torch.nn.Module]:
+    """The reference's modules for each weights file, built as its Chat._load builds them."""
+    from ChatTTS.config import Config
+    from ChatTTS.model.dvae import DVAE
+    from ChatTTS.model.embed import Embed
+    from vocos import Vocos
+    from vocos.pretrained import instantiate_class
+
+    c = Config()
+    voc = c.vocos
+    vocos = Vocos(feature_extractor=instantiate_class(args=(), init=asdict(voc.feature_extractor)),
+                  backbone=instantiate_class(args=(), init=asdict(voc.backbone)),
+                  head=instantiate_class(args=(), init=asdict(voc.head)))
+    dvae = DVAE(decoder_config=asdict(c.dvae.decoder), encoder_config=asdict(c.dvae.encoder),
+                vq_config=asdict(c.dvae.vq), dim=c.dvae.decoder.idim)
+    decoder = DVAE(decoder_config=asdict(c.decoder), dim=c.decoder.idim)
+    embed = Embed(gpt_hidden, c.embed.num_audio_tokens, text_vocab, c.embed.num_vq)
+    return {"asset/Vocos.safetensors": vocos, "asset/DVAE.safetensors": dvae,
+            "asset/Decoder.safetensors": decoder, "asset/Embed.safetensors": embed}
+
+
+def strict_load(module: torch.nn.Module, path: Path) -> None:
+    missing, unexpected = [], []
+    sd = load_file(str(path))
+    try:
+        module.load_state_dict(sd, strict=True)
+    except RuntimeError:
+        want = set(module.state_dict())
+        missing, unexpected = sorted(want - set(sd)), sorted(set(sd) - want)
+        raise SystemExit(f"{path.name} does not load in the reference: {len(missing)} missing "
+                         f"({missing[:6]}...), {len(unexpected)} unexpected ({unexpected[:6]}...)")
+
+
+def manifest(folder: Path) -> dict:
+    """Tensor names/shapes/dtypes of the release's files at release dimensions (reference side)."""
+    from ChatTTS.config import Config
+    from transformers import LlamaConfig, LlamaModel
+
+    g = Config().gpt
+    files = {}
+    for name, module in reference_modules(g.hidden_size, g.num_text_tokens).items():
+        files[name] = {k: [list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in module.state_dict().items()}
+    cfg = LlamaConfig(hidden_size=g.hidden_size, intermediate_size=g.intermediate_size, num_hidden_layers=1,
+                      num_attention_heads=g.num_attention_heads, max_position_embeddings=g.max_position_embeddings)
+    with torch.device("meta"):
+        body = LlamaModel(cfg)
+    files["asset/gpt/model.safetensors"] = {
+        k.replace("layers.0.", "layers.N."): [list(v.shape), str(v.dtype).removeprefix("torch.")]
+        for k, v in body.state_dict().items()}
+    sha = {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+           for p in sorted(folder.rglob("*.safetensors"))}
+    return {"files": files, "optional": ["embed_tokens.weight"], "gpt_layers": g.num_hidden_layers,
+            "demo": {"size": SIZE, "seed": SEED, "sha256": sha}}
+
+
+@torch.inference_mode()
+def audio(folder: Path, mods: dict) -> dict[str, np.ndarray]:
+    """Both decode paths of the reference (Chat._decode_to_wavs then _vocos_decode) on seeded input."""
+    rng = np.random.default_rng(1234)
+    codes = rng.integers(0, 625, (1, 4, FRAMES)).astype(np.int64)
+    hidden = rng.standard_normal((1, 768, FRAMES)).astype(np.float32)
+    dvae, decoder, vocos = mods["asset/DVAE.safetensors"], mods["asset/Decoder.safetensors"], mods["asset/Vocos.safetensors"]
+    out = {"codes": codes, "hidden": hidden}
+    for path, model, x in [("dvae", dvae, torch.from_numpy(codes)), ("decoder", decoder, torch.from_numpy(hidden))]:
+        mel = model(x.clone())
+        out[f"mel_{path}"] = mel.numpy()
+        out[f"wav_{path}"] = vocos.decode(mel).numpy()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "tests" / "fixtures" / "chattts_0.2.5"))
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from velocity.tts.checkpoint import SIZES, write_checkpoint
+
+    torch.manual_seed(0)                     # the reference's constructors draw random initial values
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_checkpoint(Path(tmp) / "demo", SIZE, SEED)
+        s = SIZES[SIZE]
+        mods = reference_modules(s.hidden, s.text_vocab)
+        for name, module in mods.items():
+            strict_load(module.eval(), folder / name)
+        (out / "manifest.json").write_text(json.dumps(manifest(folder), indent=1) + "\n")
+        np.savez_compressed(out / "audio.npz", **audio(folder, mods))
+    pkgs = ["chattts", "torch", "torchaudio", "vector-quantize-pytorch", "vocos", "transformers", "numpy"]
+    (out / "versions.json").write_text(json.dumps({p: md.version(p) for p in pkgs}, indent=1) + "\n")
+    print(f"[conformance] wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
