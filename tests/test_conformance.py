@@ -81,3 +81,29 @@ def test_both_decode_paths_equal_the_reference(demo, path):
     noise = wav[..., :want.shape[-1]] - want
     snr = 10 * np.log10((want ** 2).sum() / max((noise ** 2).sum(), 1e-30))
     assert snr >= 100, snr
+
+
+def test_sampling_keeps_the_references_candidates_exactly():
+    """Temperature, repetition penalty over the last 16 frames, top-P then top-K (each keeping at
+    least 3), the min_new_token mask: the same candidate sets and the same logits, bit for bit,
+    as the reference's processing of the same logits and histories (sampling.npz)."""
+    from velocity.engine.sequence import Sequence
+    from velocity.sampling.params import SamplingParams
+    from velocity.sampling.sampler import Sampler
+
+    ref = np.load(FIXTURES / "sampling.npz")
+    logits, hist = torch.from_numpy(ref["logits"]), ref["history"]
+    V = logits.shape[-1]
+    for n, (temp, top_p, top_k, rep, min_new) in enumerate(ref["cases"].tolist()):
+        seqs = []
+        for b in range(len(logits)):
+            s = Sequence(f"r{b}", [1, 2, 3], SamplingParams(
+                temperature=temp, top_p=top_p, top_k=max(0, int(top_k)), repetition_penalty=rep,
+                min_new_tokens=int(min_new), max_new_tokens=max(256, int(min_new)), seed=b), head="audio")
+            s.output_token_ids = [tuple(f) for f in hist[b].tolist()]
+            seqs.append(s)
+        _, rows, x, ids = Sampler().filter(logits, seqs, {V - 1}, style="chattts", window=16)
+        ours = torch.full_like(logits, float("-inf")).scatter(2, ids, x).numpy()
+        want = ref[f"filtered_{n}"]
+        assert np.array_equal(np.isfinite(ours), np.isfinite(want)), (n, int((np.isfinite(ours) != np.isfinite(want)).any(-1).sum()))
+        assert np.array_equal(ours[np.isfinite(want)], want[np.isfinite(want)]), n

@@ -172,7 +172,7 @@ def test_top_k_top_p_draws_follow_the_filtered_distribution():
     probs = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])
     sm, n = Sampler(), 4000
     s = seq(SamplingParams(temperature=1.0, top_k=3, top_p=0.75, seed=11))
-    got = torch.bincount(torch.tensor([step(sm, torch.log(probs)[None, None], [s], p_first=True)[0]
+    got = torch.bincount(torch.tensor([step(sm, torch.log(probs)[None, None], [s], style="chattts")[0]
                                        for _ in range(n)]), minlength=6)
     # top-p 0.75 keeps 0.4, 0.25, 0.15 (0.65 < 0.75 before the third); top-k 3 keeps the same three.
     # 4000 draws: binomial standard deviation <= 0.008; 0.03 is over 3.5 of them

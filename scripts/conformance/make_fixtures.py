@@ -14,6 +14,9 @@ those weights in tests/fixtures/chattts_0.2.5/:
   audio.npz       seeded codes and hidden states, and the reference's mel and waveform for
                   both decode paths: DVAE(codes) (use_decoder=False) and Decoder(hidden
                   states) (use_decoder=True, its default), each followed by Vocos
+  sampling.npz    seeded logits and frame histories, and what the reference's logits
+                  processing leaves of them (temperature, repetition penalty over 16 frames,
+                  top-P, top-K, the min_new_token mask) for several parameter sets
   versions.json   the versions of the reference and its dependencies the fixtures come from
 """
 from __future__ import annotations
@@ -108,6 +111,39 @@ def audio(folder: Path, mods: dict) -> dict[str, np.ndarray]:
     return out
 
 
+# (temperature, top_P, top_K, repetition_penalty, min_new_token): the reference's defaults first
+SAMPLING_CASES = [(0.3, 0.7, 20, 1.05, 0), (0.7, 0.95, 5, 1.3, 0), (1.0, 0.5, None, 1.0, 0),
+                  (0.3, 1.0, 50, 1.05, 0), (0.3, 0.7, 20, 1.05, 100), (1.5, 0.3, 2, 1.05, 0)]
+
+
+@torch.inference_mode()
+def sampling() -> dict[str, np.ndarray]:
+    """The reference's logits processing as GPT.generate applies it for audio codes: logits per
+    (frame, codebook) row / temperature, then the processors of gen_logits in the order _infer_code
+    passes them (repetition penalty, then top-P, then top-K), then the min_new_token mask."""
+    from ChatTTS.model.processors import gen_logits
+
+    rng = np.random.default_rng(99)
+    B, K, V, T = 24, 4, 626, 24
+    logits = (rng.standard_normal((B, K, V)) * 3).astype(np.float32)
+    logits[::3, :, 7] += 12                                          # some peaked rows: few candidates
+    logits[1::4, :, 625] += 6                                        # the end code likely in some rows
+    hist = rng.integers(0, 40, (B, T, K))                            # small range: repeats to penalise
+    out = {"logits": logits, "history": hist, "cases": np.array(
+        [[t, p, -1 if k is None else k, r, m] for t, p, k, r, m in SAMPLING_CASES], np.float64)}
+    for n, (temp, top_p, top_k, rep, min_new) in enumerate(SAMPLING_CASES):
+        warpers, processors = gen_logits(num_code=V - 1, top_P=top_p, top_K=top_k, repetition_penalty=rep)
+        x = torch.from_numpy(logits).reshape(B * K, V).clone()
+        x /= torch.tensor([temp] * K).unsqueeze(0).expand(B, -1).contiguous().view(-1, 1)
+        tokens = torch.from_numpy(hist).permute(0, 2, 1).reshape(B * K, T)
+        for proc in (*processors, *warpers):
+            x = proc(tokens, x)
+        if min_new > T:
+            x[:, V - 1] = -torch.inf
+        out[f"filtered_{n}"] = x.reshape(B, K, V).numpy()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(ROOT / "tests" / "fixtures" / "chattts_0.2.5"))
@@ -125,6 +161,7 @@ def main() -> None:
             strict_load(module.eval(), folder / name)
         (out / "manifest.json").write_text(json.dumps(manifest(folder), indent=1) + "\n")
         np.savez_compressed(out / "audio.npz", **audio(folder, mods))
+    np.savez_compressed(out / "sampling.npz", **sampling())
     pkgs = ["chattts", "torch", "torchaudio", "vector-quantize-pytorch", "vocos", "transformers", "numpy"]
     (out / "versions.json").write_text(json.dumps({p: md.version(p) for p in pkgs}, indent=1) + "\n")
     print(f"[conformance] wrote {out}")

@@ -38,10 +38,11 @@ class ChatTTSGPT(nn.Module):
         self.head_code = nn.ModuleList(nn.Linear(H, num_audio_tokens, bias=False) for _ in range(num_vq))
         self.heads = {
             # the last code of the audio vocabulary ends the sequence
-            "audio": Head("audio", self.audio_logits, num_vq, num_audio_tokens, {num_audio_tokens - 1}, p_first=True,
+            "audio": Head("audio", self.audio_logits, num_vq, num_audio_tokens, {num_audio_tokens - 1},
+                          sampling_style="chattts",
                           repetition_window=16),
             "text": Head("text", lambda h: self.head_text(h).float()[:, None], 1, num_text_tokens,
-                         text_stop_ids, p_first=True),
+                         text_stop_ids, sampling_style="chattts"),
         }
 
     @property

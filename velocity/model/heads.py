@@ -16,5 +16,5 @@ class Head:
     num_codebooks: int
     vocab_size: int
     stop_ids: set[int] = field(default_factory=set)
-    p_first: bool = False            # top-p before top-k (the ChatTTS reference's order)
+    sampling_style: str = "transformers"   # or "chattts": the reference's order (velocity.sampling.sampler)
     repetition_window: int | None = None   # used when a request gives none (ChatTTS audio: 16 frames)

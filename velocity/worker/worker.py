@@ -104,7 +104,7 @@ class Worker:
             head = self.model.heads[name]
             idx = torch.tensor(rows, device=hidden.device)
             logits = head.fn(hidden[idx] if len(rows) < len(out.seqs) else hidden)   # [b, K, V]
-            sampled = self.sampler(logits, [out.seqs[i] for i in rows], head.stop_ids, head.p_first,
+            sampled = self.sampler(logits, [out.seqs[i] for i in rows], head.stop_ids, head.sampling_style,
                                    head.repetition_window)
             for i, t in zip(rows, sampled):
                 tokens[i] = t
