@@ -107,3 +107,17 @@ def test_sampling_keeps_the_references_candidates_exactly():
         want = ref[f"filtered_{n}"]
         assert np.array_equal(np.isfinite(ours), np.isfinite(want)), (n, int((np.isfinite(ours) != np.isfinite(want)).any(-1).sum()))
         assert np.array_equal(ours[np.isfinite(want)], want[np.isfinite(want)]), n
+
+
+def test_the_speaker_row_is_the_references():
+    """The [spk_emb] position's vector, bit for bit: the reference normalises the float16 speaker
+    in float16 (normalising in float32 was the one cause of greedy divergence)."""
+    from velocity.model.chattts import speaker_row
+    from velocity.tts.speaker import decode_speaker
+
+    ref = np.load(FIXTURES / "speakers.npz")
+    for s, want in zip(ref["strings"].tolist(), ref["rows"]):
+        got = speaker_row(torch.from_numpy(decode_speaker(s, 768))).numpy()
+        assert np.array_equal(got, want)
+        f32 = torch.from_numpy(decode_speaker(s, 768))
+        assert not np.array_equal((f32 / f32.norm()).numpy(), want)      # the test can tell the two apart

@@ -17,6 +17,8 @@ those weights in tests/fixtures/chattts_0.2.5/:
   sampling.npz    seeded logits and frame histories, and what the reference's logits
                   processing leaves of them (temperature, repetition penalty over 16 frames,
                   top-P, top-K, the min_new_token mask) for several parameter sets
+  speakers.npz    speaker strings and the vector the reference's Speaker.apply puts at the
+                  [spk_emb] position for each
   versions.json   the versions of the reference and its dependencies the fixtures come from
 """
 from __future__ import annotations
@@ -144,6 +146,29 @@ def sampling() -> dict[str, np.ndarray]:
     return out
 
 
+@torch.inference_mode()
+def speakers() -> dict[str, np.ndarray]:
+    """What Speaker.apply writes at the [spk_emb] position, for speaker strings of several scales
+    and one the reference samples itself (sample_random_speaker's way)."""
+    from ChatTTS.config import Config
+    from ChatTTS.model.speaker import Speaker
+
+    from velocity.tts.speaker import encode_speaker
+
+    c = Config()
+    spk = Speaker(c.gpt.hidden_size, c.spk_stat)
+    rng = np.random.default_rng(7)
+    torch.manual_seed(7)
+    strings = [encode_speaker(rng.standard_normal(c.gpt.hidden_size) * s) for s in (1.0, 0.003, 40.0)]
+    strings.append(spk.sample_random())
+    rows = []
+    for s in strings:
+        emb = torch.zeros(1, 3, c.gpt.hidden_size)
+        ids = torch.tensor([[[1] * 4, [5] * 4, [2] * 4]])            # 5 plays [spk_emb]'s id
+        rows.append(spk.apply(emb, s, ids, 5, torch.device("cpu"))[0, 1].numpy().copy())
+    return {"strings": np.array(strings), "rows": np.stack(rows)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(ROOT / "tests" / "fixtures" / "chattts_0.2.5"))
@@ -162,6 +187,7 @@ def main() -> None:
         (out / "manifest.json").write_text(json.dumps(manifest(folder), indent=1) + "\n")
         np.savez_compressed(out / "audio.npz", **audio(folder, mods))
     np.savez_compressed(out / "sampling.npz", **sampling())
+    np.savez_compressed(out / "speakers.npz", **speakers())
     pkgs = ["chattts", "torch", "torchaudio", "vector-quantize-pytorch", "vocos", "transformers", "numpy"]
     (out / "versions.json").write_text(json.dumps({p: md.version(p) for p in pkgs}, indent=1) + "\n")
     print(f"[conformance] wrote {out}")

@@ -2,14 +2,20 @@
 from __future__ import annotations
 
 import hashlib
-import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from velocity.model.attention import AttentionMetadata
 from velocity.model.heads import Head
 from velocity.model.llama import LlamaBody, fused_weight
+
+
+def speaker_row(v: torch.Tensor) -> torch.Tensor:
+    """A speaker vector -> what the [spk_emb] position takes, as the reference computes it: float16
+    (what a speaker string holds), L2-normalised in float16 (F.normalize, eps 1e-12), then float32."""
+    return F.normalize(v.to(torch.float16), p=2.0, dim=0, eps=1e-12).float()
 
 
 class ChatTTSGPT(nn.Module):
@@ -80,7 +86,10 @@ class ChatTTSGPT(nn.Module):
             raise ValueError(f"prompt token ids must be text token ids, integers in [0, {V}), got {bad[:5]}")
 
     def check_speaker(self, speaker: object) -> tuple[torch.Tensor, str]:
-        """-> (L2-normalised float32 vector, a digest that salts the prefix cache)"""
+        """-> (the vector the [spk_emb] position takes, a digest that salts the prefix cache).
+
+        As the reference: the speaker in float16 (what a speaker string holds), L2-normalised in
+        float16 (F.normalize, eps 1e-12), then float32 next to the float32 embeddings."""
         H = self.config.hidden_size
         try:
             v = torch.as_tensor(speaker, dtype=torch.float32).flatten().cpu()
@@ -90,10 +99,11 @@ class ChatTTSGPT(nn.Module):
             raise ValueError(f"speaker must be {H} floats, got {v.numel()}")
         if not bool(torch.isfinite(v).all()):
             raise ValueError("speaker must hold finite floats (got NaN or inf)")
-        n = float(v.norm())
-        if n == 0 or not math.isfinite(n):
+        if float(v.abs().max()) > 65504:
+            raise ValueError("speaker values must fit float16 (|x| <= 65504)")
+        if float(v.to(torch.float16).float().norm()) == 0:
             raise ValueError("speaker must not be all zeros")
-        v = v / n
+        v = speaker_row(v)
         return v, hashlib.sha1(v.numpy().tobytes()).hexdigest()
 
     def embed_overrides(self, seq, start: int, end: int) -> list[tuple[int, torch.Tensor]]:
