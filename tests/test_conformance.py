@@ -121,3 +121,41 @@ def test_the_speaker_row_is_the_references():
         assert np.array_equal(got, want)
         f32 = torch.from_numpy(decode_speaker(s, 768))
         assert not np.array_equal((f32 / f32.norm()).numpy(), want)      # the test can tell the two apart
+
+
+@pytest.fixture(scope="module")
+def greedy_ref():
+    return np.load(FIXTURES / "greedy.npz")
+
+
+def cases(ref) -> list[tuple[str, str, bool]]:
+    return [(f"{n}_{k}", text, k == "spk") for n, text in enumerate(ref["texts"].tolist()) for k in ("none", "spk")]
+
+
+def test_prompt_ids_equal_the_references(demo, greedy_ref):
+    """[Stts][spk_emb|empty_spk][speed_5]{text}[Ptts], tokenized as the reference does (texts its
+    normaliser leaves as they are)."""
+    from velocity.tts.frontend import TextFrontend
+
+    fe = TextFrontend(demo)
+    for key, text, spk in cases(greedy_ref):
+        sentences, _ = fe.encode(text, speaker=spk)
+        assert [s.token_ids for s in sentences] == [greedy_ref[f"prompt_{key}"].tolist()], key
+
+
+def test_greedy_frames_equal_the_references(demo, greedy_ref):
+    """Our greedy (temperature 0) against the reference's argmax (temperature 1e-6), repetition
+    penalty 1.05 on both, with and without a speaker: the same frames."""
+    from velocity import LLM, SamplingParams
+    from velocity.tts.speaker import decode_speaker
+
+    llm = LLM(model=str(demo), device="cpu")
+    speaker = decode_speaker(str(greedy_ref["speaker"]), llm.engine.worker.model.config.hidden_size)
+    keys = [k for k, _, _ in cases(greedy_ref)]
+    want = [greedy_ref[f"frames_{k}"] for k in keys]
+    outs = llm.generate(prompt_token_ids=[greedy_ref[f"prompt_{k}"].tolist() for k in keys],
+                        sampling_params=SamplingParams(temperature=0, top_p=0.7, top_k=20, repetition_penalty=1.05,
+                                                       max_new_tokens=len(want[0])),
+                        speakers=[speaker if s else None for _, _, s in cases(greedy_ref)])
+    for k, out, w in zip(keys, outs, want):
+        assert [list(f) for f in out.token_ids] == w.tolist(), k

@@ -19,11 +19,15 @@ those weights in tests/fixtures/chattts_0.2.5/:
                   top-P, top-K, the min_new_token mask) for several parameter sets
   speakers.npz    speaker strings and the vector the reference's Speaker.apply puts at the
                   [spk_emb] position for each
+  greedy.npz      near-greedy generation (temperature 1e-6: the reference has no greedy mode
+                  and keeps 3 candidates, so this is its argmax) on the demo GPT, one text at a
+                  time, with and without a speaker: the prompt ids, frames and hidden states
   versions.json   the versions of the reference and its dependencies the fixtures come from
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import importlib.metadata as md
 import json
@@ -169,6 +173,56 @@ def speakers() -> dict[str, np.ndarray]:
     return {"strings": np.array(strings), "rows": np.stack(rows)}
 
 
+GREEDY_TEXTS = ["hello world", "this is a test of the engine", "the quick brown fox jumps over the lazy dog"]
+GREEDY_FRAMES = 30
+
+
+def reference_chat(folder: Path):
+    """The reference's Chat on a demo folder, through its own loader (Chat._load: the public
+    load() would check the release's SHA-256 values), its config set to the folder's GPT size."""
+    import ChatTTS
+
+    cfg = json.loads((folder / "asset" / "gpt" / "config.json").read_text())
+    text_vocab = load_file(str(folder / "asset" / "Embed.safetensors"))["emb_text.weight"].shape[0]
+    chat = ChatTTS.Chat()
+    chat.config = copy.deepcopy(chat.config)     # its dataclass defaults are shared objects
+    g, e = chat.config.gpt, chat.config.embed
+    g.hidden_size, g.intermediate_size = cfg["hidden_size"], cfg["intermediate_size"]
+    g.num_attention_heads, g.num_hidden_layers = cfg["num_attention_heads"], cfg["num_hidden_layers"]
+    g.max_position_embeddings, g.num_text_tokens = cfg["max_position_embeddings"], text_vocab
+    e.hidden_size, e.num_text_tokens = cfg["hidden_size"], text_vocab
+    a = folder / "asset"
+    assert chat._load(vocos_ckpt_path=str(a / "Vocos.safetensors"), dvae_ckpt_path=str(a / "DVAE.safetensors"),
+                      gpt_ckpt_path=str(a / "gpt"), embed_path=str(a / "Embed.safetensors"),
+                      decoder_ckpt_path=str(a / "Decoder.safetensors"), tokenizer_path=str(a / "tokenizer"),
+                      device=torch.device("cpu"))
+    return chat
+
+
+@torch.inference_mode()
+def greedy(folder: Path) -> dict[str, np.ndarray]:
+    import ChatTTS
+
+    from velocity.tts.speaker import encode_speaker
+
+    chat = reference_chat(folder)
+    hidden = chat.config.gpt.hidden_size
+    speaker = encode_speaker(np.random.default_rng(3).standard_normal(hidden))
+    out: dict[str, np.ndarray] = {"texts": np.array(GREEDY_TEXTS), "speaker": np.array(speaker)}
+    for n, text in enumerate(GREEDY_TEXTS):
+        for spk in (None, speaker):
+            params = ChatTTS.Chat.InferCodeParams(temperature=1e-6, max_new_token=GREEDY_FRAMES, spk_emb=spk,
+                                                  show_tqdm=False)
+            ids, _, _ = chat.tokenizer.encode(chat.speaker.decorate_code_prompts([text], params.prompt, None, spk),
+                                              chat.config.gpt.num_vq)
+            r = list(chat._infer_code([text], False, torch.device("cpu"), True, params))[-1]
+            key = f"{n}_{'spk' if spk else 'none'}"
+            out[f"prompt_{key}"] = ids[0, :, 0].numpy()
+            out[f"frames_{key}"] = r.ids[0].numpy()
+            out[f"hidden_{key}"] = r.hiddens[0].float().numpy()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(ROOT / "tests" / "fixtures" / "chattts_0.2.5"))
@@ -186,6 +240,7 @@ def main() -> None:
             strict_load(module.eval(), folder / name)
         (out / "manifest.json").write_text(json.dumps(manifest(folder), indent=1) + "\n")
         np.savez_compressed(out / "audio.npz", **audio(folder, mods))
+        np.savez_compressed(out / "greedy.npz", **greedy(folder))
     np.savez_compressed(out / "sampling.npz", **sampling())
     np.savez_compressed(out / "speakers.npz", **speakers())
     pkgs = ["chattts", "torch", "torchaudio", "vector-quantize-pytorch", "vocos", "transformers", "numpy"]
