@@ -4,18 +4,12 @@ PY       := $(VENV)/bin/python
 # The weights folder: WEIGHTS=... or VELOCITY_WEIGHTS=... (empty: the demo checkpoint,
 # which scripts/serve.sh builds on first use).
 WEIGHTS  ?= $(VELOCITY_WEIGHTS)
-DEMO     := checkpoints/demo-tiny
 PYTEST_ARGS ?=
 
-.PHONY: setup serve test demo clean
+.PHONY: setup serve test clean
 
 setup:
 	@bash scripts/setup.sh
-
-# A demo checkpoint (seeded random weights: noise, not speech).
-demo: setup
-	@$(PY) -m velocity.release $(DEMO) 2>/dev/null || { rm -rf $(DEMO); \
-		$(PY) scripts/make_demo_checkpoint.py --size tiny --out $(DEMO); }
 
 serve: setup
 	@bash scripts/serve.sh $(if $(WEIGHTS),--weights $(WEIGHTS))

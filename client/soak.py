@@ -22,15 +22,14 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from tritonclient.utils import np_to_triton_dtype
 
 from client.bench import bench_texts
-from client.tts_client import ServerError, metric, stream_grpc
+from client.tts_client import ServerError, array_inputs, metric, stream_grpc
 
 TEXTS = bench_texts()
 BAD = [{"TEXT": "   "}, {"TOP_P": 2.0}, {"MAX_NEW_TOKENS": 0}, {"SPEAKER": "not a speaker"}, {"TEMPERATURE": -1.0},
        {"TOP_K": -5}, {"PROMPT": "free text"}]
-RSS_MARGIN = (1.2, 64 << 20)
+RSS_MARGIN = (1.2, 64 << 20)       # end <= 1.2 x after warm-up + 64 MiB
 
 
 def llm_request(ids: list[int], lengths: list[int], speaker: list[float] | None = None,
@@ -58,12 +57,7 @@ def call_llm(url: str, arrays: dict, timeout: float = 120) -> tuple[int, str | N
     client.start_stream(callback=lambda result, error: got.put((result, error)))
     chunks, error = 0, None
     try:
-        inputs = []
-        for name, arr in arrays.items():
-            t = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
-            t.set_data_from_numpy(arr)
-            inputs.append(t)
-        client.async_stream_infer("llm", inputs, enable_empty_final_response=True)
+        client.async_stream_infer("llm", array_inputs(grpcclient, arrays), enable_empty_final_response=True)
         while True:
             result, err = got.get(timeout=timeout)
             if err is not None:
@@ -81,7 +75,7 @@ def call_llm(url: str, arrays: dict, timeout: float = 120) -> tuple[int, str | N
     finally:
         client.stop_stream(cancel_requests=error is None and chunks > 0)
         client.close()
-    return chunks, error       # end <= 1.2 x after warm-up + 64 MiB
+    return chunks, error
 
 
 def descendants(pid: int) -> list[int]:

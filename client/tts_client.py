@@ -62,13 +62,18 @@ class Result:
 
 def make_inputs(module, values: dict) -> list:
     """tritonclient InferInputs, each [1, 1], for the given TTS inputs (None values left out)."""
+    return array_inputs(module, {name: np.array([[v.encode() if isinstance(v, str) else v]], dtype=INPUTS[name][1])
+                                 for name, v in values.items() if v is not None})
+
+
+def array_inputs(module, arrays: dict[str, np.ndarray]) -> list:
+    """tritonclient InferInputs (module: tritonclient.grpc or .http) holding these arrays, their
+    Triton datatype from the numpy one."""
+    from tritonclient.utils import np_to_triton_dtype
+
     out = []
-    for name, v in values.items():
-        if v is None:
-            continue
-        dt, np_t = INPUTS[name]
-        arr = np.array([[v.encode() if isinstance(v, str) else v]], dtype=np_t)
-        t = module.InferInput(name, [1, 1], dt)
+    for name, arr in arrays.items():
+        t = module.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
         t.set_data_from_numpy(arr)
         out.append(t)
     return out

@@ -12,6 +12,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from client.soak import TEXTS, soak
+from client.tts_client import array_inputs
 from triton_server import ROOT, TritonServer, wait_for
 from velocity.tts.checkpoint import write_checkpoint
 
@@ -33,13 +34,9 @@ def server(tmp_path_factory):
 
 
 def vocoder_inputs(codes: np.ndarray, context: int, length: int, index: int) -> list:
-    out = []
-    for name, arr in [("CODES", codes[None].astype(np.int32)), ("CONTEXT", np.array([[context]], np.int32)),
-                      ("LENGTH", np.array([[length]], np.int32)), ("CHUNK_INDEX", np.array([[index]], np.int32))]:
-        t = grpcclient.InferInput(name, list(arr.shape), "INT32")
-        t.set_data_from_numpy(arr)
-        out.append(t)
-    return out
+    return array_inputs(grpcclient, {"CODES": codes[None].astype(np.int32), "CONTEXT": np.array([[context]], np.int32),
+                                     "LENGTH": np.array([[length]], np.int32),
+                                     "CHUNK_INDEX": np.array([[index]], np.int32)})
 
 
 def test_vocoder_batches_queued_chunks_and_refuses_bad_codes(server):

@@ -15,7 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from client.tts_client import ServerError, make_inputs, stream_grpc
+from client.tts_client import ServerError, array_inputs, make_inputs, stream_grpc
 from client.tts_client import main as client_main
 from triton_server import ROOT, free_port, wait_for
 from velocity.tts.checkpoint import write_checkpoint
@@ -174,13 +174,8 @@ def test_non_utf8_text_is_rejected(server):
 def llm_inputs(url: str, values: dict) -> list:
     """The llm model's inputs for a TTS request, made by text_frontend."""
     fe = grpcclient.InferenceServerClient(url).infer("text_frontend", make_inputs(grpcclient, values))
-    inputs = []
-    for name, dt in [("TOKEN_IDS", "INT32"), ("SENTENCE_LENGTHS", "INT32"), ("SPEAKER_VECTOR", "FP32"),
-                     ("PARAMS_F", "FP32"), ("PARAMS_I", "INT64")]:
-        t = grpcclient.InferInput(name, list(fe.as_numpy(name).shape), dt)
-        t.set_data_from_numpy(fe.as_numpy(name))
-        inputs.append(t)
-    return inputs
+    return array_inputs(grpcclient, {name: fe.as_numpy(name) for name in
+                                     ("TOKEN_IDS", "SENTENCE_LENGTHS", "SPEAKER_VECTOR", "PARAMS_F", "PARAMS_I")})
 
 
 def test_metrics_and_cancelling_a_stream_to_llm_frees_its_blocks(server):

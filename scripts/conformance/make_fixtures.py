@@ -69,7 +69,6 @@ def reference_modules(gpt_hidden: int, text_vocab: int) -> dict[str, torch.nn.Mo
 
 
 def strict_load(module: torch.nn.Module, path: Path) -> None:
-    missing, unexpected = [], []
     sd = load_file(str(path))
     try:
         module.load_state_dict(sd, strict=True)

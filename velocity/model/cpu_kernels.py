@@ -114,8 +114,6 @@ def paged_decode_kernel():
 
 def build_directory() -> str | None:
     """sys.prefix/velocity-kernels/<python>-<torch> where writable, else None (torch's default)."""
-    import torch
-
     d = Path(sys.prefix) / "velocity-kernels" / f"py{sys.version_info[0]}{sys.version_info[1]}-torch{torch.__version__}"
     try:
         d.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,6 @@ import json
 import os
 import threading
 import time
-import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -31,7 +30,7 @@ def triton_says(triton: str, what: str) -> bool:
     try:
         with urllib.request.urlopen(f"{triton}/v2/health/{what}", timeout=2) as r:
             return r.status == 200
-    except (OSError, urllib.error.HTTPError):
+    except OSError:                       # urllib's HTTPError (a 503) is one too
         return False
 
 

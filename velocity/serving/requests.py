@@ -87,12 +87,16 @@ def sampling_inputs(get, settings: Settings) -> AudioRequestParams:
         if not 1 <= v <= settings.max_new_tokens:
             raise ValueError(f"MAX_NEW_TOKENS must be in [1, {settings.max_new_tokens}], got {v}")
         p.max_new_tokens = int(v)
-    v = _scalar(get("SEED"), "SEED", integer=True)
-    if v is not None:
-        if not 0 <= v < 2**63:
-            raise ValueError(f"SEED must be in [0, 2^63), got {v}")
-        p.seed = int(v)
+    p.seed = seed_input(get, "SEED")
     return p
+
+
+def seed_input(get, name: str) -> int | None:
+    """An optional INT64 seed input, in [0, 2^63)."""
+    v = _scalar(get(name), name, integer=True)
+    if v is not None and not 0 <= v < 2**63:
+        raise ValueError(f"{name} must be in [0, 2^63), got {v}")
+    return None if v is None else int(v)
 
 
 @dataclass
@@ -116,12 +120,10 @@ def parse_tts_request(get, settings: Settings, frontend) -> TTSRequest:
     speaker = text_input(get("SPEAKER"), "SPEAKER", required=False)
     params = sampling_inputs(get, settings)
     vec = np.zeros(0, np.float32)
-    speaker_seed = _scalar(get("SPEAKER_SEED"), "SPEAKER_SEED", integer=True)
+    speaker_seed = seed_input(get, "SPEAKER_SEED")
     if speaker_seed is not None:
         if speaker and speaker.strip():
             raise ValueError("give SPEAKER or SPEAKER_SEED, not both")
-        if not 0 <= speaker_seed < 2**63:
-            raise ValueError(f"SPEAKER_SEED must be in [0, 2^63), got {speaker_seed}")
         vec = seeded_speaker(speaker_seed, frontend.speaker_dim)
     elif speaker and speaker.strip():
         try:

@@ -17,32 +17,31 @@ DECODER_KEEP = ("coef", "decoder.", "out_conv.")
 VOCOS_KEEP = ("backbone.", "head.out.")
 
 
-def _keep(prefixes: tuple[str, ...]):
-    def rename(name: str) -> str | None:   # the encoder, mel extractor and windows are not used
-        return name if name.startswith(prefixes) else None
-    return rename
+def _load(folder: str | Path, file: str, factory, keep: tuple[str, ...], device: torch.device,
+          dtype: torch.dtype) -> nn.Module:
+    """Build on the meta device, fill from asset/<file> with the tensors named by `keep` (the
+    encoder side, mel extractor and windows are not used), move to the device."""
+    model = build_empty(factory, device, dtype)
+    fill(model, iter_safetensors([Path(folder) / "asset" / file]),
+         rename=lambda name: name if name.startswith(keep) else None)
+    return model.to(device).eval()        # the constant buffers were made on the CPU
 
 
 def load_dvae(folder: str | Path, device: torch.device = torch.device("cpu"),
               dtype: torch.dtype = torch.float32) -> DVAE:
-    model = build_empty(DVAE, device, dtype)
-    fill(model, iter_safetensors([Path(folder) / "asset" / "DVAE.safetensors"]), rename=_keep(DVAE_KEEP))
-    return model.to(device).eval()        # the constant buffers were made on the CPU
+    """asset/DVAE.safetensors: audio codes -> mel (the reference's use_decoder=False path)."""
+    return _load(folder, "DVAE.safetensors", DVAE, DVAE_KEEP, device, dtype)
 
 
 def load_decoder(folder: str | Path, device: torch.device = torch.device("cpu"),
                  dtype: torch.dtype = torch.float32) -> DVAE:
     """asset/Decoder.safetensors: GPT hidden states -> mel (the reference's default decode path)."""
-    model = build_empty(lambda: DVAE(DECODER), device, dtype)
-    fill(model, iter_safetensors([Path(folder) / "asset" / "Decoder.safetensors"]), rename=_keep(DECODER_KEEP))
-    return model.to(device).eval()
+    return _load(folder, "Decoder.safetensors", lambda: DVAE(DECODER), DECODER_KEEP, device, dtype)
 
 
 def load_vocos(folder: str | Path, device: torch.device = torch.device("cpu"),
                dtype: torch.dtype = torch.float32) -> Vocos:
-    model = build_empty(Vocos, device, dtype)
-    fill(model, iter_safetensors([Path(folder) / "asset" / "Vocos.safetensors"]), rename=_keep(VOCOS_KEEP))
-    return model.to(device).eval()        # the constant buffers were made on the CPU
+    return _load(folder, "Vocos.safetensors", Vocos, VOCOS_KEEP, device, dtype)
 
 
 LAYER_SCALE = re.compile(r"decoder_block\.\d+\.weight$")     # the DVAE's ConvNeXt layer scales
