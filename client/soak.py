@@ -139,7 +139,7 @@ def one(url: str, r: random.Random, max_new: int, stats: Counter, problems: list
         problems.append(f"good request failed: {e}")
         return
     idx = sorted(i for i, _ in chunks)
-    if not chunks or idx != list(range(len(idx))) or sum(len(a) for _, a in chunks) % 512:
+    if not chunks or idx != list(range(len(idx))) or sum(len(a) for _, a in chunks) % 256:   # 512 T - 256 a sentence
         problems.append(f"incomplete audio: chunks {idx}")
     stats["good complete"] += 1
 

@@ -33,7 +33,7 @@ INPUTS = {"TEXT": ("BYTES", object), "PROMPT": ("BYTES", object), "SPEAKER": ("B
           "SPEAKER_SEED": ("INT64", np.int64),
           "TEMPERATURE": ("FP32", np.float32), "TOP_P": ("FP32", np.float32), "TOP_K": ("INT32", np.int32),
           "REPETITION_PENALTY": ("FP32", np.float32), "MAX_NEW_TOKENS": ("INT32", np.int32),
-          "SEED": ("INT64", np.int64)}
+          "SEED": ("INT64", np.int64), "DECODER": ("BYTES", object)}
 
 
 class ServerError(RuntimeError):
@@ -228,6 +228,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repetition-penalty", type=float)
     ap.add_argument("--max-new-tokens", type=int)
     ap.add_argument("--seed", type=int, help="sampling seed: the same seed gives the same audio")
+    ap.add_argument("--decoder", choices=["hidden", "codes"],
+                    help="hidden: the GPT's hidden states through the Decoder (server default, as ChatTTS); "
+                         "codes: the audio codes through the DVAE")
     ap.add_argument("--format", choices=sorted(WAV_FORMATS), default="pcm16",
                     help="WAV samples: pcm16 (default; what every player and Python's wave module read) "
                          "or float (32-bit, the server's exact output)")
@@ -270,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     values = {"TEXT": text, "SPEAKER": args.speaker, "SPEAKER_SEED": args.speaker_seed, "PROMPT": args.prompt,
               "TEMPERATURE": args.temperature, "TOP_P": args.top_p, "TOP_K": args.top_k,
               "REPETITION_PENALTY": args.repetition_penalty, "MAX_NEW_TOKENS": args.max_new_tokens,
-              "SEED": args.seed}
+              "SEED": args.seed, "DECODER": args.decoder}
     url = args.url or ("localhost:8000" if args.http else "localhost:8001")
     source = (stream_http if args.http else offline_grpc if args.offline else stream_grpc)(url, values)
     try:

@@ -20,6 +20,7 @@ from triton_server import ROOT
 from velocity.release import RELEASE_FILES
 from velocity.tts.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.tts.checkpoint import write_checkpoint
+from velocity.tts.streaming import AudioDecoder
 
 FIXTURES = ROOT / "tests" / "fixtures" / "chattts_0.2.5"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
@@ -40,10 +41,12 @@ def tensors(path: Path) -> dict[str, tuple[list[int], str]]:
 def test_the_demo_folder_has_the_releases_files_and_tensor_names(demo):
     """Each file loaded strictly into the reference's module when the fixtures were made; here the
     names (and, for the audio models, whose dimensions the demo shares with the release, the
-    shapes) must equal what the reference's modules define at the release's dimensions."""
+    shapes) must equal what the reference's modules define at the release's dimensions. The
+    Decoder reads the GPT's hidden states, so its 384 (= 768 / 2) is the demo GPT's half."""
     weights = {str(p.relative_to(demo)) for p in demo.rglob("*.safetensors")}
     assert weights == set(MANIFEST["files"]) and weights <= set(RELEASE_FILES)
-    layers = json.loads((demo / "asset" / "gpt" / "config.json").read_text())["num_hidden_layers"]
+    gpt = json.loads((demo / "asset" / "gpt" / "config.json").read_text())
+    layers = gpt["num_hidden_layers"]
     for name, want in MANIFEST["files"].items():
         got = tensors(demo / name)
         if name == "asset/gpt/model.safetensors":        # per layer, for the demo's layer count
@@ -52,6 +55,9 @@ def test_the_demo_folder_has_the_releases_files_and_tensor_names(demo):
         optional = set(MANIFEST["optional"])
         assert set(got) == set(want) - optional | (set(got) & optional), (
             name, sorted(set(want) - set(got))[:8], sorted(set(got) - set(want))[:8])
+        if name == "asset/Decoder.safetensors":         # its in- and output width is half the GPT's hidden size
+            want = {k: ([gpt["hidden_size"] // 2 if d == 384 else d for d in shape], dt)
+                    for k, (shape, dt) in want.items()}
         if name in ("asset/DVAE.safetensors", "asset/Decoder.safetensors", "asset/Vocos.safetensors"):
             assert {k: v[0] for k, v in got.items()} == {k: v[0] for k, v in want.items()}, name
         assert {dt for _, dt in got.values()} == {"F32"}, name
@@ -73,14 +79,16 @@ def test_both_decode_paths_equal_the_reference(demo, path):
     mel = model(x)
     want_mel = ref[f"mel_{path}"]
     np.testing.assert_allclose(mel.numpy(), want_mel, rtol=0, atol=1e-5 * np.abs(want_mel).max())
-    wav = load_vocos(demo)(mel).numpy()
+    decoder = AudioDecoder(load_dvae(demo), load_vocos(demo), load_decoder(demo))
+    wav = decoder.decode(x if path == "dvae" else x.transpose(1, 2)).numpy()
     want = ref[f"wav_{path}"]
-    # The reference's ISTFT returns 512 * T - 256 samples for T frames; ours 256 more (not yet
-    # matched: compared here on the reference's samples only).
-    assert wav.shape[-1] == want.shape[-1] + 256
-    noise = wav[..., :want.shape[-1]] - want
-    snr = 10 * np.log10((want ** 2).sum() / max((noise ** 2).sum(), 1e-30))
-    assert snr >= 100, snr
+    assert wav.shape == want.shape == (1, 512 * x.shape[-1] - 256)      # the reference's ISTFT length
+    assert snr_db(want, wav) >= 100
+
+
+def snr_db(want: np.ndarray, got: np.ndarray) -> float:
+    noise = got - want
+    return float(10 * np.log10((want ** 2).sum() / max((noise ** 2).sum(), 1e-30)))
 
 
 def test_sampling_keeps_the_references_candidates_exactly():
@@ -159,3 +167,43 @@ def test_greedy_frames_equal_the_references(demo, greedy_ref):
                         speakers=[speaker if s else None for _, _, s in cases(greedy_ref)])
     for k, out, w in zip(keys, outs, want):
         assert [list(f) for f in out.token_ids] == w.tolist(), k
+
+
+def test_greedy_hidden_states_equal_the_references(demo, greedy_ref):
+    """The hidden state that sampled each frame (what the Decoder path decodes). Not bit-exact:
+    our attention and matmuls sum in another order than transformers' (float32 rounding, about
+    1e-6 of the values' scale); 1e-4 relative to the largest value."""
+    from velocity import LLM, SamplingParams
+    from velocity.tts.speaker import decode_speaker
+
+    llm = LLM(model=str(demo), device="cpu")
+    speaker = decode_speaker(str(greedy_ref["speaker"]), llm.engine.worker.model.config.hidden_size)
+    keys = [k for k, _, _ in cases(greedy_ref)]
+    outs = llm.generate(prompt_token_ids=[greedy_ref[f"prompt_{k}"].tolist() for k in keys],
+                        sampling_params=SamplingParams(temperature=0, top_p=0.7, top_k=20, repetition_penalty=1.05,
+                                                       max_new_tokens=len(greedy_ref[f"frames_{keys[0]}"])),
+                        speakers=[speaker if s else None for _, _, s in cases(greedy_ref)], return_hidden=True)
+    for k, out in zip(keys, outs):
+        want = greedy_ref[f"hidden_{k}"]
+        assert out.hidden.shape == want.shape, k
+        np.testing.assert_allclose(out.hidden, want, rtol=0, atol=1e-4 * np.abs(want).max(), err_msg=k)
+
+
+@pytest.mark.parametrize("decoder", ["hidden", "codes"])
+def test_text_to_speech_equals_the_reference(demo, greedy_ref, decoder):
+    """Text -> greedy frames -> streamed decode (exact context, small chunks so that a text makes
+    several, and seams fall inside it) against the reference's whole decode of the same text
+    (Chat._decode_to_wavs, use_decoder=True for "hidden"): the same length, >= 100 dB SNR."""
+    from velocity.tts.pipeline import TTSPipeline, chattts_params
+    from velocity.tts.streaming import ChunkSchedule
+
+    pipe = TTSPipeline(demo, device="cpu", schedule=ChunkSchedule(4, 8))
+    frames = len(greedy_ref[f"frames_{cases(greedy_ref)[0][0]}"])
+    for key, text, spk in cases(greedy_ref):
+        chunks = list(pipe.stream(text, speaker=str(greedy_ref["speaker"]) if spk else None, decoder=decoder,
+                                  params=chattts_params(temperature=0, max_new_tokens=frames)))
+        assert len(chunks) > 3, key
+        wav = np.concatenate([c.audio for c in chunks])
+        want = greedy_ref[f"wav_{decoder}_{key}"]
+        assert wav.shape == want.shape == (512 * frames - 256,), key
+        assert snr_db(want, wav) >= 100, (key, snr_db(want, wav))

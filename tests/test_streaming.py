@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from velocity.tts.audio_models import load_dvae, load_vocos
+from velocity.tts.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.tts.checkpoint import write_checkpoint
 from velocity.tts.streaming import AudioDecoder, ChunkSchedule, StreamingDecoder
 
@@ -14,7 +14,7 @@ T = 150   # frames: 3.2 s of audio
 @pytest.fixture(scope="module")
 def decoder(tmp_path_factory):
     ckpt = write_checkpoint(tmp_path_factory.mktemp("stream") / "tiny", "tiny", seed=2)
-    return AudioDecoder(load_dvae(ckpt), load_vocos(ckpt))
+    return AudioDecoder(load_dvae(ckpt), load_vocos(ckpt), load_decoder(ckpt))
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +24,19 @@ def frames():
 
 
 @pytest.fixture(scope="module")
+def hidden(decoder):
+    """GPT hidden states, one row per frame (the demo GPT's width)."""
+    return torch.randn(T, decoder.hidden_size, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
 def whole(decoder, frames):
     return decoder.decode(torch.tensor(frames).T[None])[0]
+
+
+@pytest.fixture(scope="module")
+def whole_hidden(decoder, hidden):
+    return decoder.decode(hidden[None])[0]
 
 
 def ser_db(ref: torch.Tensor, x: torch.Tensor) -> float:
@@ -33,11 +44,11 @@ def ser_db(ref: torch.Tensor, x: torch.Tensor) -> float:
     return float(10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum().clamp_min(1e-30)))
 
 
-def stream(decoder, frames, schedule, step, **kw):
+def stream(decoder, frames, schedule, step, hidden=None, **kw):
     sd = StreamingDecoder(decoder, schedule, **kw)
     chunks = []
     for i in range(0, len(frames), step):                # frames arrive a few at a time
-        chunks += sd.push(frames[i:i + step])
+        chunks += sd.push(frames[i:i + step], hidden=None if hidden is None else hidden[i:i + step].numpy())
     chunks += sd.push([], final=True)
     assert [c[0] for c in chunks] == list(range(len(chunks)))
     return chunks
@@ -54,11 +65,36 @@ def test_context_is_the_receptive_field(decoder):
 def test_exact_context_chunks_equal_the_whole_decode(decoder, frames, whole, schedule, step):
     chunks = stream(decoder, frames, schedule, step)
     audio = torch.cat([c[1] for c in chunks])
-    assert audio.shape == whole.shape == (T * 512,)
+    assert audio.shape == whole.shape == (T * 512 - 256,)         # the reference's whole-decode length
     # float32 rounding only: 100 dB SER is about 1e-5 relative error
     assert ser_db(whole, audio) > 100, ser_db(whole, audio)
-    sizes = [len(c[1]) // 512 for c in chunks]
+    sizes = [-(-len(c[1]) // 512) for c in chunks]
     assert sizes[0] == min(schedule.first, T) and sum(sizes) == T
+    assert all(len(c[1]) % 512 == 0 for c in chunks[:-1]) and len(chunks[-1][1]) % 512 == 256
+
+
+@pytest.mark.parametrize("schedule,step", [(ChunkSchedule(1, 1), 1), (ChunkSchedule(12, 36), 5),
+                                           (ChunkSchedule(12, 24, 96), 7)])
+def test_the_decoder_path_streams_exactly_too(decoder, frames, hidden, whole_hidden, whole, schedule, step):
+    """Hidden states -> Decoder -> Vocos, chunked with the exact context: the whole decode's
+    samples (the Decoder's receptive field equals the DVAE's here, exact_context covers both)."""
+    chunks = stream(decoder, frames, schedule, step, hidden=hidden)
+    audio = torch.cat([c[1] for c in chunks])
+    assert audio.shape == whole_hidden.shape == (T * 512 - 256,)
+    assert ser_db(whole_hidden, audio) > 100, ser_db(whole_hidden, audio)
+    assert ser_db(whole, audio) < 10                      # another path: unrelated audio
+
+
+def test_each_utterance_ends_on_its_own(decoder, frames, hidden):
+    """finish() ends an utterance (a sentence): its audio is its own whole decode, and the next
+    utterance's chunks go on in index."""
+    sd = StreamingDecoder(decoder, ChunkSchedule(12, 36))
+    a, b = frames[:70], frames[70:]
+    got = sd.push(a, final=True) + sd.push(b, final=True)
+    assert [i for i, _ in got] == list(range(len(got)))
+    audio = torch.cat([x for _, x in got])
+    want = torch.cat([decoder.decode(torch.tensor(f).T[None])[0] for f in (a, b)])
+    assert audio.shape == want.shape and ser_db(want, audio) > 100
 
 
 def test_seams_have_no_jumps_larger_than_inside_chunks(decoder, frames, whole):
@@ -105,8 +141,8 @@ def test_chunks_decoded_together_equal_chunks_decoded_alone(decoder, frames):
     another order (float32 rounding, about 1e-6 of the signal's peak); 1e-4 of the peak."""
     sd = StreamingDecoder(decoder, ChunkSchedule(12, 36))
     cut = sd.cut(frames[:40]) + sd.cut(frames[40:100]) + sd.cut(frames[100:], final=True)
-    chunks = [(torch.tensor(c.codes).T[None], c.context, c.length) for c in cut]
-    chunks += [(torch.cat([chunks[1][0], chunks[1][0]]), chunks[1][1], chunks[1][2])]   # b = 2
+    chunks = [(torch.tensor(c.codes).T[None], c.context, c.length, c.last) for c in cut]
+    chunks += [(torch.cat([chunks[1][0], chunks[1][0]]), *chunks[1][1:])]   # b = 2
     alone = [decoder.decode_chunks([c])[0] for c in chunks]
     together = decoder.decode_chunks(chunks, max_batch=8)
     assert len({c[0].shape[-1] for c in chunks}) < len(chunks)          # some lengths repeat: real batches

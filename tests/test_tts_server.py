@@ -51,6 +51,30 @@ def test_stream_in_order_whole_frames_and_seeded(server):
     np.testing.assert_array_equal(np.concatenate([a for _, a in again]), audio)
 
 
+@pytest.mark.parametrize("decoder", ["hidden", "codes"])
+def test_served_audio_equals_the_in_process_pipeline_for_both_decoders(server, decoder):
+    """The same seeded request through tts and through TTSPipeline with the server's chunking:
+    the same frames, so the same length (each sentence 512 T - 256 samples), and the same audio
+    within float32 rounding (>= 100 dB SNR; the vocoder runs in another process)."""
+    from velocity.tts.pipeline import TTSPipeline, chattts_params
+    from velocity.tts.streaming import ChunkSchedule
+
+    values = dict(GOOD, **({} if decoder == "hidden" else {"DECODER": decoder}))
+    chunks, err = stream_tts(server.grpc_url, values)
+    assert err is None, err
+    served = np.concatenate([a for _, a in chunks])
+    pipe = TTSPipeline(server.env["VELOCITY_WEIGHTS"], device="cpu", schedule=ChunkSchedule(4, 8, 144), lookahead=4,
+                       num_kv_blocks=64)
+    local = pipe.synthesize(GOOD["TEXT"], decoder=decoder, params=chattts_params(
+        temperature=GOOD["TEMPERATURE"], seed=GOOD["SEED"], max_new_tokens=GOOD["MAX_NEW_TOKENS"]))
+    assert served.shape == local.shape and len(local) % 512 == 0          # two sentences
+    noise = ((served - local) ** 2).sum()
+    assert 10 * np.log10((local ** 2).sum() / max(noise, 1e-30)) >= 100
+    if decoder == "codes":
+        hidden, _ = stream_tts(server.grpc_url, GOOD)
+        assert not np.allclose(np.concatenate([a for _, a in hidden]), served)     # the two paths differ
+
+
 def test_offline_equals_stream_over_grpc_and_http(server):
     chunks, _ = stream_tts(server.grpc_url, GOOD)
     streamed = np.concatenate([a for _, a in chunks])
@@ -106,6 +130,7 @@ def test_sixteen_concurrent_streams(server):
     ({"TEXT": "hi", "MAX_NEW_TOKENS": 5000}, r"MAX_NEW_TOKENS must be in \[1, 200\]"),
     ({"TEXT": "hi", "SPEAKER": "not a speaker"}, "SPEAKER is not a valid speaker string"),
     ({"TEXT": "hi", "PROMPT": "say it"}, "PROMPT must hold only control tokens"),
+    ({"TEXT": "hi", "DECODER": "mel"}, r'DECODER must be "hidden" \(the default\) or "codes"'),
 ])
 def test_bad_inputs_invalid_arg_then_good_request(server, bad, match):
     import re

@@ -21,7 +21,8 @@ those weights in tests/fixtures/chattts_0.2.5/:
                   [spk_emb] position for each
   greedy.npz      near-greedy generation (temperature 1e-6: the reference has no greedy mode
                   and keeps 3 candidates, so this is its argmax) on the demo GPT, one text at a
-                  time, with and without a speaker: the prompt ids, frames and hidden states
+                  time, with and without a speaker: the prompt ids, frames and hidden states,
+                  and the waveform of each decode path (Chat._decode_to_wavs)
   versions.json   the versions of the reference and its dependencies the fixtures come from
 """
 from __future__ import annotations
@@ -55,13 +56,14 @@ def reference_modules(gpt_hidden: int, text_vocab: int) -> dict[str, torch.nn.Mo
     from vocos import Vocos
     from vocos.pretrained import instantiate_class
 
-    c = Config()
+    c = copy.deepcopy(Config())         # its dataclass defaults are shared objects
     voc = c.vocos
     vocos = Vocos(feature_extractor=instantiate_class(args=(), init=asdict(voc.feature_extractor)),
                   backbone=instantiate_class(args=(), init=asdict(voc.backbone)),
                   head=instantiate_class(args=(), init=asdict(voc.head)))
     dvae = DVAE(decoder_config=asdict(c.dvae.decoder), encoder_config=asdict(c.dvae.encoder),
                 vq_config=asdict(c.dvae.vq), dim=c.dvae.decoder.idim)
+    c.decoder.idim = c.decoder.odim = gpt_hidden // 2       # the Decoder reads the GPT's hidden states
     decoder = DVAE(decoder_config=asdict(c.decoder), dim=c.decoder.idim)
     embed = Embed(gpt_hidden, c.embed.num_audio_tokens, text_vocab, c.embed.num_vq)
     return {"asset/Vocos.safetensors": vocos, "asset/DVAE.safetensors": dvae,
@@ -106,7 +108,8 @@ def audio(folder: Path, mods: dict) -> dict[str, np.ndarray]:
     """Both decode paths of the reference (Chat._decode_to_wavs then _vocos_decode) on seeded input."""
     rng = np.random.default_rng(1234)
     codes = rng.integers(0, 625, (1, 4, FRAMES)).astype(np.int64)
-    hidden = rng.standard_normal((1, 768, FRAMES)).astype(np.float32)
+    gpt_hidden = mods["asset/Decoder.safetensors"].decoder.conv_in[0].in_channels * 2
+    hidden = rng.standard_normal((1, gpt_hidden, FRAMES)).astype(np.float32)
     dvae, decoder, vocos = mods["asset/DVAE.safetensors"], mods["asset/Decoder.safetensors"], mods["asset/Vocos.safetensors"]
     out = {"codes": codes, "hidden": hidden}
     for path, model, x in [("dvae", dvae, torch.from_numpy(codes)), ("decoder", decoder, torch.from_numpy(hidden))]:
@@ -189,6 +192,7 @@ def reference_chat(folder: Path):
     g.hidden_size, g.intermediate_size = cfg["hidden_size"], cfg["intermediate_size"]
     g.num_attention_heads, g.num_hidden_layers = cfg["num_attention_heads"], cfg["num_hidden_layers"]
     g.max_position_embeddings, g.num_text_tokens = cfg["max_position_embeddings"], text_vocab
+    chat.config.decoder.idim = chat.config.decoder.odim = cfg["hidden_size"] // 2
     e.hidden_size, e.num_text_tokens = cfg["hidden_size"], text_vocab
     a = folder / "asset"
     assert chat._load(vocos_ckpt_path=str(a / "Vocos.safetensors"), dvae_ckpt_path=str(a / "DVAE.safetensors"),
@@ -219,6 +223,9 @@ def greedy(folder: Path) -> dict[str, np.ndarray]:
             out[f"prompt_{key}"] = ids[0, :, 0].numpy()
             out[f"frames_{key}"] = r.ids[0].numpy()
             out[f"hidden_{key}"] = r.hiddens[0].float().numpy()
+            # the whole decode of each path, as Chat.infer does for one text (use_decoder: its default)
+            out[f"wav_hidden_{key}"] = chat._decode_to_wavs([h.clone() for h in r.hiddens], True)[0]
+            out[f"wav_codes_{key}"] = chat._decode_to_wavs([i.clone() for i in r.ids], False)[0]
     return out
 
 

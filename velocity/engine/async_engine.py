@@ -39,10 +39,10 @@ class AsyncLLMEngine:
     def add_request(self, request_id: str, prompt: list[Token], params: SamplingParams, callback: Callback,
                     **kwargs) -> None:
         """Validate now (raises ValueError), then queue the request for the engine thread.
-        kwargs go to LLMEngine.add_request (head=, speaker=)."""
+        kwargs go to LLMEngine.add_request (head=, speaker=, return_hidden=)."""
         if self._stopped:
             raise RuntimeError("engine is shut down")
-        self.engine.validate(prompt, params, **kwargs)
+        self.engine.validate(prompt, params, kwargs.get("head"), kwargs.get("speaker"))
         self._commands.put(("add", request_id, prompt, params, callback, kwargs))
         self._wake.set()
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from velocity.config import EngineConfig
 from velocity.engine.block_manager import BlockManager
 from velocity.engine.scheduler import Scheduler
@@ -22,6 +24,10 @@ class RequestOutput:
     prompt_len: int
     token_ids: list[Token]
     new_token_ids: list[Token] = field(default_factory=list)
+    # requests with return_hidden: the final-norm hidden state that sampled each new token,
+    # float32 [len(new_token_ids), H] (the reference's `hiddens`, which its Decoder turns into mel)
+    new_hidden: np.ndarray | None = None
+    hidden: np.ndarray | None = None     # LLM.generate(return_hidden=True): all tokens' hidden states
     finished: bool = False
     finish_reason: str | None = None     # "stop" | "length" | "abort" | "error"
     error: str | None = None
@@ -72,15 +78,16 @@ class LLMEngine:
             model.check_speaker(speaker)
 
     def add_request(self, request_id: str, prompt_token_ids: list[Token], params: SamplingParams,
-                    head: str | None = None, speaker: object = None) -> None:
-        """Queue a request. speaker (audio models): a speaker embedding for this request alone."""
+                    head: str | None = None, speaker: object = None, return_hidden: bool = False) -> None:
+        """Queue a request. speaker (audio models): a speaker embedding for this request alone.
+        return_hidden: each output's new_hidden holds the hidden states of its new tokens."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         self.validate(prompt_token_ids, params, head, speaker)
         model = self.worker.model
         spk, salt = (None, None) if speaker is None else model.check_speaker(speaker)
         seq = Sequence(request_id, prompt_token_ids, params, cache_salt=salt,
-                       head=head or model.default_head, speaker=spk)
+                       head=head or model.default_head, speaker=spk, return_hidden=return_hidden)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
 
@@ -100,7 +107,9 @@ class LLMEngine:
         if sched.is_empty:
             return []
         try:
-            tokens = self.worker.execute(sched)
+            tokens, hidden = self.worker.execute(sched)
+            want = [i for i, seq in enumerate(sched.seqs) if seq.return_hidden]
+            rows = hidden[want].float().cpu().numpy() if want else None             # [len(want), H]
         except Exception as e:
             # Fail this batch's requests, not the engine; their KV can't be trusted for reuse.
             logger.exception("engine step failed; failing %d requests", len(sched.seqs))
@@ -113,7 +122,8 @@ class LLMEngine:
                 outputs[-1].error = f"engine step failed: {e}"
             return outputs
         outputs = []
-        for seq, tok in zip(sched.seqs, tokens):
+        row = dict(zip(want, range(len(want))))
+        for i, (seq, tok) in enumerate(zip(sched.seqs, tokens)):
             seq.num_computed_tokens = len(seq)
             seq.append(tok)
             reason = self.check_stop(seq, tok)
@@ -121,6 +131,8 @@ class LLMEngine:
                 self.requests.pop(seq.request_id, None)
                 self.scheduler.finish(seq, reason)
             outputs.append(self._output(seq, [tok]))
+            if i in row:
+                outputs[-1].new_hidden = rows[row[i]:row[i] + 1]
         return outputs
 
     def check_stop(self, seq: Sequence, tok: Token) -> str | None:
@@ -137,7 +149,7 @@ class LLMEngine:
 
     def _output(self, seq: Sequence, new: list[Token]) -> RequestOutput:
         return RequestOutput(seq.request_id, len(seq.prompt_token_ids), list(seq.output_token_ids), new,
-                             seq.is_finished, seq.finish_reason)
+                             finished=seq.is_finished, finish_reason=seq.finish_reason)
 
     def stats(self) -> EngineStats:
         s, bm = self.scheduler, self.block_manager

@@ -27,7 +27,8 @@ class Sequence:
     """One generated sequence. Tokens before num_computed_tokens have KV in the cache."""
 
     def __init__(self, request_id: str, prompt_token_ids: list[Token], params: SamplingParams,
-                 cache_salt: Hashable = None, head: str = "text", speaker: object = None) -> None:
+                 cache_salt: Hashable = None, head: str = "text", speaker: object = None,
+                 return_hidden: bool = False) -> None:
         self.seq_id = next(_seq_ids)
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -38,6 +39,7 @@ class Sequence:
         self.cache_salt = cache_salt
         self.head = head                   # which output head samples its tokens
         self.speaker = speaker             # audio models: the speaker embedding (a tensor), or None
+        self.return_hidden = return_hidden # outputs carry the hidden state that sampled each token
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.block_table: list[int] = []

@@ -8,6 +8,7 @@ import numpy as np
 
 from velocity.sampling.params import SamplingParams
 from velocity.serving.settings import Settings
+from velocity.tts.streaming import DECODERS
 
 PARAM_INPUTS = ("TEMPERATURE", "TOP_P", "TOP_K", "REPETITION_PENALTY", "MAX_NEW_TOKENS", "SEED")
 
@@ -91,6 +92,16 @@ def sampling_inputs(get, settings: Settings) -> AudioRequestParams:
     return p
 
 
+def decoder_input(value: np.ndarray | None) -> str:
+    """DECODER: "hidden" (the default: the GPT's hidden states through asset/Decoder.safetensors)
+    or "codes" (the audio codes through the DVAE)."""
+    name = text_input(value, "DECODER", required=False)
+    name = "hidden" if name is None or not name.strip() else name.strip()
+    if name not in DECODERS:
+        raise ValueError(f'DECODER must be "hidden" (the default) or "codes", got {name!r}')
+    return name
+
+
 def seed_input(get, name: str) -> int | None:
     """An optional INT64 seed input, in [0, 2^63)."""
     v = _scalar(get(name), name, integer=True)
@@ -101,14 +112,17 @@ def seed_input(get, name: str) -> int | None:
 
 @dataclass
 class TTSRequest:
-    """A checked TTS request: its sentences' token ids, speaker vector (empty: none), sampling."""
+    """A checked TTS request: its sentences' token ids, speaker vector (empty: none), sampling,
+    decode path ("hidden" | "codes")."""
     sentences: list
     speaker: np.ndarray
     params: AudioRequestParams
+    decoder: str = "hidden"
 
 
 def parse_tts_request(get, settings: Settings, frontend) -> TTSRequest:
-    """get(name) -> np.ndarray | None for TEXT, PROMPT, SPEAKER or SPEAKER_SEED and the sampling inputs.
+    """get(name) -> np.ndarray | None for TEXT, PROMPT, SPEAKER or SPEAKER_SEED, DECODER and the
+    sampling inputs.
 
     Raises ValueError naming the bad input and its allowed range (INVALID_ARG for Triton).
     """
@@ -119,6 +133,7 @@ def parse_tts_request(get, settings: Settings, frontend) -> TTSRequest:
     prompt = text_input(get("PROMPT"), "PROMPT", required=False) or DEFAULT_PROMPT
     speaker = text_input(get("SPEAKER"), "SPEAKER", required=False)
     params = sampling_inputs(get, settings)
+    decoder = decoder_input(get("DECODER"))
     vec = np.zeros(0, np.float32)
     speaker_seed = seed_input(get, "SPEAKER_SEED")
     if speaker_seed is not None:
@@ -133,7 +148,7 @@ def parse_tts_request(get, settings: Settings, frontend) -> TTSRequest:
     sentences, _ = frontend.encode(text, speaker=vec.size > 0, prompt=prompt)
     if not sentences:
         raise ValueError("TEXT has nothing to speak after normalisation")
-    return TTSRequest(sentences, vec, params)
+    return TTSRequest(sentences, vec, params, decoder)
 
 
 def frontend_from_env(model: str, pb_utils) -> tuple[Settings, object]:

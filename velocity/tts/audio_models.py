@@ -6,10 +6,11 @@ import re
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from torch import nn
 
 from velocity.model.loader import build_empty, fill, iter_safetensors
-from velocity.tts.dvae import DECODER, DVAE, DVAEConfig
+from velocity.tts.dvae import DVAE, DVAEConfig, decoder_config
 from velocity.tts.vocos import Vocos, VocosConfig
 
 DVAE_KEEP = ("coef", "decoder.", "out_conv.", "vq_layer.quantizer.rvqs.")     # the decoding side
@@ -35,8 +36,11 @@ def load_dvae(folder: str | Path, device: torch.device = torch.device("cpu"),
 
 def load_decoder(folder: str | Path, device: torch.device = torch.device("cpu"),
                  dtype: torch.dtype = torch.float32) -> DVAE:
-    """asset/Decoder.safetensors: GPT hidden states -> mel (the reference's default decode path)."""
-    return _load(folder, "Decoder.safetensors", lambda: DVAE(DECODER), DECODER_KEEP, device, dtype)
+    """asset/Decoder.safetensors: GPT hidden states -> mel (the reference's default decode path).
+    Its input width (the GPT's hidden size) is read from the file's first convolution."""
+    with safe_open(str(Path(folder) / "asset" / "Decoder.safetensors"), "pt") as f:
+        gpt_hidden = 2 * f.get_slice("decoder.conv_in.0.weight").get_shape()[1]
+    return _load(folder, "Decoder.safetensors", lambda: DVAE(decoder_config(gpt_hidden)), DECODER_KEEP, device, dtype)
 
 
 def load_vocos(folder: str | Path, device: torch.device = torch.device("cpu"),
@@ -86,9 +90,9 @@ def random_dvae_tensors(g: torch.Generator) -> dict[str, torch.Tensor]:
     return _randomise(DVAE(DVAEConfig(), encoder=True), g) | mel_buffers("preprocessor_mel")
 
 
-def random_decoder_tensors(g: torch.Generator) -> dict[str, torch.Tensor]:
-    """asset/Decoder.safetensors."""
-    return _randomise(DVAE(DECODER), g)
+def random_decoder_tensors(g: torch.Generator, gpt_hidden: int = 768) -> dict[str, torch.Tensor]:
+    """asset/Decoder.safetensors for a GPT of this hidden size (the release's: 768)."""
+    return _randomise(DVAE(decoder_config(gpt_hidden)), g)
 
 
 def random_vocos_tensors(g: torch.Generator) -> dict[str, torch.Tensor]:

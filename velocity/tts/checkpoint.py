@@ -105,7 +105,7 @@ def write_checkpoint(out: str | Path, size: str = "tiny", seed: int = 0) -> Path
     save_file(emb, str(asset / "Embed.safetensors"))
     save_file(random_dvae_tensors(g), str(asset / "DVAE.safetensors"))
     save_file(random_vocos_tensors(g), str(asset / "Vocos.safetensors"))
-    save_file(random_decoder_tensors(g), str(asset / "Decoder.safetensors"))
+    save_file(random_decoder_tensors(g, s.hidden), str(asset / "Decoder.safetensors"))
     write_tokenizer(asset / "tokenizer", s.text_vocab)
     (out / "velocity-demo.json").write_text(json.dumps(
         {"note": "seeded random weights: noise, not speech", "size": size, "seed": seed, "gpt": asdict(s)}, indent=2))

@@ -8,7 +8,7 @@ not use; `encoder=True` builds it, so that the demo writer writes the release's 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -33,6 +33,16 @@ class DVAEConfig:
 
 
 DECODER = DVAEConfig(vq_dim=0, idim=384, odim=384, hidden=512)   # asset/Decoder.safetensors
+
+
+def decoder_config(gpt_hidden: int) -> DVAEConfig:
+    """The Decoder for a GPT of this hidden size: its input is the GPT's hidden states, two mel
+    frames' worth of gpt_hidden / 2 channels each (the release: 768 -> idim = odim = 384; the
+    reference builds its out_conv on idim, so odim follows). Demo folders with a smaller GPT
+    change only these two widths."""
+    if gpt_hidden % 2:
+        raise ValueError(f"the GPT hidden size must be even for the Decoder, got {gpt_hidden}")
+    return replace(DECODER, idim=gpt_hidden // 2, odim=gpt_hidden // 2)
 ENCODER = dict(idim=512, odim=1024, hidden=256, n_layer=12, bn_dim=128)
 
 

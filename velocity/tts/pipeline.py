@@ -13,10 +13,10 @@ import torch
 from velocity.config import EngineConfig
 from velocity.engine.llm_engine import LLMEngine
 from velocity.sampling.params import SamplingParams
-from velocity.tts.audio_models import load_dvae, load_vocos
+from velocity.tts.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.tts.frontend import DEFAULT_PROMPT, TextFrontend
 from velocity.tts.speaker import decode_speaker, random_speaker
-from velocity.tts.streaming import AudioDecoder, ChunkSchedule, CodeChunk, StreamingDecoder, default_decode_batch
+from velocity.tts.streaming import DECODERS, AudioDecoder, ChunkSchedule, CodeChunk, StreamingDecoder, default_decode_batch
 
 logger = logging.getLogger(__name__)
 SAMPLE_RATE = 24000
@@ -49,11 +49,16 @@ class _Text:
     sentences: list[list[int]]
     params: SamplingParams
     decoder: StreamingDecoder
+    hidden: bool                   # the Decoder path: decode the GPT's hidden states, not the codes
     next_sentence: int = field(default=0)
 
 
 class TTSPipeline:
-    """synthesize(text) -> waveform; stream(text) yields chunks as frames are generated."""
+    """synthesize(text) -> waveform; stream(text) yields chunks as frames are generated.
+
+    decoder="hidden" (the default, as the reference's) turns the GPT's hidden states into mel
+    with asset/Decoder.safetensors; "codes" decodes the audio codes with the DVAE. Each sentence
+    is decoded as its own utterance, as the reference decodes each text."""
 
     def __init__(self, folder: str | Path, device: str = "auto", schedule: ChunkSchedule = ChunkSchedule(),
                  lookahead: int | None = None, decode_batch: int = 0, **engine_kwargs) -> None:
@@ -61,7 +66,7 @@ class TTSPipeline:
         self.frontend = TextFrontend(folder)
         self.engine = LLMEngine(EngineConfig(model=str(folder), device=device, **engine_kwargs))
         dev = self.engine.worker.device
-        self.decoder = AudioDecoder(load_dvae(folder, dev), load_vocos(folder, dev))
+        self.decoder = AudioDecoder(load_dvae(folder, dev), load_vocos(folder, dev), load_decoder(folder, dev))
         self.schedule, self.lookahead = schedule, lookahead
         self.decode_batch = decode_batch or default_decode_batch(dev)
         self._n = 0
@@ -76,18 +81,21 @@ class TTSPipeline:
         return torch.from_numpy(decode_speaker(speaker, dim))
 
     def stream(self, text: str, speaker: str | int | None = None, prompt: str = DEFAULT_PROMPT,
-               params: SamplingParams | None = None) -> Iterator[Chunk]:
+               params: SamplingParams | None = None, decoder: str = "hidden") -> Iterator[Chunk]:
         """Sentences in order, one speaker; audio chunks as soon as each is decodable."""
-        for ev in self.stream_many([text], speaker, prompt, params):
+        for ev in self.stream_many([text], speaker, prompt, params, decoder=decoder):
             if ev.chunk is not None:
                 yield ev.chunk
 
     def stream_many(self, texts: list[str], speaker: str | int | None = None, prompt: str = DEFAULT_PROMPT,
                     params: SamplingParams | Callable[[int], SamplingParams] | None = None,
-                    concurrency: int = 1) -> Iterator[Event]:
+                    concurrency: int = 1, decoder: str = "hidden") -> Iterator[Event]:
         """Texts through one engine, at most `concurrency` at a time, each its sentences in order
         with one speaker; chunks are decoded in the step loop, a step's chunks of one length
-        together (up to decode_batch). params: one for all, or a function of the text's index."""
+        together (up to decode_batch). params: one for all, or a function of the text's index.
+        decoder: "hidden" or "codes" (see the class)."""
+        if decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
         spk = self.speaker_vector(speaker)
         end_code = self.engine.worker.model.num_audio_tokens - 1
         todo, live = list(range(len(texts))), {}          # live: request id -> its text (one per text)
@@ -96,7 +104,7 @@ class TTSPipeline:
             self._n += 1
             rid = f"pipeline-{self._n}"
             live[rid] = t
-            self.engine.add_request(rid, t.sentences[t.next_sentence], t.params, speaker=spk)
+            self.engine.add_request(rid, t.sentences[t.next_sentence], t.params, speaker=spk, return_hidden=t.hidden)
 
         try:
             while todo or live:
@@ -108,7 +116,8 @@ class TTSPipeline:
                         logger.warning("ignored unknown tokens %s", report.unknown_tokens)
                     p = params(i) if callable(params) else params or chattts_params()
                     t = _Text(i, [x.token_ids for x in sentences], p,
-                              StreamingDecoder(self.decoder, self.schedule, lookahead=self.lookahead))
+                              StreamingDecoder(self.decoder, self.schedule, lookahead=self.lookahead),
+                              decoder == "hidden")
                     if t.sentences:
                         add(t)
                     else:
@@ -116,14 +125,16 @@ class TTSPipeline:
                 ready: list[tuple[_Text, CodeChunk | None]] = []          # None: the text's end
                 for out in self.engine.step():
                     t = live[out.request_id]
-                    ready += [(t, c) for c in t.decoder.cut([f for f in out.new_token_ids if end_code not in f])]
-                    if out.finished:
+                    keep = [i for i, f in enumerate(out.new_token_ids) if end_code not in f]
+                    ready += [(t, c) for c in t.decoder.cut([out.new_token_ids[i] for i in keep], out.finished,
+                                                            None if out.new_hidden is None else out.new_hidden[keep])]
+                    if out.finished:                    # the sentence's last chunk is cut: the next one
                         del live[out.request_id]
                         t.next_sentence += 1
                         if t.next_sentence < len(t.sentences):
                             add(t)
                         else:
-                            ready += [(t, c) for c in t.decoder.cut([], final=True)] + [(t, None)]
+                            ready.append((t, None))
                 audio = iter(self.decoder.decode_cut([c for _, c in ready if c], self.decode_batch))
                 for t, c in ready:
                     yield Event(t.index, "end") if c is None else \

@@ -1,9 +1,10 @@
 """Chunked streaming decode: audio for each chunk of GPT frames, seamless with a whole decode.
 
-A chunk of frames [start, end) is decoded from the codes [start - left, end + lookahead)
-and only its own samples [start * 512, end * 512) are kept. With left and lookahead at the
-decoders' receptive field (`exact_context`), the concatenated chunks equal a whole-utterance
-decode up to float rounding; smaller values trade exactness for latency (bounds measured in
+A chunk of frames [start, end) is decoded from the codes (or, on the Decoder path, the GPT
+hidden states) of frames [start - left, end + lookahead) and only its own samples
+[start * 512, end * 512) are kept (the utterance's last chunk 256 fewer, as a whole decode).
+With left and lookahead at the decoders' receptive field (`exact_context`), the concatenated
+chunks equal a whole-utterance decode up to float rounding; smaller values trade exactness for latency (bounds measured in
 tests/test_streaming.py and stated in docs/benchmarks.md).
 """
 from __future__ import annotations
@@ -13,12 +14,14 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from velocity.tts.dvae import DVAE
 from velocity.tts.vocos import Vocos
 
 FRAMES_PER_SECOND = 24000 / 512    # GPT frames per second of audio (46.875)
+DECODERS = ("hidden", "codes")     # the reference's use_decoder=True (its default) and use_decoder=False
 
 
 def exact_context(dvae: DVAE, vocos: Vocos) -> int:
@@ -54,13 +57,17 @@ class ChunkSchedule:
         """First frame of chunk `index` (the frames before it)."""
         return 0 if index <= 0 else next(itertools.islice(self.bounds(), index - 1, None))
 
+    def sizes(self) -> Iterator[int]:
+        """Frames in chunk 0, 1, 2, ..."""
+        yield self.first
+        size = self.rest
+        while True:
+            yield size
+            size = min(2 * size, max(self.largest, self.rest))
+
     def bounds(self) -> Iterator[int]:
         """End frame of chunk 0, 1, 2, ..."""
-        end, size = self.first, self.rest
-        while True:
-            yield end
-            end += size
-            size = min(2 * size, max(self.largest, self.rest))
+        return itertools.accumulate(self.sizes())
 
 
 def default_decode_batch(device: torch.device) -> int:
@@ -71,83 +78,132 @@ def default_decode_batch(device: torch.device) -> int:
 
 @dataclass
 class CodeChunk:
-    """Frames [start - context, end + lookahead) as far as known; the audio kept is `length` frames."""
+    """Frames [start - context, end + lookahead) as far as known; the audio kept is `length` frames.
+    `hidden`: the GPT hidden state of each of those frames ([H] rows), when the stream carries them
+    (the Decoder path). `last`: the chunk ends its utterance (its audio is half a frame shorter)."""
 
     index: int
     codes: list[tuple[int, ...]]
     context: int                   # leading frames that are context only
     length: int                    # frames whose audio this chunk produces
+    hidden: list[np.ndarray] | None = None
+    last: bool = False
 
 
 class FrameChunker:
     """Cuts a stream of frames into chunks: push(frames) -> chunks ready now; finish() -> the rest.
-    A chunk is ready once `lookahead` frames past its end exist."""
+    A chunk is ready once `lookahead` frames past its end exist.
+
+    finish() ends an utterance (one sentence: the reference decodes each text on its own); frames
+    pushed after it start the next one, whose chunks go on in index and size."""
 
     def __init__(self, schedule: ChunkSchedule, left: int, lookahead: int) -> None:
         self.schedule, self.left, self.lookahead = schedule, left, lookahead
         self.frames: list[tuple[int, ...]] = []
-        self._bounds = schedule.bounds()
-        self._next_end = next(self._bounds)
-        self.emitted = 0           # frames already handed out in chunks
+        self.hidden: list[np.ndarray] = []
+        self._sizes = schedule.sizes()
+        self._next_end = next(self._sizes)
+        self.emitted = 0           # frames of this utterance already handed out in chunks
+        self.total = 0             # frames of all utterances
         self.index = 0
 
-    def _cut(self, end: int) -> CodeChunk:
+    def _cut(self, end: int, last: bool = False) -> CodeChunk:
         lo, hi = max(0, self.emitted - self.left), min(len(self.frames), end + self.lookahead)
-        chunk = CodeChunk(self.index, self.frames[lo:hi], self.emitted - lo, end - self.emitted)
+        chunk = CodeChunk(self.index, self.frames[lo:hi], self.emitted - lo, end - self.emitted,
+                          self.hidden[lo:hi] if self.hidden else None, last)
         self.index += 1
         self.emitted = end
         return chunk
 
-    def push(self, frames: list[tuple[int, ...]]) -> list[CodeChunk]:
+    def push(self, frames: list[tuple[int, ...]], hidden: np.ndarray | None = None) -> list[CodeChunk]:
+        """frames, and with the Decoder path their hidden states [len(frames), H]."""
+        if hidden is not None:
+            assert len(hidden) == len(frames) and (self.hidden or not self.frames)
+            self.hidden += list(hidden)
         self.frames += frames
-        out = []
-        while len(self.frames) >= self._next_end + self.lookahead:
+        self.total += len(frames)
+        out = []       # a frame past the chunk must exist (even with no lookahead): the last chunk is finish()'s
+        while len(self.frames) >= self._next_end + max(self.lookahead, 1):
             out.append(self._cut(self._next_end))
-            self._next_end = next(self._bounds)
+            self._next_end += next(self._sizes)
         return out
 
     def finish(self) -> list[CodeChunk]:
-        return [self._cut(len(self.frames))] if len(self.frames) > self.emitted else []
+        """The utterance's remaining chunks (cut by the schedule, the last one marked); the chunker
+        is then ready for the next utterance."""
+        out = []
+        while self._next_end < len(self.frames):
+            out.append(self._cut(self._next_end))
+            self._next_end += next(self._sizes)
+        if len(self.frames) > self.emitted:
+            out.append(self._cut(len(self.frames), last=True))
+        self.frames, self.hidden, self.emitted = [], [], 0
+        self._next_end = next(self._sizes)
+        return out
+
+
+Chunk = tuple   # (x, context, length, last): x codes [b, num_vq, T] (integers) or hidden [b, T, H] (floats)
 
 
 class AudioDecoder:
-    """codes -> waveform through DVAE and Vocos. samples_per_frame = 2 mel frames * hop."""
+    """codes -> DVAE, or GPT hidden states -> Decoder; then Vocos -> waveform.
+    samples_per_frame = 2 mel frames * hop. A whole decode of T frames gives T * 512 - 256
+    samples, as the reference's (its ISTFT drops the last half hop pair); chunks give
+    length * 512 each, the last one of an utterance 256 fewer, so they join to exactly that."""
 
-    def __init__(self, dvae: DVAE, vocos: Vocos) -> None:
-        self.dvae, self.vocos = dvae, vocos
+    def __init__(self, dvae: DVAE, vocos: Vocos, decoder: DVAE | None = None) -> None:
+        self.dvae, self.vocos, self.decoder = dvae, vocos, decoder
         self.samples_per_frame = 2 * vocos.cfg.hop_length
-        self.exact_context = exact_context(dvae, vocos)
+        self.exact_context = max(exact_context(m, vocos) for m in (dvae, decoder) if m is not None)
         self.num_vq = dvae.cfg.groups * dvae.cfg.residuals        # codebooks per frame
         self.num_codes = math.prod(dvae.cfg.levels)              # codes per codebook: [0, num_codes)
+        self.hidden_size = 2 * decoder.cfg.idim if decoder is not None else 0   # the Decoder's input
 
     @torch.inference_mode()
-    def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """codes [B, num_vq, T] -> audio [B, T * 512] (on the decoder's device)"""
-        return self.vocos(self.dvae(codes.to(next(self.vocos.parameters()).device)))
+    def _audio(self, x: torch.Tensor) -> torch.Tensor:
+        """codes [B, num_vq, T] or hidden [B, T, H] -> audio [B, T * 512]"""
+        dev = next(self.vocos.parameters()).device
+        if x.is_floating_point():
+            if self.decoder is None:
+                raise ValueError("hidden states given, but no Decoder is loaded")
+            mel = self.decoder(x.to(dev, next(self.decoder.parameters()).dtype).transpose(1, 2))
+        else:
+            mel = self.dvae(x.to(dev))
+        return self.vocos(mel)
 
-    def decode_chunks(self, chunks: list[tuple[torch.Tensor, int, int]], max_batch: int = 1) -> list[torch.Tensor]:
-        """[(codes [b, num_vq, T], context, length)] -> each chunk's audio [b, length * 512], in order.
-        Chunks of the same T are decoded together, up to max_batch chunks per call."""
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        """A whole utterance: codes [B, num_vq, T] or hidden [B, T, H] -> audio [B, T * 512 - 256]"""
+        return self._audio(x)[:, :-(self.samples_per_frame // 2)]
+
+    def decode_chunks(self, chunks: list[Chunk], max_batch: int = 1) -> list[torch.Tensor]:
+        """[(x, context, length, last)] -> each chunk's audio [b, length * 512 (- 256 if last)], in
+        order. Chunks of one kind and T are decoded together, up to max_batch chunks per call."""
         out: list[torch.Tensor | None] = [None] * len(chunks)
-        groups: dict[int, list[int]] = {}
-        for i, (codes, _, _) in enumerate(chunks):
-            groups.setdefault(codes.shape[-1], []).append(i)
+        groups: dict[tuple, list[int]] = {}
+        for i, (x, *_) in enumerate(chunks):
+            groups.setdefault((x.is_floating_point(), x.shape[1:]), []).append(i)
         n, step = self.samples_per_frame, max(1, max_batch)
         for rows in groups.values():
             for s in range(0, len(rows), step):
                 part = rows[s:s + step]
-                audio = self.decode(torch.cat([chunks[i][0] for i in part]))          # [sum b, T * 512]
+                audio = self._audio(torch.cat([chunks[i][0] for i in part]))          # [sum b, T * 512]
                 row = 0
                 for i in part:
-                    codes, ctx, length = chunks[i]
-                    out[i] = audio[row:row + codes.shape[0], ctx * n:(ctx + length) * n]
-                    row += codes.shape[0]
+                    x, ctx, length, last = chunks[i]
+                    out[i] = audio[row:row + x.shape[0], ctx * n:(ctx + length) * n - (n // 2 if last else 0)]
+                    row += x.shape[0]
         return out
 
     def decode_cut(self, chunks: list[CodeChunk], max_batch: int = 1) -> list[torch.Tensor]:
-        """decode_chunks for the chunks a FrameChunker cut: each one's audio [1, length * 512]."""
-        return self.decode_chunks([(torch.tensor(c.codes, dtype=torch.long).T[None], c.context, c.length)
-                                   for c in chunks], max_batch)
+        """decode_chunks for the chunks a FrameChunker cut: each one's audio [1, samples]."""
+        return self.decode_chunks([(chunk_input(c), c.context, c.length, c.last) for c in chunks], max_batch)
+
+
+def chunk_input(c: CodeChunk) -> torch.Tensor:
+    """What the chunk is decoded from: its hidden states [1, T, H] if it has them, else codes [1, num_vq, T]."""
+    if c.hidden is not None:
+        return torch.from_numpy(np.stack(c.hidden))[None]
+    return torch.tensor(c.codes, dtype=torch.long).T[None]
 
 
 class StreamingDecoder:
@@ -159,11 +215,14 @@ class StreamingDecoder:
         self.chunker = FrameChunker(schedule, decoder.exact_context if left is None else left,
                                     decoder.exact_context if lookahead is None else lookahead)
 
-    def cut(self, frames: list[tuple[int, ...]], final: bool = False) -> list[CodeChunk]:
-        """Add frames; returns the chunks now complete, still codes (to decode with others)."""
-        return self.chunker.push(frames) + (self.chunker.finish() if final else [])
+    def cut(self, frames: list[tuple[int, ...]], final: bool = False,
+            hidden: np.ndarray | None = None) -> list[CodeChunk]:
+        """Add frames (and their hidden states, for the Decoder path); returns the chunks now
+        complete, not yet decoded (to decode with others). final: the utterance ends here."""
+        return self.chunker.push(frames, hidden) + (self.chunker.finish() if final else [])
 
-    def push(self, frames: list[tuple[int, ...]], final: bool = False) -> list[tuple[int, torch.Tensor]]:
-        """Add frames; returns [(chunk index, audio [n * 512])] for every chunk now complete."""
-        chunks = self.cut(frames, final)
+    def push(self, frames: list[tuple[int, ...]], final: bool = False,
+             hidden: np.ndarray | None = None) -> list[tuple[int, torch.Tensor]]:
+        """Add frames; returns [(chunk index, audio [samples])] for every chunk now complete."""
+        chunks = self.cut(frames, final, hidden)
         return [(c.index, a[0]) for c, a in zip(chunks, self.decoder.decode_cut(chunks))]

@@ -91,8 +91,9 @@ class Worker:
         torch.cuda.synchronize()
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> list:
-        """Swap blocks, run the batch, sample one token per sequence with its own head."""
+    def execute(self, out: SchedulerOutput) -> tuple[list, torch.Tensor]:
+        """Swap blocks, run the batch, sample one token per sequence with its own head.
+        -> (the tokens, the last hidden states [B, H] that the heads read)"""
         self.cache.swap_out(out.swap_out)
         self.cache.swap_in(out.swap_in)
         hidden = self.runner.run(out.seqs)                        # [B, H]
@@ -108,4 +109,4 @@ class Worker:
                                    head.repetition_window)
             for i, t in zip(rows, sampled):
                 tokens[i] = t
-        return tokens
+        return tokens, hidden

@@ -1,8 +1,10 @@
 """Triton adapter: velocity's AsyncLLMEngine streaming ChatTTS audio codes in chunks.
 
 The engine loop runs on its own thread; each request's frames are cut into vocoder chunks
-(velocity.tts.streaming.FrameChunker) and sent as they are ready. Sentences of one request
-are generated in order with one speaker. Every request ends with the final flag, errors too.
+(velocity.tts.streaming.FrameChunker) and sent as they are ready, with the GPT's hidden state
+per frame (HIDDEN) on the Decoder path (DECODER "hidden", the default). Sentences of one request
+are generated in order with one speaker; each is its own utterance, whose last chunk is marked
+LAST. Every request ends with the final flag, errors too.
 """
 import logging
 import threading
@@ -16,7 +18,7 @@ from velocity import AsyncLLMEngine, EngineConfig, SamplingParams
 from velocity.serving.core_share import CoreBoard, ThreadLender, board_path
 from velocity.serving.drain import Drain
 from velocity.serving.requests import (STREAM_BUSY, STREAM_DRAINING, STREAM_FAILED, STREAM_SHUTTING_DOWN,
-                                      llm_inputs)
+                                      decoder_input, llm_inputs)
 from velocity.serving.settings import Settings
 from velocity.tts.streaming import FRAMES_PER_SECOND, FrameChunker
 from velocity.worker.worker import resolve_device
@@ -28,9 +30,10 @@ log = logging.getLogger("velocity.llm")
 class Stream:
     """One Triton request: its sentences, chunker and response sender."""
 
-    def __init__(self, model, request, sentences, speaker, params) -> None:
+    def __init__(self, model, request, sentences, speaker, params, hidden: bool) -> None:
         self.model, self.request, self.sender = model, request, request.get_response_sender()
         self.sentences, self.speaker, self.params = sentences, speaker, params
+        self.hidden = hidden                     # the Decoder path: chunks carry hidden states
         s = model.settings
         self.chunker = FrameChunker(s.schedule, s.left_context, s.lookahead)
         self.sentence = 0
@@ -43,14 +46,15 @@ class Stream:
     def start_sentence(self) -> None:
         self.rid = f"{id(self)}-{self.sentence}"
         self.model.engine.add_request(self.rid, self.sentences[self.sentence], self.params, self.on_output,
-                                      speaker=self.speaker)
+                                      speaker=self.speaker, return_hidden=self.hidden)
 
     def send_chunks(self, chunks) -> None:
         if chunks and self.first_chunk_at is None:
             self.first_chunk_at = time.monotonic()
             self.model.metrics["ttfa"].observe(self.first_chunk_at - self.t0)
         for c in chunks:
-            send_codes(self.sender, np.asarray(c.codes, np.int32).T[None], c.context, c.length, c.index)
+            send_chunk(self.sender, np.asarray(c.codes, np.int32).T[None], c.context, c.length, c.index,
+                       None if c.hidden is None else np.stack(c.hidden)[None], c.last)
 
     def stop(self, code: int) -> None:
         """From any thread: end this stream with a STREAM_* error code at its next output."""
@@ -67,7 +71,7 @@ class Stream:
                 send_error(self.sender, code, self.model.num_vq)
             else:
                 self.sender.send(flags=FINAL)
-                frames = len(self.chunker.frames)
+                frames = self.chunker.total
                 if frames:
                     self.model.metrics["rtf"].observe((time.monotonic() - self.t0) / (frames / FRAMES_PER_SECOND))
         finally:                                 # a sender that fails must not keep the slot
@@ -83,10 +87,11 @@ class Stream:
                 self.end(self.stop_code)
                 return
             end_code = self.model.end_code
-            frames = [f for f in out.new_token_ids if end_code not in f]
-            if frames:
-                self.model.metrics["frames"].increment(len(frames))
-            self.send_chunks(self.chunker.push(frames))
+            keep = [i for i, f in enumerate(out.new_token_ids) if end_code not in f]
+            if keep:
+                self.model.metrics["frames"].increment(len(keep))
+            self.send_chunks(self.chunker.push([out.new_token_ids[i] for i in keep],
+                                               None if out.new_hidden is None else out.new_hidden[keep]))
             if not out.finished:
                 return
             if out.error:
@@ -94,24 +99,32 @@ class Stream:
                 self.end(STREAM_FAILED)
             elif out.finish_reason == "abort":
                 self.end()
-            elif self.sentence + 1 < len(self.sentences):
-                self.sentence += 1
-                self.start_sentence()
             else:
-                self.send_chunks(self.chunker.finish())
-                self.end()
+                self.send_chunks(self.chunker.finish())          # the sentence is one utterance
+                if self.sentence + 1 < len(self.sentences):
+                    self.sentence += 1
+                    self.start_sentence()
+                else:
+                    self.end()
         except Exception:                        # never leave a client hanging
             log.exception("stream %s failed", self.rid)
             self.model.engine.abort(self.rid)
             self.end(STREAM_FAILED)
 
 
-def send_codes(sender, codes: np.ndarray, context: int, length: int, index: int, flags: int = 0) -> None:
-    """One chunk: codes [1, num_vq, T], of which `length` frames after `context` are new."""
+NO_HIDDEN = np.zeros((1, 0, 0), np.float32)      # the codes path: the vocoder decodes CODES
+
+
+def send_chunk(sender, codes: np.ndarray, context: int, length: int, index: int, hidden: np.ndarray | None = None,
+               last: bool = False, flags: int = 0) -> None:
+    """One chunk: codes [1, num_vq, T], of which `length` frames after `context` are new; hidden
+    [1, T, H] on the Decoder path; last: it ends its utterance."""
     i32 = lambda v: np.array([[v]], np.int32)  # noqa: E731
     sender.send(pb_utils.InferenceResponse(output_tensors=[
         pb_utils.Tensor("CODES", codes), pb_utils.Tensor("CONTEXT", i32(context)),
-        pb_utils.Tensor("LENGTH", i32(length)), pb_utils.Tensor("CHUNK_INDEX", i32(index))]), flags=flags)
+        pb_utils.Tensor("LENGTH", i32(length)), pb_utils.Tensor("CHUNK_INDEX", i32(index)),
+        pb_utils.Tensor("HIDDEN", NO_HIDDEN if hidden is None else hidden.astype(np.float32, copy=False)),
+        pb_utils.Tensor("LAST", i32(int(last)))]), flags=flags)
 
 
 def send_failure(sender, message: str, code) -> None:
@@ -122,7 +135,7 @@ def send_failure(sender, message: str, code) -> None:
 def send_error(sender, code: int, num_vq: int) -> None:
     """End a stream with an error chunk (LENGTH 0, CHUNK_INDEX = a STREAM_* code, see
     velocity.serving.requests): the vocoder turns it into the error response."""
-    send_codes(sender, np.zeros((1, num_vq, 1), np.int32), 0, 0, code, flags=FINAL)
+    send_chunk(sender, np.zeros((1, num_vq, 1), np.int32), 0, 0, code, flags=FINAL)
 
 
 FAMILIES: list = []   # a MetricFamily must outlive its metrics
@@ -224,7 +237,7 @@ class TritonPythonModel:
             send_error(request.get_response_sender(), refusal, self.num_vq)
             return
         try:
-            sentences, speaker, params = self._parse(request)
+            sentences, speaker, params, hidden = self._parse(request)
         except ValueError as e:                  # what the caller sent
             send_failure(request.get_response_sender(), str(e), pb_utils.TritonError.INVALID_ARG)
             return
@@ -233,7 +246,7 @@ class TritonPythonModel:
             send_failure(request.get_response_sender(), f"llm: internal error ({e}); see the server log",
                          pb_utils.TritonError.INTERNAL)
             return
-        stream = Stream(self, request, sentences, speaker, params)
+        stream = Stream(self, request, sentences, speaker, params, hidden)
         self.streams[id(stream)] = stream
         try:
             stream.start_sentence()
@@ -241,8 +254,9 @@ class TritonPythonModel:
             log.exception("llm: could not start stream %s", stream.rid)
             stream.end(STREAM_FAILED)
 
-    def _parse(self, request) -> tuple[list, torch.Tensor | None, SamplingParams]:
-        """The request's sentences, speaker and sampling, checked as the engine will check them."""
+    def _parse(self, request) -> tuple[list, torch.Tensor | None, SamplingParams, bool]:
+        """The request's sentences, speaker, sampling and whether it takes the Decoder path,
+        checked as the engine will check them."""
         def get(name):
             t = pb_utils.get_input_tensor_by_name(request, name)
             return None if t is None else t.as_numpy()
@@ -260,7 +274,7 @@ class TritonPythonModel:
                 engine.worker.model.check_speaker(speaker)
             except ValueError as e:
                 raise ValueError(f"SPEAKER_VECTOR: {e}") from e
-        return sentences, speaker, params
+        return sentences, speaker, params, decoder_input(get("DECODER")) == "hidden"
 
     def finalize(self) -> None:
         self._stop.set()

@@ -4,7 +4,8 @@ import triton_python_backend_utils as pb_utils
 
 from velocity.serving.requests import frontend_from_env, parse_triton_request
 
-INPUTS = ["TEXT", "PROMPT", "SPEAKER", "SPEAKER_SEED", "TEMPERATURE", "TOP_P", "TOP_K", "REPETITION_PENALTY", "MAX_NEW_TOKENS", "SEED"]
+INPUTS = ["TEXT", "PROMPT", "SPEAKER", "SPEAKER_SEED", "TEMPERATURE", "TOP_P", "TOP_K", "REPETITION_PENALTY", "MAX_NEW_TOKENS", "SEED",
+          "DECODER"]
 
 
 class TritonPythonModel:

@@ -1,4 +1,8 @@
-"""Triton adapter: DVAE + Vocos on one chunk (velocity.tts.streaming.AudioDecoder). Stateless.
+"""Triton adapter: one chunk -> its audio (velocity.tts.streaming.AudioDecoder). Stateless.
+
+A chunk with HIDDEN (the GPT's hidden states, the default Decoder path) is decoded by the
+Decoder, one without by the DVAE from its CODES; then Vocos. LAST marks an utterance's last
+chunk, whose audio is half a frame (256 samples) shorter, as the reference's whole decode.
 
 execute() only queues: a decode thread takes chunks earliest deadline first
 (velocity.serving.chunk_queue), with other queued chunks of the same length up to
@@ -21,7 +25,7 @@ from velocity.serving.chunk_queue import ChunkQueue
 from velocity.serving.core_share import CoreBoard, board_path
 from velocity.serving.requests import stream_error
 from velocity.serving.settings import Settings
-from velocity.tts.audio_models import load_dvae, load_vocos
+from velocity.tts.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.tts.streaming import FRAMES_PER_SECOND, AudioDecoder, default_decode_batch
 from velocity.worker.worker import resolve_device
 
@@ -49,8 +53,10 @@ class Job:
     """One queued chunk request."""
     index: np.ndarray                 # CHUNK_INDEX as sent (echoed back)
     codes: np.ndarray                 # [b, num_vq, T]
+    hidden: np.ndarray | None         # [b, T, H] for the Decoder path, else None
     context: int
     length: int
+    last: bool
     sender: object
     queued: float
     error: object = None              # a response that answers it without decoding
@@ -61,9 +67,14 @@ class Job:
         return int(self.index.reshape(-1)[0])
 
 
+    def input(self) -> np.ndarray:
+        """What it is decoded from: hidden states (Decoder path) or codes."""
+        return self.codes if self.hidden is None else self.hidden
+
+
 def same_shape(job: Job) -> tuple | None:
-    """Jobs decodable in one call share this ([num_vq, T]); a refused job goes alone."""
-    return None if job.error is not None else job.codes.shape[1:]
+    """Jobs decodable in one call share this (path and shape); a refused job goes alone."""
+    return None if job.error is not None else (job.hidden is None, job.input().shape[1:])
 
 
 class TritonPythonModel:
@@ -72,7 +83,8 @@ class TritonPythonModel:
         s.set_threads("vocoder")
         try:
             dev = resolve_device(s.device)
-            self.decoder = AudioDecoder(load_dvae(s.weights, dev), load_vocos(s.weights, dev))
+            self.decoder = AudioDecoder(load_dvae(s.weights, dev), load_vocos(s.weights, dev),
+                                        load_decoder(s.weights, dev))
         except Exception as e:
             raise pb_utils.TritonModelException(f"vocoder: cannot load {s.weights}: {e}")
         self.device = dev
@@ -89,12 +101,18 @@ class TritonPythonModel:
 
     def execute(self, requests: list) -> None:
         for r in requests:
-            get = lambda n: pb_utils.get_input_tensor_by_name(r, n).as_numpy()  # noqa: E731
+            def get(name: str) -> np.ndarray | None:
+                t = pb_utils.get_input_tensor_by_name(r, name)
+                return None if t is None else t.as_numpy()
+
             # copies: the request's tensors are freed when execute returns. An error chunk
             # (index < 0) is queued too, behind its stream's chunks: answered at once it could
             # overtake them, and one such run left the ensemble request in flight (Triton 2.51)
-            job = Job(get("CHUNK_INDEX").copy(), get("CODES").astype(np.int64), int(get("CONTEXT").reshape(-1)[0]),
-                      int(get("LENGTH").reshape(-1)[0]), r.get_response_sender(), time.monotonic())
+            hidden, last = get("HIDDEN"), get("LAST")
+            job = Job(get("CHUNK_INDEX").copy(), get("CODES").astype(np.int64),
+                      None if hidden is None or hidden.size == 0 else hidden.astype(np.float32),
+                      int(get("CONTEXT").reshape(-1)[0]), int(get("LENGTH").reshape(-1)[0]),
+                      last is not None and bool(last.reshape(-1)[0]), r.get_response_sender(), time.monotonic())
             job.error = self._refusal(job)
             self.queue.put(job.number, job)
         return None
@@ -113,6 +131,11 @@ class TritonPythonModel:
             msg = f"CODES {list(codes.shape)} does not hold CONTEXT={ctx} + LENGTH={length} frames"
         elif codes.min() < 0 or codes.max() >= d.num_codes:
             msg = f"CODES must hold codes in [0, {d.num_codes}), got values in [{codes.min()}, {codes.max()}]"
+        elif job.hidden is not None and job.hidden.shape != (codes.shape[0], codes.shape[-1], d.hidden_size):
+            msg = (f"HIDDEN must be [{codes.shape[0]}, {codes.shape[-1]}, {d.hidden_size}] (a hidden state per "
+                   f"frame of CODES), got {list(job.hidden.shape)}")
+        elif job.hidden is not None and not np.isfinite(job.hidden).all():
+            msg = "HIDDEN must hold finite floats (got NaN or inf)"
         else:
             return None
         return pb_utils.InferenceResponse(error=Err(msg, Err.INVALID_ARG))
@@ -133,8 +156,8 @@ class TritonPythonModel:
         start = time.monotonic()
         try:
             with self.cores.busy() if self.cores is not None else contextlib.nullcontext():
-                audio = self.decoder.decode_chunks([(torch.from_numpy(j.codes).to(self.device), j.context, j.length)
-                                                    for j in jobs], len(jobs))
+                audio = self.decoder.decode_chunks([(torch.from_numpy(j.input()).to(self.device), j.context, j.length,
+                                                     j.last) for j in jobs], len(jobs))
             audio = [a.float().cpu().numpy() for a in audio]                             # [b, samples] each
         except Exception as e:
             if len(jobs) > 1:             # a failed batch (e.g. out of GPU memory): each chunk on its own
