@@ -1,7 +1,9 @@
 #!/usr/bin/env python
-"""Vocoder benchmark: seconds of audio decoded (DVAE + Vocos) per second at batch 1 and 8, and the
-streaming seam error against lookahead. Release-size DVAE/Vocos with seeded random weights.
-Writes docs/benchmarks/vocoder_cpu.{json,png}.
+"""Vocoder benchmark, both decode paths in the same run: seconds of audio decoded per second at
+batch 1 and 8 for codes -> DVAE -> Vocos and for GPT hidden states -> Decoder -> Vocos (the
+reference's default), measured in alternating rounds (this machine's speed drifts), and the
+streaming seam error against lookahead for each. Release-size DVAE, Decoder (768-wide hidden
+states) and Vocos with seeded random weights. Writes docs/benchmarks/vocoder_cpu.{json,png}.
 
     .venv/bin/python scripts/bench_vocoder.py
 """
@@ -17,13 +19,15 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
-from velocity.tts.audio_models import load_dvae, load_vocos
+from velocity.tts.audio_models import load_decoder, load_dvae, load_vocos, random_decoder_tensors
 from velocity.tts.checkpoint import write_checkpoint
 from velocity.tts.streaming import AudioDecoder, ChunkSchedule, StreamingDecoder
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench_vocoder")
+PATHS = ("codes", "hidden")
 
 
 def ser_db(ref: torch.Tensor, x: torch.Tensor) -> float:
@@ -33,35 +37,48 @@ def ser_db(ref: torch.Tensor, x: torch.Tensor) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--frames", type=int, default=240, help="GPT frames per utterance (46.875 = 1 s)")
+    ap.add_argument("--rounds", type=int, default=4, help="alternating timed rounds per path and batch")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "vocoder_cpu"))
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write_checkpoint(Path(tmp) / "ck", "tiny", seed=0)   # DVAE/Vocos are release-size in every size
-        dec = AudioDecoder(load_dvae(ckpt), load_vocos(ckpt))
+        # the release's Decoder reads 768-wide hidden states (the tiny demo GPT's are 64)
+        save_file(random_decoder_tensors(torch.Generator().manual_seed(0), 768), str(ckpt / "asset" / "Decoder.safetensors"))
+        dec = AudioDecoder(load_dvae(ckpt), load_vocos(ckpt), load_decoder(ckpt))
     T, secs = args.frames, args.frames / 46.875
     res = {"hardware": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                         "torch": torch.__version__}, "frames": T, "audio_seconds_per_utterance": secs,
-           "throughput": {}, "lookahead": {}}
+           "rounds": args.rounds, "throughput": {p: {} for p in PATHS}, "lookahead": {p: {} for p in PATHS}}
+
+    def inputs(path: str, b: int) -> torch.Tensor:
+        return torch.randint(0, 625, (b, 4, T)) if path == "codes" else torch.randn(b, T, dec.hidden_size)
+
     for b in (1, 8):
-        codes = torch.randint(0, 625, (b, 4, T))
-        dec.decode(codes)
-        times = []
-        for _ in range(3):
-            t = time.perf_counter()
-            dec.decode(codes)
-            times.append(time.perf_counter() - t)
-        res["throughput"][f"batch{b}"] = b * secs / statistics.median(times)
-        log.info("batch %d: %.1f s of audio per s", b, res["throughput"][f"batch{b}"])
+        x = {p: inputs(p, b) for p in PATHS}
+        times: dict[str, list[float]] = {p: [] for p in PATHS}
+        for p in PATHS:
+            dec.decode(x[p])                                   # warm up
+        for r in range(args.rounds):                           # ABBA: neither path always goes first
+            for p in (PATHS if r % 2 == 0 else PATHS[::-1]):
+                t = time.perf_counter()
+                dec.decode(x[p])
+                times[p].append(time.perf_counter() - t)
+        for p in PATHS:
+            res["throughput"][p][f"batch{b}"] = b * secs / statistics.median(times[p])
+            log.info("%-6s batch %d: %.1f s of audio per s", p, b, res["throughput"][p][f"batch{b}"])
     frames = [tuple(torch.randint(0, 625, (4,)).tolist()) for _ in range(T)]
-    whole = dec.decode(torch.tensor(frames).T[None])[0]
-    for la in (0, 2, 4, 8, 16, 32, dec.exact_context):
-        sd = StreamingDecoder(dec, ChunkSchedule(12, 36), lookahead=la)
-        chunks = sd.push(frames) + sd.push([], final=True)
-        audio = torch.cat([c[1] for c in chunks])
-        res["lookahead"][str(la)] = ser_db(whole, audio)
-        log.info("lookahead %2d frames: SER %.1f dB", la, res["lookahead"][str(la)])
+    hidden = torch.randn(T, dec.hidden_size)
+    for p in PATHS:
+        whole = dec.decode(torch.tensor(frames).T[None] if p == "codes" else hidden[None])[0]
+        for la in (0, 2, 4, 8, 16, 32, dec.exact_context):
+            sd = StreamingDecoder(dec, ChunkSchedule(12, 36), lookahead=la)
+            h = None if p == "codes" else hidden.numpy()
+            chunks = sd.push(frames, hidden=h) + sd.push([], final=True)
+            audio = torch.cat([c[1] for c in chunks])
+            res["lookahead"][p][str(la)] = ser_db(whole, audio)
+            log.info("%-6s lookahead %2d frames: SER %.1f dB", p, la, res["lookahead"][p][str(la)])
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(res, indent=2))
 
@@ -69,11 +86,18 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.bar(list(res["throughput"]), list(res["throughput"].values()), color="#1f77b4")
+    width = 0.38
+    for i, p in enumerate(PATHS):
+        vals = res["throughput"][p]
+        a.bar([j + (i - 0.5) * width for j in range(len(vals))], list(vals.values()), width,
+              label={"codes": "codes -> DVAE", "hidden": "hidden -> Decoder (default)"}[p])
+    a.set_xticks(range(len(res["throughput"]["codes"])), list(res["throughput"]["codes"]))
     a.set_ylabel("seconds of audio / second")
-    a.set_title("DVAE + Vocos decode (CPU)")
-    la = [int(k) for k in res["lookahead"]]
-    b.plot(la, [min(v, 150) for v in res["lookahead"].values()], "o-")
+    a.set_title("decode + Vocos (CPU)")
+    a.legend()
+    for p in PATHS:
+        la = [int(k) for k in res["lookahead"][p]]
+        b.plot(la, [min(v, 150) for v in res["lookahead"][p].values()], "o-", label=p)
     b.axhline(40, color="grey", ls="--", label="40 dB")
     b.set_xlabel("lookahead (GPT frames; 46.875 = 1 s)")
     b.set_ylabel("SER vs whole decode (dB, capped at 150)")

@@ -131,6 +131,18 @@ def test_the_speaker_row_is_the_references():
         assert not np.array_equal((f32 / f32.norm()).numpy(), want)      # the test can tell the two apart
 
 
+def test_random_speakers_are_the_references_draws():
+    """SPEAKER_SEED n is the reference's speaker after torch.manual_seed(n) (Speaker._sample_random:
+    randn * std + mean in float16), bit for bit, on the same statistics."""
+    from velocity.tts.speaker import random_speaker
+
+    ref = np.load(FIXTURES / "speakers.npz")
+    for seed, want in zip(ref["seeds"].tolist(), ref["random"]):
+        got = random_speaker(seed, want.shape[0], ref["stats"])
+        assert np.array_equal(got, want.astype(np.float32)), seed
+    assert not np.array_equal(random_speaker(0, 768), ref["random"][0].astype(np.float32))   # the statistics matter
+
+
 @pytest.fixture(scope="module")
 def greedy_ref():
     return np.load(FIXTURES / "greedy.npz")

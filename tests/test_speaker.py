@@ -27,7 +27,30 @@ def test_decodes_a_string_built_independently():
 def test_random_speaker_is_seeded():
     assert np.array_equal(random_speaker(1), random_speaker(1))
     assert not np.array_equal(random_speaker(1), random_speaker(2))
-    np.testing.assert_allclose(random_speaker(1, mean=np.ones(768), std=np.full(768, 0.0)), np.ones(768))
+    stats = np.stack([np.zeros(768), np.ones(768)])
+    np.testing.assert_array_equal(random_speaker(1, stats=stats), np.ones(768))
+
+
+def test_speaker_stats_are_read_from_a_real_torch_save_without_unpickling(tmp_path):
+    """asset/spk_stat.pt as torch.save writes it (float32 and float16), read from its raw bytes."""
+    import torch
+
+    from velocity.tts.speaker import load_speaker_stats
+    (tmp_path / "asset").mkdir()
+    assert load_speaker_stats(tmp_path, 8) is None                      # optional
+    for dtype in (torch.float32, torch.float16):
+        t = torch.cat([torch.linspace(0.5, 1.5, 8), torch.linspace(-1, 1, 8)]).to(dtype)
+        torch.save(t, str(tmp_path / "asset" / "spk_stat.pt"))
+        got = load_speaker_stats(tmp_path, 8)
+        np.testing.assert_array_equal(got, t.to(torch.float16).numpy().reshape(2, 8))
+    with pytest.raises(SpeakerError, match="expected 32 float32 or float16 values"):
+        load_speaker_stats(tmp_path, 16)
+    torch.save({"a": torch.ones(2), "b": torch.ones(2)}, str(tmp_path / "asset" / "spk_stat.pt"))
+    with pytest.raises(SpeakerError, match="expected one tensor"):
+        load_speaker_stats(tmp_path, 8)
+    (tmp_path / "asset" / "spk_stat.pt").write_bytes(b"not a zip")
+    with pytest.raises(SpeakerError, match="not a torch.save zip"):
+        load_speaker_stats(tmp_path, 8)
 
 
 @pytest.mark.parametrize("s,match", [

@@ -259,7 +259,7 @@ def test_client_cli_grpc_http_offline_write_the_same_wav(server, tmp_path, caplo
 
     import soundfile as sf
 
-    from velocity.tts.speaker import encode_speaker, random_speaker
+    from velocity.tts.speaker import encode_speaker, load_speaker_stats, random_speaker
     caplog.set_level(logging.INFO)
     common = ["--seed", "11", "--max-new-tokens", "20"]
     text = tmp_path / "in.txt"
@@ -284,8 +284,8 @@ def test_client_cli_grpc_http_offline_write_the_same_wav(server, tmp_path, caplo
     # JSON floats round trip to ~1e-7, which may cross one rounding boundary of the 16-bit grid
     np.testing.assert_allclose(wavs["http"], wavs["grpc"], rtol=0, atol=1 / 32768 + 1e-7)
     assert "first audio after" in caplog.text and "RTF" in caplog.text
-    # SPEAKER_SEED is the speaker string of the same seed's speaker
-    spk = encode_speaker(random_speaker(3, 64))
+    # SPEAKER_SEED is the speaker string of the same seed's speaker, from the weights' statistics
+    spk = encode_speaker(random_speaker(3, 64, load_speaker_stats(server.env["VELOCITY_WEIGHTS"], 64)))
     assert client_main(["--file", str(text), "-o", str(tmp_path / "spk.wav"), "--url", server.grpc_url,
                         "--speaker", spk, "--format", "float", *common]) == 0
     np.testing.assert_array_equal(sf.read(tmp_path / "spk.wav", dtype="float32")[0], wavs["float"])

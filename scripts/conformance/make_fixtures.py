@@ -18,7 +18,8 @@ those weights in tests/fixtures/chattts_0.2.5/:
                   processing leaves of them (temperature, repetition penalty over 16 frames,
                   top-P, top-K, the min_new_token mask) for several parameter sets
   speakers.npz    speaker strings and the vector the reference's Speaker.apply puts at the
-                  [spk_emb] position for each
+                  [spk_emb] position for each; random speakers it draws after torch.manual_seed
+                  from given (seeded) speaker statistics
   greedy.npz      near-greedy generation (temperature 1e-6: the reference has no greedy mode
                   and keeps 3 candidates, so this is its argmax) on the demo GPT, one text at a
                   time, with and without a speaker: the prompt ids, frames and hidden states,
@@ -172,7 +173,20 @@ def speakers() -> dict[str, np.ndarray]:
         emb = torch.zeros(1, 3, c.gpt.hidden_size)
         ids = torch.tensor([[[1] * 4, [5] * 4, [2] * 4]])            # 5 plays [spk_emb]'s id
         rows.append(spk.apply(emb, s, ids, 5, torch.device("cpu"))[0, 1].numpy().copy())
-    return {"strings": np.array(strings), "rows": np.stack(rows)}
+    # random speakers from given statistics (seeded here, not the release's): the reference's
+    # Speaker built on them, torch.manual_seed(seed), then its draw
+    import pybase16384 as b14
+    g = np.random.default_rng(11)
+    dim = c.gpt.hidden_size
+    stats = np.stack([0.5 + g.random(dim), 0.3 * g.standard_normal(dim)]).astype(np.float16)
+    seeded = Speaker(dim, b14.encode_to_string(stats.tobytes()))
+    seeds = [0, 1, 7, 123456789, 2**62 + 3]
+    draws = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        draws.append(seeded._sample_random().numpy().copy())
+    return {"strings": np.array(strings), "rows": np.stack(rows), "stats": stats, "seeds": np.array(seeds, np.int64),
+            "random": np.stack(draws)}
 
 
 GREEDY_TEXTS = ["hello world", "this is a test of the engine", "the quick brown fox jumps over the lazy dog"]

@@ -127,7 +127,7 @@ def parse_tts_request(get, settings: Settings, frontend) -> TTSRequest:
     Raises ValueError naming the bad input and its allowed range (INVALID_ARG for Triton).
     """
     from velocity.tts.frontend import DEFAULT_PROMPT
-    from velocity.tts.speaker import SpeakerError, decode_speaker, seeded_speaker
+    from velocity.tts.speaker import SpeakerError, decode_speaker, random_speaker
 
     text = text_input(get("TEXT"), "TEXT", required=True, max_chars=settings.max_text_chars)
     prompt = text_input(get("PROMPT"), "PROMPT", required=False) or DEFAULT_PROMPT
@@ -139,7 +139,7 @@ def parse_tts_request(get, settings: Settings, frontend) -> TTSRequest:
     if speaker_seed is not None:
         if speaker and speaker.strip():
             raise ValueError("give SPEAKER or SPEAKER_SEED, not both")
-        vec = seeded_speaker(speaker_seed, frontend.speaker_dim)
+        vec = random_speaker(speaker_seed, frontend.speaker_dim, frontend.speaker_stats)
     elif speaker and speaker.strip():
         try:
             vec = decode_speaker(speaker, frontend.speaker_dim)

@@ -90,6 +90,15 @@ def gpt_config(s: GPTSize) -> dict:
             "mlp_bias": False, "tie_word_embeddings": False, "vocab_size": 32000, "model_type": "llama"}
 
 
+def write_speaker_stats(path: Path, dim: int, seed: int) -> None:
+    """asset/spk_stat.pt as the release publishes it: torch.save of one float32 tensor [std, mean]
+    (2 * dim values). Written only; velocity reads its raw bytes (velocity.tts.speaker)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    std = 0.5 + torch.rand(dim, generator=g)
+    mean = 0.3 * torch.randn(dim, generator=g)
+    torch.save(torch.cat([std, mean]), str(path))
+
+
 def write_checkpoint(out: str | Path, size: str = "tiny", seed: int = 0) -> Path:
     """Write out/asset/... in the release's layout; returns out."""
     if size not in SIZES:
@@ -106,6 +115,7 @@ def write_checkpoint(out: str | Path, size: str = "tiny", seed: int = 0) -> Path
     save_file(random_dvae_tensors(g), str(asset / "DVAE.safetensors"))
     save_file(random_vocos_tensors(g), str(asset / "Vocos.safetensors"))
     save_file(random_decoder_tensors(g, s.hidden), str(asset / "Decoder.safetensors"))
+    write_speaker_stats(asset / "spk_stat.pt", s.hidden, seed)
     write_tokenizer(asset / "tokenizer", s.text_vocab)
     (out / "velocity-demo.json").write_text(json.dumps(
         {"note": "seeded random weights: noise, not speech", "size": size, "seed": seed, "gpt": asdict(s)}, indent=2))

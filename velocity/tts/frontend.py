@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from velocity.tts.normalizer import CONTROL, Normalized, Normalizer, split_sentences
+from velocity.tts.speaker import STATS_FILE, load_speaker_stats
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_PROMPT = "[speed_5]"
 
@@ -29,6 +33,10 @@ class TextFrontend:
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         cfg = Path(folder) / "asset" / "gpt" / "config.json"
         self.speaker_dim = json.loads(cfg.read_text(encoding="utf-8")).get("hidden_size", 768) if cfg.is_file() else 768
+        self.speaker_stats = load_speaker_stats(folder, self.speaker_dim)   # for random speakers
+        if self.speaker_stats is None:
+            logger.warning("%s has no %s: random speakers (SPEAKER_SEED) come from a plain normal, not the "
+                           "release's speaker statistics (scripts/download_weights.py fetches it)", folder, STATS_FILE)
         vocab = self.tokenizer.get_vocab()
         self.normalizer = Normalizer(keep=lambda ch: ch in vocab)
 

@@ -77,7 +77,7 @@ class TTSPipeline:
         if speaker is None:
             return None
         if isinstance(speaker, int):
-            return torch.from_numpy(random_speaker(speaker, dim))
+            return torch.from_numpy(random_speaker(speaker, dim, self.frontend.speaker_stats))
         return torch.from_numpy(decode_speaker(speaker, dim))
 
     def stream(self, text: str, speaker: str | int | None = None, prompt: str = DEFAULT_PROMPT,

@@ -1,10 +1,19 @@
-"""Speaker strings of the ChatTTS release: float16 bytes, raw LZMA2 (preset 9 | extreme), base16384."""
+"""Speakers: the release's speaker strings (float16 bytes, raw LZMA2 (preset 9 | extreme),
+base16384) and random speakers drawn from the release's speaker statistics."""
 from __future__ import annotations
 
+import logging
 import lzma
+import re
+import zipfile
+from pathlib import Path
 
 import numpy as np
 import pybase16384 as b14
+import torch
+
+STATS_FILE = "asset/spk_stat.pt"       # published with the weights: [std, mean] of the speaker embeddings
+log = logging.getLogger(__name__)
 
 FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
 
@@ -39,18 +48,40 @@ def decode_speaker(s: str, dim: int = 768) -> np.ndarray:
     return vec
 
 
-def seeded_speaker(seed: int, dim: int) -> np.ndarray:
-    """The speaker SPEAKER_SEED picks: random_speaker(seed, dim) as its speaker string holds it
-    (float16), so SPEAKER=encode_speaker(random_speaker(seed, dim)) gives the same voice."""
-    return random_speaker(seed, dim).astype(np.float16).astype(np.float32)
+def load_speaker_stats(folder: str | Path, dim: int) -> np.ndarray | None:
+    """asset/spk_stat.pt -> [2, dim] float16 (std, mean), or None when the folder lacks it.
+
+    The file is a torch.save zip of one tensor of 2 * dim values; its raw storage bytes
+    (<name>/data/0, little-endian float32 or float16) are read directly, never unpickled."""
+    path = Path(folder) / STATS_FILE
+    if not path.is_file():
+        return None
+    try:
+        with zipfile.ZipFile(path) as z:
+            blobs = [n for n in z.namelist() if re.fullmatch(r"[^/]+/data/\d+", n)]
+            if len(blobs) != 1:
+                raise SpeakerError(f"{path}: expected one tensor in the torch.save archive, found {len(blobs)}")
+            raw = z.read(blobs[0])
+    except zipfile.BadZipFile as e:
+        raise SpeakerError(f"{path}: not a torch.save zip archive ({e})") from e
+    for dtype in ("<f4", "<f2"):
+        if len(raw) == 2 * dim * np.dtype(dtype).itemsize:
+            stats = np.frombuffer(raw, dtype=dtype).astype(np.float16).reshape(2, dim)
+            if not np.isfinite(stats).all():
+                raise SpeakerError(f"{path}: holds NaN or inf values")
+            return stats
+    raise SpeakerError(f"{path}: expected {2 * dim} float32 or float16 values (std, mean), got {len(raw)} bytes")
 
 
-def random_speaker(seed: int, dim: int = 768, mean: np.ndarray | None = None,
-                   std: np.ndarray | None = None) -> np.ndarray:
-    """randn(dim) * std + mean from a seed (standard normal without the release's statistics)."""
-    v = np.random.default_rng(seed).standard_normal(dim).astype(np.float32)
-    if std is not None:
-        v = v * np.asarray(std, dtype=np.float32)
-    if mean is not None:
-        v = v + np.asarray(mean, dtype=np.float32)
-    return v
+def random_speaker(seed: int, dim: int = 768, stats: np.ndarray | None = None) -> np.ndarray:
+    """A random speaker from a seed, as the reference draws one (Speaker._sample_random after
+    torch.manual_seed(seed)): randn(dim) * std + mean, all in float16 on torch's CPU generator.
+    stats: [2, dim] (std, mean) from load_speaker_stats; None: std 1, mean 0 (a plain normal,
+    for folders without asset/spk_stat.pt). Returns float32 holding float16 values."""
+    v = torch.randn(dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float16)
+    if stats is not None:
+        st = torch.from_numpy(np.asarray(stats, dtype=np.float16))
+        if st.shape != (2, dim):
+            raise SpeakerError(f"speaker statistics must be [2, {dim}] (std, mean), got {list(st.shape)}")
+        v = v.mul_(st[0]).add_(st[1])
+    return v.float().numpy()
