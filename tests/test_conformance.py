@@ -219,3 +219,22 @@ def test_text_to_speech_equals_the_reference(demo, greedy_ref, decoder):
         want = greedy_ref[f"wav_{decoder}_{key}"]
         assert wav.shape == want.shape == (512 * frames - 256,), key
         assert snr_db(want, wav) >= 100, (key, snr_db(want, wav))
+
+
+def test_every_frontend_fixture_text_gives_the_references_prompt_ids(tmp_path):
+    """Texts of punctuation, apostrophes, question marks, brackets, both languages and split
+    points (frontend.npz): the same pieces and the same prompt ids as the reference's text path
+    (Chat.infer's split, its normaliser, homophones, prompt template), on the full demo's tokenizer."""
+    from velocity.tts.checkpoint import write_tokenizer
+    from velocity.tts.frontend import TextFrontend
+
+    ref = np.load(FIXTURES / "frontend.npz")
+    write_tokenizer(tmp_path / "asset" / "tokenizer", int(ref["vocab"]))
+    fe = TextFrontend(tmp_path)
+    want = np.split(ref["ids"], np.cumsum(ref["lengths"])[:-1])
+    at = 0
+    for text, n in zip(ref["texts"].tolist(), ref["pieces"].tolist()):
+        got = [s.token_ids for s in fe.encode(text, speaker=False)[0]]
+        assert got == [w.tolist() for w in want[at:at + n]], (text, [fe.tokenizer.decode(g) for g in got],
+                                                               [fe.tokenizer.decode(w) for w in want[at:at + n]])
+        at += n

@@ -157,3 +157,13 @@ class TritonServer:
             self.proc.wait(timeout=10)
         self._log.close()
         self.proc = None
+
+
+def assert_same_audio(got, want) -> None:
+    """The same frames decoded in another batch: the default (hidden-state) path decodes floats
+    that another batch composition rounds differently (about 1e-6 relative), so the audio is
+    equal in length and within 1e-4 of the peak (DECODER=codes would be bit-exact)."""
+    import numpy as np
+
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * float(np.abs(want).max()))

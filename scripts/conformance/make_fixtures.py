@@ -24,6 +24,8 @@ those weights in tests/fixtures/chattts_0.2.5/:
                   and keeps 3 candidates, so this is its argmax) on the demo GPT, one text at a
                   time, with and without a speaker: the prompt ids, frames and hidden states,
                   and the waveform of each decode path (Chat._decode_to_wavs)
+  frontend.npz    the prompt ids of each piece of a set of texts through the reference's text
+                  path (its split, normaliser and homophones, prompt template, tokenizer)
   versions.json   the versions of the reference and its dependencies the fixtures come from
 """
 from __future__ import annotations
@@ -189,6 +191,46 @@ def speakers() -> dict[str, np.ndarray]:
             "random": np.stack(draws)}
 
 
+# Texts whose every character the reference defines (no digits: it drops them, we read them):
+# punctuation, apostrophes, question marks, brackets, both languages, mixed, split points
+FRONTEND_TEXTS = [
+    "Really? Yes! It's fine.", "Hello: world; one (two) <three> four-five.", "Don't stop. Keep going, please.",
+    "What is this? I do not know!", "salt and pepper, “quoted” words — dash", "e.g. this. And that.",
+    "你好，世界！今天天气很好。", "真的吗？是的！", "注意：安全第一；请（小心）。", "他说「你好」，我说《再见》。",
+    "我们一起去吧。明天见。", "Hello 你好，世界。", "你好 hello world again", "第一行\n第二行！\n",
+    "我喜欢apple和banana。", "A-B-C, 一、二、三。",
+]
+FRONTEND_VOCAB = 21178       # the full demo's vocabulary: every CJK ideograph U+4E00-U+9FA5
+
+
+def frontend() -> dict[str, np.ndarray]:
+    """The reference's text path for each text: infer()'s split, Normalizer (text normalisation and
+    homophones), decorate_code_prompts, its tokenizer; the prompt ids of every piece (no speaker,
+    [speed_5]). On the full demo's tokenizer, written by our writer."""
+    import re
+
+    import ChatTTS
+    from ChatTTS.model.speaker import Speaker
+    from ChatTTS.model.tokenizer import Tokenizer
+
+    from velocity.tts.checkpoint import write_tokenizer
+
+    chat = ChatTTS.Chat()
+    ids, pieces = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        write_tokenizer(Path(tmp), FRONTEND_VOCAB)
+        tok = Tokenizer(tmp)
+        for text in FRONTEND_TEXTS:
+            parts = text.split("\n") if "\n" in text else re.split(r"(?<=。)|(?<=\.\s)", text)   # Chat.infer's split
+            parts = [chat.normalizer(p, True, True) for p in parts if p]
+            prompts = Speaker.decorate_code_prompts(parts, "[speed_5]", None, None)
+            for p in prompts:
+                ids.append(tok.encode([p], 4)[0][0, :, 0].numpy())
+            pieces.append(len(prompts))
+    return {"texts": np.array(FRONTEND_TEXTS), "pieces": np.array(pieces), "lengths": np.array([len(i) for i in ids]),
+            "ids": np.concatenate(ids), "vocab": np.array(FRONTEND_VOCAB)}
+
+
 GREEDY_TEXTS = ["hello world", "this is a test of the engine", "the quick brown fox jumps over the lazy dog"]
 GREEDY_FRAMES = 30
 
@@ -263,6 +305,7 @@ def main() -> None:
         np.savez_compressed(out / "greedy.npz", **greedy(folder))
     np.savez_compressed(out / "sampling.npz", **sampling())
     np.savez_compressed(out / "speakers.npz", **speakers())
+    np.savez_compressed(out / "frontend.npz", **frontend())
     pkgs = ["chattts", "torch", "torchaudio", "vector-quantize-pytorch", "vocos", "transformers", "numpy"]
     (out / "versions.json").write_text(json.dumps({p: md.version(p) for p in pkgs}, indent=1) + "\n")
     print(f"[conformance] wrote {out}")

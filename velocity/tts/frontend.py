@@ -7,7 +7,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from velocity.tts.normalizer import CONTROL, Normalized, Normalizer, split_sentences
+from velocity.tts.homophones import Homophones
+from velocity.tts.normalizer import CONTROL, Normalized, Normalizer, split_sentences, split_text
 from velocity.tts.speaker import STATS_FILE, load_speaker_stats
 
 logger = logging.getLogger(__name__)
@@ -37,8 +38,7 @@ class TextFrontend:
         if self.speaker_stats is None:
             logger.warning("%s has no %s: random speakers (SPEAKER_SEED) come from a plain normal, not the "
                            "release's speaker statistics (scripts/download_weights.py fetches it)", folder, STATS_FILE)
-        vocab = self.tokenizer.get_vocab()
-        self.normalizer = Normalizer(keep=lambda ch: ch in vocab)
+        self.normalizer = Normalizer(replace=Homophones(self.tokenizer.get_vocab()))
 
     def normalize(self, text: str) -> Normalized:
         return self.normalizer.normalize(text)
@@ -48,14 +48,18 @@ class TextFrontend:
             raise ValueError(f"PROMPT must hold only control tokens such as [speed_5] or [oral_2], got {prompt!r}")
 
     def encode(self, text: str, speaker: bool, prompt: str = DEFAULT_PROMPT) -> tuple[list[Sentence], Normalized]:
-        """Text -> one prompt per sentence, in order, and the normalisation report."""
+        """Text -> one prompt per piece, in order, and the normalisation report. Pieces as the
+        reference splits a text (split_text), each normalised on its own (its own language), and
+        cut again if longer than 120 characters."""
         self.check_prompt(prompt)
-        norm = self.normalize(text)
         spk = "[spk_emb]" if speaker else "[empty_spk]"
-        out = []
-        for s in split_sentences(norm.text):
-            if not re.sub(CONTROL.pattern, "", s).strip(" ，。、,."):
-                continue                      # nothing left to speak
-            ids = self.tokenizer.encode(f"[Stts]{spk}{prompt}{s}[Ptts]", add_special_tokens=False)
-            out.append(Sentence(s, ids))
-        return out, norm
+        out, norms = [], [self.normalize(piece) for piece in split_text(text)]
+        for norm in norms:
+            for s in split_sentences(norm.text):
+                if not re.sub(CONTROL.pattern, "", s).strip(" ，。、,."):
+                    continue                      # nothing left to speak
+                ids = self.tokenizer.encode(f"[Stts]{spk}{prompt}{s}[Ptts]", add_special_tokens=False)
+                out.append(Sentence(s, ids))
+        report = Normalized(" ".join(n.text for n in norms), norms[0].lang if norms else "en",
+                            sum(n.removed for n in norms), [t for n in norms for t in n.unknown_tokens])
+        return out, report

@@ -1,6 +1,11 @@
-"""Text normalisation for English and Chinese: numbers become words, punctuation is mapped to
-what the model knows, control tokens pass through. num2words (English) and cn2an (Chinese)
-do the number words."""
+"""Text normalisation for English and Chinese, as the reference (chattts==0.2.5) does it, plus
+readings it lacks: numbers, dates, times, money, units and a few symbols become words (num2words
+for English, cn2an for Chinese; the reference drops digits). Then the reference's rules: the
+language is Chinese when it has more Chinese characters than English words; Chinese text takes
+full-width punctuation; `!` ends a sentence, `: ; ( ) < > -` and the Chinese brackets become
+commas; every other character but ASCII letters, CJK ideographs, `，。、,.` and spaces is dropped
+(`?` and apostrophes too); a Chinese character the tokenizer lacks is replaced by one it has
+(velocity.tts.homophones). Control tokens pass through."""
 from __future__ import annotations
 
 import re
@@ -41,7 +46,22 @@ class Normalized:
 
 
 def detect_language(text: str) -> str:
-    return "zh" if len(CJK.findall(text)) >= max(1, len(re.findall(r"[A-Za-z]", text)) // 4) else "en"
+    """The reference's rule: Chinese when it has more Chinese characters than English words."""
+    return "zh" if len(CJK.findall(text)) > len(re.findall(r"\b[A-Za-z]+\b", text)) else "en"
+
+
+# The reference's punctuation: Chinese text first takes full-width forms (ZH_FULL), then in either
+# language these become commas or full stops (TO_COMMA); what is left outside KEEP is dropped.
+ZH_FULL = str.maketrans({",": "，", ".": "。", "!": "！", "?": "？", ":": "：", ";": "；", "(": "（", ")": "）",
+                         "-": "－", "<": "＜", ">": "＞"})
+TO_COMMA = str.maketrans({**{c: "，" for c in "：；（）【】『』「」《》－"}, "！": "。",
+                          **{c: "," for c in ":;()<>-"}, "!": "."})
+KEEP = re.compile(r"[\u4e00-\u9fffA-Za-z，。、,. ]")
+
+
+def words(n: int, **kw) -> str:
+    """num2words without hyphens ("twenty-four" -> "twenty four": a hyphen would become a comma)."""
+    return num2words(n, **kw).replace("-", " ")
 
 
 def _en_number(s: str) -> str:
@@ -70,7 +90,7 @@ def _plural(unit: str, number: str) -> str:
 def normalize_en(text: str) -> str:
     t = text
     t = re.sub(r"(\d{4})-(\d{1,2})-(\d{1,2})", lambda m: f"{MONTHS[int(m[2]) - 1]} "
-               f"{num2words(int(m[3]), to='ordinal')}, {num2words(int(m[1]), to='year')}"
+               f"{words(int(m[3]), to='ordinal')}, {words(int(m[1]), to='year')}"
                if 1 <= int(m[2]) <= 12 and 1 <= int(m[3]) <= 31 else m[0], t)
     t = re.sub(r"([$€£])\s?(\d[\d,]*(?:\.\d\d)?)", lambda m: _en_money(m[1], m[2]), t)
     t = re.sub(r"\b(\d{1,2}):(\d{2})\s?([ap])\.?m\.?\b", lambda m: f"{_en_time(m[1], m[2])} {m[3]} m", t, flags=re.I)
@@ -81,9 +101,6 @@ def normalize_en(text: str) -> str:
                f"{_plural(EN_UNITS[m[2].lower()], m[1])}", t, flags=re.I)
     t = re.sub(NUM, lambda m: _en_number(m[0]) if any(c.isdigit() for c in m[0]) else m[0], t)
     t = t.replace("&", " and ").replace("+", " plus ").replace("=", " equals ")
-    t = re.sub(r"[!?]", ".", t)
-    t = re.sub(r"[;:—–]", ",", t)
-    t = re.sub(r"\s-\s|-", " ", t)
     return t
 
 
@@ -98,8 +115,8 @@ def _en_money(symbol: str, amount: str) -> str:
 def _en_time(h: str, m: str) -> str:
     hh, mm = int(h), int(m)
     if mm == 0:
-        return f"{num2words(hh)} o'clock"
-    return f"{num2words(hh)} {'oh ' if mm < 10 else ''}{num2words(mm).replace('-', ' ')}"
+        return f"{words(hh)} o clock"
+    return f"{words(hh)} {'oh ' if mm < 10 else ''}{words(mm)}"
 
 
 def normalize_zh(text: str) -> str:
@@ -112,17 +129,15 @@ def normalize_zh(text: str) -> str:
     t = re.sub(r"(\d),(\d{3})", r"\1\2", t)
     t = cn2an.transform(t, "an2cn")
     t = re.sub(r"\d+", lambda m: "".join("零一二三四五六七八九"[int(d)] for d in m[0]), t)   # leftovers digit by digit
-    t = re.sub(r"[!！?？]", "。", t)
-    t = re.sub(r"[;；:：]", "，", t)
-    t = t.replace(",", "，").replace(".", "。")
     return t
 
 
 class Normalizer:
-    """normalize(text) -> Normalized. keep(ch) says whether the tokenizer can encode a character."""
+    """normalize(text) -> Normalized. replace(ch) -> the character to write for a Chinese
+    character (itself, a homophone the tokenizer has, or "" to drop it)."""
 
-    def __init__(self, keep: Callable[[str], bool] = lambda ch: True) -> None:
-        self.keep = keep
+    def __init__(self, replace: Callable[[str], str] = lambda ch: ch) -> None:
+        self.replace = replace
 
     def normalize(self, text: str, lang: str | None = None) -> Normalized:
         lang = lang or detect_language(text)
@@ -134,33 +149,41 @@ class Normalizer:
                 else:
                     unknown.append(part)
                 continue
-            out.append(normalize_zh(part) if lang == "zh" else normalize_en(part))
-        joined, removed = self._filter("".join(out), lang)
+            part = normalize_zh(part).translate(ZH_FULL) if lang == "zh" else normalize_en(part)
+            out.append(part.translate(TO_COMMA))
+        joined, removed = self._filter("".join(out))
         return Normalized(re.sub(r"\s+", " ", joined).strip(), lang, removed, unknown)
 
-    def _filter(self, text: str, lang: str) -> tuple[str, int]:
+    def _filter(self, text: str) -> tuple[str, int]:
         kept, removed = [], 0
         for part in re.split(f"({CONTROL.pattern})", text):
             if CONTROL.fullmatch(part):
                 kept.append(part)
                 continue
             for ch in part:
-                ok = ch.isspace() or ch in "，。、,.'" or (ch.isalpha() and self.keep(ch.lower()))
-                if ok:
+                ch = " " if ch.isspace() else ch
+                if CJK.fullmatch(ch):
+                    ch = self.replace(ch)
+                if ch and KEEP.fullmatch(ch):
                     kept.append(ch)
                 else:
                     removed += 1
         return "".join(kept), removed
 
 
-SENTENCE_END = re.compile(r"(?<=[。！？!?.])(?!\d)\s*|\n+")
+def split_text(text: str) -> list[str]:
+    """The reference's split of a text into the pieces it speaks one by one: at newlines if it
+    has any, else after each `。` and each `. `."""
+    pieces = text.split("\n") if "\n" in text else re.split(r"(?<=。)|(?<=\.\s)", text)
+    return [p for p in pieces if p]
 
 
 def split_sentences(text: str, max_chars: int = 120) -> list[str]:
-    """Split on sentence ends and newlines (both languages); long pieces split again at commas,
-    else at a space, else anywhere, but never inside a word that has spaces around it or a control token."""
+    """A normalised piece in parts of at most max_chars (the reference has no limit; one part is
+    one generation, capped at max_new_tokens frames): at commas, else at a space, else anywhere,
+    but never inside a word that has spaces around it or a control token."""
     out = []
-    for s in (p.strip() for p in SENTENCE_END.split(text)):
+    for s in [text.strip()]:
         while len(s) > max_chars:
             cut = _cut_point(s, max_chars)
             out.append(s[:cut].strip())

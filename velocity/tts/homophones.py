@@ -1,0 +1,45 @@
+"""Chinese characters the tokenizer lacks, replaced by ones it has.
+
+The reference replaces such characters from a fixed map (mostly traditional -> simplified). We
+derive replacements from the tokenizer's own vocabulary instead: the character's simplified form
+(OpenCC, t2s) if the vocabulary has it, else a character with the same pinyin and tone
+(pypinyin) that it has, the one with the lowest token id (BERT vocabularies put common
+characters first); else none, and the character is dropped.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+
+class Homophones:
+    """homophones(ch) -> ch itself when the vocabulary has it, else its replacement or ""."""
+
+    def __init__(self, vocab: dict[str, int]) -> None:
+        import opencc
+
+        self.vocab = vocab
+        self._t2s = opencc.OpenCC("t2s")
+        self._by_pinyin: dict[str, str] | None = None        # built on the first miss
+        self.lookup = lru_cache(maxsize=65536)(self._lookup)
+
+    def __call__(self, ch: str) -> str:
+        return ch if ch in self.vocab else self.lookup(ch)
+
+    @staticmethod
+    def _pinyin(ch: str) -> str | None:
+        from pypinyin import Style, pinyin
+
+        p = pinyin(ch, style=Style.TONE3, heteronym=False, errors="ignore")
+        return p[0][0] if p and p[0] else None
+
+    def _lookup(self, ch: str) -> str:
+        simple = self._t2s.convert(ch)
+        if len(simple) == 1 and simple in self.vocab:
+            return simple
+        if self._by_pinyin is None:
+            self._by_pinyin = {}
+            for tok, _ in sorted(self.vocab.items(), key=lambda kv: kv[1]):
+                if len(tok) == 1 and "\u4e00" <= tok <= "\u9fff" and (p := self._pinyin(tok)):
+                    self._by_pinyin.setdefault(p, tok)
+        p = self._pinyin(simple if len(simple) == 1 else ch)
+        return self._by_pinyin.get(p, "") if p else ""
