@@ -8,6 +8,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -49,6 +50,18 @@ def test_stream_in_order_whole_frames_and_seeded(server):
     assert audio.dtype == np.float32 and len(audio) % 512 == 0 and 0 < len(audio) <= 2 * 24 * 512
     again, _ = stream_tts(server.grpc_url, GOOD)
     np.testing.assert_array_equal(np.concatenate([a for _, a in again]), audio)
+
+
+def test_the_server_runs_on_the_folder_the_reference_loaded(server):
+    """The served folder is byte for byte the one the conformance fixtures were recorded on,
+    which the reference loaded strictly: `make serve` on a reference-loadable folder is ready."""
+    import hashlib
+
+    from test_conformance import MANIFEST
+
+    folder = Path(server.env["VELOCITY_WEIGHTS"])
+    for name, sha in MANIFEST["demo"]["sha256"].items():
+        assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == sha, name
 
 
 @pytest.mark.parametrize("decoder", ["hidden", "codes"])

@@ -27,6 +27,9 @@ those weights in tests/fixtures/chattts_0.2.5/:
   frontend.npz    the prompt ids of each piece of a set of texts through the reference's text
                   path (its split, normaliser and homophones, prompt template, tokenizer)
   versions.json   the versions of the reference and its dependencies the fixtures come from
+
+It also writes checkpoints/reference-full (--full-folder): the full-size demo folder, loaded by
+the reference's own Chat._load, for local runs (not committed; about 1 GB).
 """
 from __future__ import annotations
 
@@ -288,6 +291,9 @@ def greedy(folder: Path) -> dict[str, np.ndarray]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(ROOT / "tests" / "fixtures" / "chattts_0.2.5"))
+    ap.add_argument("--full-folder", default=str(ROOT / "checkpoints" / "reference-full"),
+                    help="also write a full-size folder (release dimensions, seeded; about 1 GB) that the "
+                         "reference loads, for local runs ('' to skip)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -309,6 +315,10 @@ def main() -> None:
     pkgs = ["chattts", "torch", "torchaudio", "vector-quantize-pytorch", "vocos", "transformers", "numpy"]
     (out / "versions.json").write_text(json.dumps({p: md.version(p) for p in pkgs}, indent=1) + "\n")
     print(f"[conformance] wrote {out}")
+    if args.full_folder:
+        full = write_checkpoint(Path(args.full_folder), "full", SEED)
+        reference_chat(full)                      # loads every file strictly at the release's dimensions
+        print(f"[conformance] wrote {full}, a full-size folder the reference loads: make serve WEIGHTS={full}")
 
 
 if __name__ == "__main__":
