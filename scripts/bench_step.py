@@ -151,7 +151,7 @@ def main() -> None:
     checkpoint = args.weights or args.size
     with tempfile.TemporaryDirectory() as tmp:
         if not args.weights:
-            from velocity.tts.checkpoint import write_checkpoint
+            from velocity.demo.checkpoint import write_checkpoint
             args.weights = str(write_checkpoint(Path(tmp) / "ck", args.size, seed=0))
         arms = {"this": None}
         labels = {"this": subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],

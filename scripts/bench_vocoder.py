@@ -21,8 +21,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from velocity.tts.audio_models import load_decoder, load_dvae, load_vocos, random_decoder_tensors
-from velocity.tts.checkpoint import write_checkpoint
+from velocity.demo.audio_weights import random_decoder_tensors
+from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
+from velocity.demo.checkpoint import write_checkpoint
 from velocity.tts.streaming import AudioDecoder, ChunkSchedule, StreamingDecoder
 
 ROOT = Path(__file__).resolve().parents[1]

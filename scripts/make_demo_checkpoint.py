@@ -6,7 +6,7 @@
 import argparse
 import logging
 
-from velocity.tts.checkpoint import SIZES, write_checkpoint
+from velocity.demo.checkpoint import SIZES, write_checkpoint
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

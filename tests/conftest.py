@@ -31,7 +31,7 @@ def start_triton(tmp_path: Path) -> Iterator[Callable[..., TritonServer]]:
 def tts_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     """model_repository/ on the tiny demo checkpoint (frames per sentence capped at 200, small
     chunks), shared by tests/test_tts_server.py and tests/test_readme.py."""
-    from velocity.tts.checkpoint import write_checkpoint
+    from velocity.demo.checkpoint import write_checkpoint
 
     d = tmp_path_factory.mktemp("tts")
     ckpt = write_checkpoint(d / "tiny", "tiny", seed=0)

@@ -7,8 +7,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from velocity.model.loader import WeightError
-from velocity.tts.audio_models import load_dvae, load_vocos
-from velocity.tts.checkpoint import write_checkpoint
+from velocity.model.audio_models import load_dvae, load_vocos
+from velocity.demo.checkpoint import write_checkpoint
 
 
 @pytest.fixture(scope="module")

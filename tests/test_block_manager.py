@@ -6,7 +6,7 @@ import pytest
 
 from velocity.engine.block_manager import BlockManager
 from velocity.engine.sequence import Sequence
-from velocity.sampling.params import SamplingParams
+from velocity.sampling_params import SamplingParams
 
 
 def seq(tokens, salt=None, rid="r"):

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from chattts_ref import RefChatTTS
 from velocity import LLM, SamplingParams
 from velocity.model.loader import WeightError
-from velocity.tts.checkpoint import write_checkpoint
+from velocity.demo.checkpoint import write_checkpoint
 
 TEXTS = ["hello", "hello world this is speech", "你好世界", "a", "the world and you and it is to speech",
          "这是一个测试"]

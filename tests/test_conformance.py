@@ -18,8 +18,8 @@ from safetensors import safe_open
 
 from triton_server import ROOT
 from velocity.release import RELEASE_FILES
-from velocity.tts.audio_models import load_decoder, load_dvae, load_vocos
-from velocity.tts.checkpoint import write_checkpoint
+from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
+from velocity.demo.checkpoint import write_checkpoint
 from velocity.tts.streaming import AudioDecoder
 
 FIXTURES = ROOT / "tests" / "fixtures" / "chattts_0.2.5"
@@ -96,8 +96,8 @@ def test_sampling_keeps_the_references_candidates_exactly():
     least 3), the min_new_token mask: the same candidate sets and the same logits, bit for bit,
     as the reference's processing of the same logits and histories (sampling.npz)."""
     from velocity.engine.sequence import Sequence
-    from velocity.sampling.params import SamplingParams
-    from velocity.sampling.sampler import Sampler
+    from velocity.sampling_params import SamplingParams
+    from velocity.engine.sampler import Sampler
 
     ref = np.load(FIXTURES / "sampling.npz")
     logits, hist = torch.from_numpy(ref["logits"]), ref["history"]
@@ -225,7 +225,7 @@ def test_every_frontend_fixture_text_gives_the_references_prompt_ids(tmp_path):
     """Texts of punctuation, apostrophes, question marks, brackets, both languages and split
     points (frontend.npz): the same pieces and the same prompt ids as the reference's text path
     (Chat.infer's split, its normaliser, homophones, prompt template), on the full demo's tokenizer."""
-    from velocity.tts.checkpoint import write_tokenizer
+    from velocity.demo.checkpoint import write_tokenizer
     from velocity.tts.frontend import TextFrontend
 
     ref = np.load(FIXTURES / "frontend.npz")

@@ -7,7 +7,7 @@ import torch
 
 from llama_ref import assert_same, hf_greedy, make_llama, prompts
 from velocity import LLM, SamplingParams
-from velocity.worker.model_runner import graph_batch_sizes, graph_context_blocks
+from velocity.engine.model_runner import graph_batch_sizes, graph_context_blocks
 
 needs_cuda = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")]
@@ -71,7 +71,7 @@ def test_chattts_frames_on_cuda_graphs_equal_reference_and_seeds_match_eager(tmp
     """Four-codebook frames and speakers through the captured graphs: fp32 greedy equals the plain
     CPU reference; a seeded sampled request gives the same frames with graphs and eager."""
     from chattts_ref import RefChatTTS
-    from velocity.tts.checkpoint import write_checkpoint
+    from velocity.demo.checkpoint import write_checkpoint
 
     torch.backends.cuda.matmul.allow_tf32 = False
     ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
@@ -100,8 +100,8 @@ def test_chattts_frames_on_cuda_graphs_equal_reference_and_seeds_match_eager(tmp
 def test_audio_decoder_and_pipeline_on_cuda(tmp_path):
     """DVAE + Vocos on CUDA (fp32, TF32 off) match the CPU decode; the whole pipeline streams on CUDA.
     Tolerance: 1e-3 of the signal's peak, for float32 convolutions and FFTs summed in another order."""
-    from velocity.tts.audio_models import load_dvae, load_vocos
-    from velocity.tts.checkpoint import write_checkpoint
+    from velocity.model.audio_models import load_dvae, load_vocos
+    from velocity.demo.checkpoint import write_checkpoint
     from velocity.tts.pipeline import TTSPipeline, chattts_params
     from velocity.tts.streaming import AudioDecoder
 

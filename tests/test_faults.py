@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from triton_server import ROOT, alive, wait_for
 from velocity.serving.core_share import find_boards
-from velocity.tts.checkpoint import write_checkpoint
+from velocity.demo.checkpoint import write_checkpoint
 
 pytestmark = pytest.mark.server
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from velocity.tts.checkpoint import write_checkpoint
+from velocity.demo.checkpoint import write_checkpoint
 from velocity.tts.frontend import TextFrontend
 from velocity.tts.normalizer import Normalizer, detect_language, split_sentences, split_text
 

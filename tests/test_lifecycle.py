@@ -27,7 +27,7 @@ from test_tts_server import llm_inputs
 from triton_server import ROOT, alive, wait_for
 from velocity.serving.requests import STREAM_SHUTTING_DOWN, stream_error
 from velocity.serving.settings import Settings
-from velocity.tts.checkpoint import write_checkpoint
+from velocity.demo.checkpoint import write_checkpoint
 
 pytestmark = pytest.mark.server
 DRAIN = 20

@@ -10,7 +10,7 @@ import pytest
 
 from client.tts_client import ServerError, stream_grpc
 from triton_server import ROOT, TritonServer, assert_same_audio, wait_for
-from velocity.tts.checkpoint import write_checkpoint
+from velocity.demo.checkpoint import write_checkpoint
 
 pytestmark = pytest.mark.server
 BLOCK_BYTES = 2 * 2 * 16 * 64 * 4      # k and v x 2 layers x 16 tokens x hidden 64 x float32 (tiny checkpoint)

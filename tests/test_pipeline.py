@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from velocity.sampling.params import SamplingParams
-from velocity.tts.checkpoint import write_checkpoint
+from velocity.sampling_params import SamplingParams
+from velocity.demo.checkpoint import write_checkpoint
 from velocity.tts.pipeline import TTSPipeline, chattts_params
 from velocity.tts.streaming import ChunkSchedule
 

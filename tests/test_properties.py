@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from velocity.serving.requests import PARAM_INPUTS, parse_tts_request
 from velocity.serving.settings import Settings
-from velocity.tts.checkpoint import write_checkpoint
+from velocity.demo.checkpoint import write_checkpoint
 from velocity.tts.frontend import TextFrontend
 from velocity.tts.speaker import SpeakerError, decode_speaker
 

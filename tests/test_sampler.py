@@ -8,8 +8,8 @@ from transformers.generation.logits_process import (RepetitionPenaltyLogitsProce
                                                     TopPLogitsWarper)
 
 from velocity.engine.sequence import Sequence
-from velocity.sampling.params import SamplingParams
-from velocity.sampling.sampler import Sampler, top_k_top_p
+from velocity.sampling_params import SamplingParams
+from velocity.engine.sampler import Sampler, top_k_top_p
 
 V = 50
 
@@ -183,7 +183,7 @@ def test_top_k_top_p_draws_follow_the_filtered_distribution():
 def test_noise_generator_is_splitmix64_and_exponential():
     """The array mix equals splitmix64 on Python ints bit for bit; the noise is Exp(1); a row's
     numbers don't depend on the width drawn (so not on the batch's largest top-k)."""
-    from velocity.sampling.sampler import exponential_noise, mix64, mix64_array
+    from velocity.engine.sampler import exponential_noise, mix64, mix64_array
     xs = [0, 1, 2**63 - 1, 2**63, 2**64 - 1, 0x9E3779B97F4A7C15, 123456789]
     assert mix64_array(np.array(xs, dtype=np.uint64)).tolist() == [mix64(x) for x in xs]
     keys = np.random.default_rng(0).integers(0, 2**64, 2000, dtype=np.uint64).tolist()

@@ -4,7 +4,7 @@ import pytest
 from velocity.engine.block_manager import BlockManager
 from velocity.engine.scheduler import Scheduler
 from velocity.engine.sequence import Sequence, SequenceStatus
-from velocity.sampling.params import SamplingParams
+from velocity.sampling_params import SamplingParams
 
 
 def make(num_blocks=16, block_size=4, max_num_seqs=8, max_tokens=64, mode="recompute", cpu=0):

@@ -14,7 +14,7 @@ from tritonclient.utils import InferenceServerException
 from client.soak import TEXTS, soak
 from client.tts_client import array_inputs
 from triton_server import ROOT, TritonServer, wait_for
-from velocity.tts.checkpoint import write_checkpoint
+from velocity.demo.checkpoint import write_checkpoint
 
 pytestmark = pytest.mark.server
 

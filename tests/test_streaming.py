@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from velocity.tts.audio_models import load_decoder, load_dvae, load_vocos
-from velocity.tts.checkpoint import write_checkpoint
+from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
+from velocity.demo.checkpoint import write_checkpoint
 from velocity.tts.streaming import AudioDecoder, ChunkSchedule, StreamingDecoder
 
 T = 150   # frames: 3.2 s of audio

@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 from client.tts_client import ServerError, array_inputs, make_inputs, stream_grpc
 from client.tts_client import main as client_main
 from triton_server import ROOT, assert_same_audio, free_port, wait_for
-from velocity.tts.checkpoint import write_checkpoint
+from velocity.demo.checkpoint import write_checkpoint
 
 pytestmark = pytest.mark.server
 

@@ -12,7 +12,7 @@ import soundfile as sf
 
 from triton_server import ROOT
 from velocity.release import SHA256, sha256_file
-from velocity.tts.checkpoint import write_checkpoint
+from velocity.demo.checkpoint import write_checkpoint
 
 
 def run(script: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:

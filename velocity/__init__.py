@@ -15,7 +15,7 @@ _EXPORTS = {
     "EngineConfig": "velocity.config",
     "LLMEngine": "velocity.engine.llm_engine",
     "RequestOutput": "velocity.engine.llm_engine",
-    "SamplingParams": "velocity.sampling.params",
+    "SamplingParams": "velocity.sampling_params",
 }
 __all__ = [*_EXPORTS, "__version__"]
 

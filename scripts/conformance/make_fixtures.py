@@ -3,7 +3,7 @@
     scripts/conformance/regenerate.sh           # setup_venv.sh, then this in .refvenv
 
 Runs in .refvenv (the reference is AGPL: a side environment, never imported by the project).
-It writes a demo folder with the project's own writer (velocity.tts.checkpoint, seeded, so CI
+It writes a demo folder with the project's own writer (velocity.demo.checkpoint, seeded, so CI
 rebuilds the same bytes without the reference), loads every file into the reference's modules
 strictly (the release's file set and tensor names), and records the reference's outputs on
 those weights in tests/fixtures/chattts_0.2.5/:
@@ -216,7 +216,7 @@ def frontend() -> dict[str, np.ndarray]:
     from ChatTTS.model.speaker import Speaker
     from ChatTTS.model.tokenizer import Tokenizer
 
-    from velocity.tts.checkpoint import write_tokenizer
+    from velocity.demo.checkpoint import write_tokenizer
 
     chat = ChatTTS.Chat()
     ids, pieces = [], []
@@ -297,7 +297,7 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from velocity.tts.checkpoint import SIZES, write_checkpoint
+    from velocity.demo.checkpoint import SIZES, write_checkpoint
 
     torch.manual_seed(0)                     # the reference's constructors draw random initial values
     with tempfile.TemporaryDirectory() as tmp:

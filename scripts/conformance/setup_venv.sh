@@ -8,7 +8,7 @@
 # Pins: torch 2.13.0 (the CPU wheel on these machines, the project's torch); torchaudio 2.11.0
 # without its compiled libraries (no CPU wheel matches torch 2.13; the reference needs only
 # its pure-torch MelSpectrogram); vector-quantize-pytorch 1.14.24, the quantizer of the release's
-# era (evidence in velocity/tts/dvae.py: ResidualFSQ); pip would resolve 1.26+, whose residual
+# era (evidence in velocity/model/dvae.py: ResidualFSQ); pip would resolve 1.26+, whose residual
 # scale is 0.2 instead of 0.25.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from velocity.config import EngineConfig
 from velocity.engine.llm_engine import LLMEngine, RequestOutput
 from velocity.engine.sequence import Token
-from velocity.sampling.params import SamplingParams
+from velocity.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

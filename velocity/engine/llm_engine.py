@@ -10,8 +10,8 @@ from velocity.config import EngineConfig
 from velocity.engine.block_manager import BlockManager
 from velocity.engine.scheduler import Scheduler
 from velocity.engine.sequence import Sequence, Token
-from velocity.sampling.params import SamplingParams
-from velocity.worker.worker import Worker
+from velocity.sampling_params import SamplingParams
+from velocity.engine.worker import Worker
 
 logger = logging.getLogger(__name__)
 

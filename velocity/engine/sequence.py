@@ -7,7 +7,7 @@ import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from velocity.sampling.params import SamplingParams
+from velocity.sampling_params import SamplingParams
 
 # A token is an int for text models, or a tuple of num_vq codes for audio frames.
 Token = Hashable

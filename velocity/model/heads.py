@@ -16,5 +16,5 @@ class Head:
     num_codebooks: int
     vocab_size: int
     stop_ids: set[int] = field(default_factory=set)
-    sampling_style: str = "transformers"   # or "chattts": the reference's order (velocity.sampling.sampler)
+    sampling_style: str = "transformers"   # or "chattts": the reference's order (velocity.engine.sampler)
     repetition_window: int | None = None   # used when a request gives none (ChatTTS audio: 16 frames)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from velocity.sampling.params import SamplingParams
+from velocity.sampling_params import SamplingParams
 from velocity.serving.settings import Settings
 from velocity.tts.streaming import DECODERS
 

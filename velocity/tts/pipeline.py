@@ -12,8 +12,8 @@ import torch
 
 from velocity.config import EngineConfig
 from velocity.engine.llm_engine import LLMEngine
-from velocity.sampling.params import SamplingParams
-from velocity.tts.audio_models import load_decoder, load_dvae, load_vocos
+from velocity.sampling_params import SamplingParams
+from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.tts.frontend import DEFAULT_PROMPT, TextFrontend
 from velocity.tts.speaker import decode_speaker, random_speaker
 from velocity.tts.streaming import DECODERS, AudioDecoder, ChunkSchedule, CodeChunk, StreamingDecoder, default_decode_batch

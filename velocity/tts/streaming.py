@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from velocity.tts.dvae import DVAE
-from velocity.tts.vocos import Vocos
+from velocity.model.dvae import DVAE
+from velocity.model.vocos import Vocos
 
 FRAMES_PER_SECOND = 24000 / 512    # GPT frames per second of audio (46.875)
 DECODERS = ("hidden", "codes")     # the reference's use_decoder=True (its default) and use_decoder=False

@@ -21,7 +21,7 @@ from velocity.serving.requests import (STREAM_BUSY, STREAM_DRAINING, STREAM_FAIL
                                       decoder_input, llm_inputs)
 from velocity.serving.settings import Settings
 from velocity.tts.streaming import FRAMES_PER_SECOND, FrameChunker
-from velocity.worker.worker import resolve_device
+from velocity.engine.worker import resolve_device
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 log = logging.getLogger("velocity.llm")

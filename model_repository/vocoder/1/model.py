@@ -25,9 +25,9 @@ from velocity.serving.chunk_queue import ChunkQueue
 from velocity.serving.core_share import CoreBoard, board_path
 from velocity.serving.requests import stream_error
 from velocity.serving.settings import Settings
-from velocity.tts.audio_models import load_decoder, load_dvae, load_vocos
+from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.tts.streaming import FRAMES_PER_SECOND, AudioDecoder, default_decode_batch
-from velocity.worker.worker import resolve_device
+from velocity.engine.worker import resolve_device
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 log = logging.getLogger("vocoder")

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from velocity.tts.audio_models import random_decoder_tensors, random_dvae_tensors, random_vocos_tensors
-from velocity.tts.tokens import SPECIAL_TOKENS, demo_vocab
+from velocity.demo.audio_weights import random_decoder_tensors, random_dvae_tensors, random_vocos_tensors
+from velocity.demo.tokens import SPECIAL_TOKENS, demo_vocab
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from velocity.tts.convnext import ConvNeXtBlock
+from velocity.model.convnext import ConvNeXtBlock
 
 
 @dataclass(slots=True)

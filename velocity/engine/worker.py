@@ -11,9 +11,9 @@ from velocity.model.attention import AttentionMetadata, build_attn_mask
 from velocity.model.cpu_kernels import paged_decode_kernel
 from velocity.model.loader import load_model
 from velocity.model.packed_linear import can_pack, pack_linears
-from velocity.sampling.sampler import Sampler
-from velocity.worker.cache_engine import CacheEngine, bytes_per_block
-from velocity.worker.model_runner import ModelRunner
+from velocity.engine.sampler import Sampler
+from velocity.engine.cache_engine import CacheEngine, bytes_per_block
+from velocity.engine.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 

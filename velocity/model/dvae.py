@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from velocity.tts.convnext import ConvNeXtBlock
+from velocity.model.convnext import ConvNeXtBlock
 
 
 @dataclass(slots=True)

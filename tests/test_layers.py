@@ -1,0 +1,44 @@
+"""The house's layers: an import only points down (docs/architecture.md).
+
+    0  velocity.config, velocity.sampling_params, velocity.release   plain data, no torch models
+    1  velocity.model     the networks and their loaders
+    2  velocity.engine    sequences, blocks, scheduling, workers, sampling; velocity.llm over it
+    3  velocity.tts       text front end, speakers, streaming decode, pipeline; velocity.demo
+    4  velocity.serving   settings, validation and the pieces the Triton models share
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+from triton_server import ROOT
+
+RANKS = {"velocity.config": 0, "velocity.sampling_params": 0, "velocity.release": 0, "velocity.model": 1,
+         "velocity.engine": 2, "velocity.llm": 2, "velocity.tts": 3, "velocity.demo": 3, "velocity.serving": 4}
+
+
+def rank(module: str) -> int:
+    return next(r for prefix, r in RANKS.items() if module == prefix or module.startswith(prefix + "."))
+
+
+def test_imports_only_point_down():
+    bad = []
+    for path in sorted((ROOT / "velocity").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        if module == "velocity":
+            continue                         # the package's lazy public names
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            for name in names:
+                if name.startswith("velocity.") and rank(name) > rank(module):
+                    bad.append(f"{module} imports {name}")
+    assert not bad, bad
+
+
+def test_block_manager_and_scheduler_need_no_torch():
+    code = ("import sys; import velocity.engine.block_manager, velocity.engine.scheduler; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,1 +1,0 @@
-"""Sampling parameters (torch-free) and the batched sampler (velocity.sampling.sampler)."""
