@@ -25,7 +25,7 @@ from client.soak import BAD_LLM, call_llm
 from client.tts_client import ServerError, stream_grpc
 from test_tts_server import llm_inputs
 from triton_server import ROOT, alive, wait_for
-from velocity.serving.requests import STREAM_SHUTTING_DOWN, stream_error
+from velocity.serving.protocol import STREAM_SHUTTING_DOWN, stream_error
 from velocity.serving.settings import Settings
 from velocity.demo.checkpoint import write_checkpoint
 

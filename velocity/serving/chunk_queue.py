@@ -1,8 +1,9 @@
 """The vocoder's queue: chunks decoded earliest deadline first, not in arrival order.
 
 A chunk is due when the listener has played the audio before it: a stream's first chunk at
-once, chunk i only `seconds_before(i)` after it arrives (with chunks of 12, 36, 72, 144 frames:
-0, 0.26, 1.0, 2.6 s). So under load the first chunk of a new stream is decoded ahead of later
+once, a later one `seconds_before(position)` after it arrives, its position being what comes
+before it in its stream (the vocoder passes the frames before it: with chunks of 12, 36, 72,
+144 frames, 0, 0.26, 1.0, 2.6 s). So under load the first chunk of a new stream is decoded ahead of later
 chunks of streams that already play, and a later chunk still goes first once it has waited
 out its slack (no stream starves). A stream's chunks keep their order: chunk i + 1 arrives
 later and has more audio before it, so its deadline is later. Free of torch and Triton, so it is tested on its own.
@@ -29,7 +30,7 @@ class ChunkQueue:
         self._closed = False
 
     def put(self, index: int, item: Any) -> float:
-        """Queue chunk `index` of some stream; returns its deadline (clock seconds).
+        """Queue a chunk at position `index` of some stream; returns its deadline (clock seconds).
 
         A negative index ends a stream with an error. Its stream's earlier chunks may still be
         queued (the queue does not know streams), and Triton's ensemble must get them before

@@ -210,26 +210,3 @@ def llm_inputs(get, max_new_tokens: int) -> tuple[list[list[int]], np.ndarray | 
     except ValueError as e:
         raise ValueError(f"PARAMS_F/PARAMS_I: {e}") from e
     return sentences, (spk if spk.size else None), params
-
-
-# Inside the ensemble the llm never answers with an error response: Triton 2.51's ensemble then
-# may never retire the request (it stays "in flight", the server cannot unload `tts` and stopping
-# ends in the exit timeout). The llm sends a last chunk with LENGTH 0 and one of these codes as
-# CHUNK_INDEX instead, and the vocoder (a plain model, whose errors the ensemble handles) turns it
-# into the error response.
-STREAM_SHUTTING_DOWN = -1     # ended by the drain on stop
-STREAM_FAILED = -2            # generation failed (the llm logs why)
-STREAM_BUSY = -3              # refused: VELOCITY_MAX_CONCURRENT_REQUESTS in flight
-STREAM_DRAINING = -4          # refused: the server is stopping
-
-
-def stream_error(code: int, settings: Settings) -> tuple[str, bool]:
-    """-> (the message for a STREAM_* code, whether it is UNAVAILABLE (retry) rather than INTERNAL)."""
-    if code == STREAM_SHUTTING_DOWN:
-        return "server shutting down: this stream was ended before it finished; retry on another instance", True
-    if code == STREAM_BUSY:
-        return (f"server busy: {settings.max_concurrent_requests} requests are in flight, the limit "
-                f"(VELOCITY_MAX_CONCURRENT_REQUESTS); retry later"), True
-    if code == STREAM_DRAINING:
-        return "server shutting down: new requests are refused; retry on another instance", True
-    return "generation failed (the server log has the cause); retry the request", False

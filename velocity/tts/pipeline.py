@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +16,8 @@ from velocity.sampling_params import SamplingParams
 from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.tts.frontend import DEFAULT_PROMPT, TextFrontend
 from velocity.tts.speaker import decode_speaker, random_speaker
-from velocity.tts.streaming import DECODERS, AudioDecoder, ChunkSchedule, CodeChunk, StreamingDecoder, default_decode_batch
+from velocity.tts.streaming import (DECODERS, AudioDecoder, ChunkSchedule, CodeChunk, FrameChunker, SentenceStream,
+                                    default_decode_batch)
 
 logger = logging.getLogger(__name__)
 SAMPLE_RATE = 24000
@@ -46,11 +47,9 @@ class Event:
 @dataclass
 class _Text:
     index: int
-    sentences: list[list[int]]
+    stream: SentenceStream
     params: SamplingParams
-    decoder: StreamingDecoder
     hidden: bool                   # the Decoder path: decode the GPT's hidden states, not the codes
-    next_sentence: int = field(default=0)
 
 
 class TTSPipeline:
@@ -98,13 +97,14 @@ class TTSPipeline:
             raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
         spk = self.speaker_vector(speaker)
         end_code = self.engine.worker.model.num_audio_tokens - 1
+        left = self.decoder.exact_context
         todo, live = list(range(len(texts))), {}          # live: request id -> its text (one per text)
 
         def add(t: _Text) -> None:
             self._n += 1
             rid = f"pipeline-{self._n}"
             live[rid] = t
-            self.engine.add_request(rid, t.sentences[t.next_sentence], t.params, speaker=spk, return_hidden=t.hidden)
+            self.engine.add_request(rid, t.stream.prompt, t.params, speaker=spk, return_hidden=t.hidden)
 
         try:
             while todo or live:
@@ -115,26 +115,26 @@ class TTSPipeline:
                     if report.unknown_tokens:
                         logger.warning("ignored unknown tokens %s", report.unknown_tokens)
                     p = params(i) if callable(params) else params or chattts_params()
-                    t = _Text(i, [x.token_ids for x in sentences], p,
-                              StreamingDecoder(self.decoder, self.schedule, lookahead=self.lookahead),
+                    chunker = FrameChunker(self.schedule, left, left if self.lookahead is None else self.lookahead)
+                    t = _Text(i, SentenceStream([x.token_ids for x in sentences], chunker, end_code), p,
                               decoder == "hidden")
-                    if t.sentences:
+                    if not t.stream.done:
                         add(t)
                     else:
                         yield Event(i, "end")
                 ready: list[tuple[_Text, CodeChunk | None]] = []          # None: the text's end
                 for out in self.engine.step():
                     t = live[out.request_id]
-                    keep = [i for i, f in enumerate(out.new_token_ids) if end_code not in f]
-                    ready += [(t, c) for c in t.decoder.cut([out.new_token_ids[i] for i in keep], out.finished,
-                                                            None if out.new_hidden is None else out.new_hidden[keep])]
-                    if out.finished:                    # the sentence's last chunk is cut: the next one
-                        del live[out.request_id]
-                        t.next_sentence += 1
-                        if t.next_sentence < len(t.sentences):
-                            add(t)
-                        else:
-                            ready.append((t, None))
+                    ready += [(t, c) for c in t.stream.feed(out)]
+                    if not out.finished:
+                        continue
+                    del live[out.request_id]
+                    if out.finish_reason not in ("stop", "length"):
+                        raise RuntimeError(f"text {t.index}: generation ended with {out.finish_reason}: {out.error}")
+                    if t.stream.done:
+                        ready.append((t, None))
+                    else:
+                        add(t)
                 audio = iter(self.decoder.decode_cut([c for _, c in ready if c], self.decode_batch))
                 for t, c in ready:
                     yield Event(t.index, "end") if c is None else \

@@ -88,6 +88,7 @@ class CodeChunk:
     length: int                    # frames whose audio this chunk produces
     hidden: list[np.ndarray] | None = None
     last: bool = False
+    start: int = 0                 # frames of the stream's audio before this chunk (all its sentences)
 
 
 class FrameChunker:
@@ -104,13 +105,18 @@ class FrameChunker:
         self._sizes = schedule.sizes()
         self._next_end = next(self._sizes)
         self.emitted = 0           # frames of this utterance already handed out in chunks
-        self.total = 0             # frames of all utterances
+        self.before = 0            # frames of the utterances before this one
         self.index = 0
+
+    @property
+    def total(self) -> int:
+        """Frames of all utterances so far."""
+        return self.before + len(self.frames)
 
     def _cut(self, end: int, last: bool = False) -> CodeChunk:
         lo, hi = max(0, self.emitted - self.left), min(len(self.frames), end + self.lookahead)
         chunk = CodeChunk(self.index, self.frames[lo:hi], self.emitted - lo, end - self.emitted,
-                          self.hidden[lo:hi] if self.hidden else None, last)
+                          self.hidden[lo:hi] if self.hidden else None, last, self.before + self.emitted)
         self.index += 1
         self.emitted = end
         return chunk
@@ -121,7 +127,6 @@ class FrameChunker:
             assert len(hidden) == len(frames) and (self.hidden or not self.frames)
             self.hidden += list(hidden)
         self.frames += frames
-        self.total += len(frames)
         out = []       # a frame past the chunk must exist (even with no lookahead): the last chunk is finish()'s
         while len(self.frames) >= self._next_end + max(self.lookahead, 1):
             out.append(self._cut(self._next_end))
@@ -137,9 +142,43 @@ class FrameChunker:
             self._next_end += next(self._sizes)
         if len(self.frames) > self.emitted:
             out.append(self._cut(len(self.frames), last=True))
+        self.before += len(self.frames)
         self.frames, self.hidden, self.emitted = [], [], 0
         self._next_end = next(self._sizes)
         return out
+
+
+class SentenceStream:
+    """One request's sentences, spoken in order as one stream of chunks: each sentence is one
+    engine request (`prompt`), its end frame is dropped, and it is its own utterance (its last
+    chunk marked). Serves the llm model and the in-process pipeline alike.
+
+        chunks = stream.feed(output)      # each engine output of the current sentence
+        if output.finished and not stream.done: start the next: stream.prompt
+    """
+
+    def __init__(self, sentences: list[list[int]], chunker: FrameChunker, end_code: int) -> None:
+        self.sentences, self.chunker, self.end_code = sentences, chunker, end_code
+        self.sentence = 0
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.sentences[self.sentence]
+
+    @property
+    def done(self) -> bool:
+        return self.sentence >= len(self.sentences)
+
+    def feed(self, out) -> list[CodeChunk]:
+        """An engine output (velocity.engine.llm_engine.RequestOutput) -> the chunks now ready.
+        A sentence that ends ("stop" or "length") moves the stream to the next."""
+        keep = [i for i, f in enumerate(out.new_token_ids) if self.end_code not in f]
+        chunks = self.chunker.push([out.new_token_ids[i] for i in keep],
+                                   None if out.new_hidden is None else out.new_hidden[keep])
+        if out.finished and out.finish_reason in ("stop", "length"):
+            chunks += self.chunker.finish()
+            self.sentence += 1
+        return chunks
 
 
 Chunk = tuple   # (x, context, length, last): x codes [b, num_vq, T] (integers) or hidden [b, T, H] (floats)

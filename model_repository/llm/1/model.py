@@ -1,26 +1,28 @@
-"""Triton adapter: velocity's AsyncLLMEngine streaming ChatTTS audio codes in chunks.
+"""Triton adapter: velocity's AsyncLLMEngine streaming ChatTTS audio in chunks.
 
-The engine loop runs on its own thread; each request's frames are cut into vocoder chunks
-(velocity.tts.streaming.FrameChunker) and sent as they are ready, with the GPT's hidden state
-per frame (HIDDEN) on the Decoder path (DECODER "hidden", the default). Sentences of one request
-are generated in order with one speaker; each is its own utterance, whose last chunk is marked
-LAST. Every request ends with the final flag, errors too.
+Each request is a velocity.tts.streaming.SentenceStream (sentences in order, one speaker, each
+its own utterance); its chunks leave as the tensors of velocity.serving.protocol, with the GPT's
+hidden states on the Decoder path (DECODER "hidden", the default). The engine loop runs on its
+own thread and only queues responses; a response thread sends them, as Triton's vllm_backend
+does. Every request ends with the final flag, errors too.
 """
 import logging
+import queue
 import threading
 import time
 
-import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
 from velocity import AsyncLLMEngine, EngineConfig, SamplingParams
 from velocity.serving.core_share import CoreBoard, ThreadLender, board_path
 from velocity.serving.drain import Drain
-from velocity.serving.requests import (STREAM_BUSY, STREAM_DRAINING, STREAM_FAILED, STREAM_SHUTTING_DOWN,
-                                      decoder_input, llm_inputs)
+from velocity.serving.metrics import LLM, make_metrics
+from velocity.serving.protocol import (STREAM_BUSY, STREAM_DRAINING, STREAM_FAILED, STREAM_SHUTTING_DOWN,
+                                       chunk_outputs, error_outputs)
+from velocity.serving.requests import decoder_input, llm_inputs
 from velocity.serving.settings import Settings
-from velocity.tts.streaming import FRAMES_PER_SECOND, FrameChunker
+from velocity.tts.streaming import FRAMES_PER_SECOND, FrameChunker, SentenceStream
 from velocity.engine.worker import resolve_device
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -28,24 +30,24 @@ log = logging.getLogger("velocity.llm")
 
 
 class Stream:
-    """One Triton request: its sentences, chunker and response sender."""
+    """One Triton request: its SentenceStream, sampling, speaker and response sender."""
 
     def __init__(self, model, request, sentences, speaker, params, hidden: bool) -> None:
         self.model, self.request, self.sender = model, request, request.get_response_sender()
-        self.sentences, self.speaker, self.params = sentences, speaker, params
-        self.hidden = hidden                     # the Decoder path: chunks carry hidden states
+        self.speaker, self.params, self.hidden = speaker, params, hidden
         s = model.settings
-        self.chunker = FrameChunker(s.schedule, s.left_context, s.lookahead)
-        self.sentence = 0
+        self.sentences = SentenceStream(sentences, FrameChunker(s.schedule, s.left_context, s.lookahead),
+                                        model.end_code)
         self.rid = ""
         self.done = False
+        self._lock = threading.Lock()
         self.stop_code: int | None = None       # set by another thread: end with this STREAM_* code
         self.t0 = time.monotonic()
         self.first_chunk_at: float | None = None
 
     def start_sentence(self) -> None:
-        self.rid = f"{id(self)}-{self.sentence}"
-        self.model.engine.add_request(self.rid, self.sentences[self.sentence], self.params, self.on_output,
+        self.rid = f"{id(self)}-{self.sentences.sentence}"
+        self.model.engine.add_request(self.rid, self.sentences.prompt, self.params, self.on_output,
                                       speaker=self.speaker, return_hidden=self.hidden)
 
     def send_chunks(self, chunks) -> None:
@@ -53,8 +55,7 @@ class Stream:
             self.first_chunk_at = time.monotonic()
             self.model.metrics["ttfa"].observe(self.first_chunk_at - self.t0)
         for c in chunks:
-            send_chunk(self.sender, np.asarray(c.codes, np.int32).T[None], c.context, c.length, c.index,
-                       None if c.hidden is None else np.stack(c.hidden)[None], c.last)
+            self.model.respond(self, chunk_outputs(c))
 
     def stop(self, code: int) -> None:
         """From any thread: end this stream with a STREAM_* error code at its next output."""
@@ -62,20 +63,18 @@ class Stream:
         self.model.engine.abort(self.rid)        # a waiting sequence has no next output: make one
 
     def end(self, code: int | None = None) -> None:
-        """Send the final flag; with a STREAM_* code, on an error chunk."""
-        if self.done:
+        """Queue the final flag (with a STREAM_* code, on an error chunk); once, from any thread."""
+        with self._lock:
+            if self.done:
+                return
+            self.done = True
+        if code is not None:
+            self.model.respond(self, error_outputs(code, self.model.num_vq), final=True)
             return
-        self.done = True
-        try:
-            if code is not None:
-                send_error(self.sender, code, self.model.num_vq)
-            else:
-                self.sender.send(flags=FINAL)
-                frames = self.chunker.total
-                if frames:
-                    self.model.metrics["rtf"].observe((time.monotonic() - self.t0) / (frames / FRAMES_PER_SECOND))
-        finally:                                 # a sender that fails must not keep the slot
-            self.model.streams.pop(id(self), None)
+        self.model.respond(self, None, final=True)
+        frames = self.sentences.chunker.total
+        if frames:
+            self.model.metrics["rtf"].observe((time.monotonic() - self.t0) / (frames / FRAMES_PER_SECOND))
 
     def on_output(self, out) -> None:            # on the engine thread
         try:
@@ -86,12 +85,10 @@ class Stream:
                     self.model.engine.abort(self.rid)
                 self.end(self.stop_code)
                 return
-            end_code = self.model.end_code
-            keep = [i for i, f in enumerate(out.new_token_ids) if end_code not in f]
-            if keep:
-                self.model.metrics["frames"].increment(len(keep))
-            self.send_chunks(self.chunker.push([out.new_token_ids[i] for i in keep],
-                                               None if out.new_hidden is None else out.new_hidden[keep]))
+            before = self.sentences.chunker.total
+            self.send_chunks(self.sentences.feed(out))
+            if (n := self.sentences.chunker.total - before) > 0:
+                self.model.metrics["frames"].increment(n)
             if not out.finished:
                 return
             if out.error:
@@ -99,32 +96,14 @@ class Stream:
                 self.end(STREAM_FAILED)
             elif out.finish_reason == "abort":
                 self.end()
+            elif self.sentences.done:
+                self.end()
             else:
-                self.send_chunks(self.chunker.finish())          # the sentence is one utterance
-                if self.sentence + 1 < len(self.sentences):
-                    self.sentence += 1
-                    self.start_sentence()
-                else:
-                    self.end()
+                self.start_sentence()
         except Exception:                        # never leave a client hanging
             log.exception("stream %s failed", self.rid)
             self.model.engine.abort(self.rid)
             self.end(STREAM_FAILED)
-
-
-NO_HIDDEN = np.zeros((1, 0, 0), np.float32)      # the codes path: the vocoder decodes CODES
-
-
-def send_chunk(sender, codes: np.ndarray, context: int, length: int, index: int, hidden: np.ndarray | None = None,
-               last: bool = False, flags: int = 0) -> None:
-    """One chunk: codes [1, num_vq, T], of which `length` frames after `context` are new; hidden
-    [1, T, H] on the Decoder path; last: it ends its utterance."""
-    i32 = lambda v: np.array([[v]], np.int32)  # noqa: E731
-    sender.send(pb_utils.InferenceResponse(output_tensors=[
-        pb_utils.Tensor("CODES", codes), pb_utils.Tensor("CONTEXT", i32(context)),
-        pb_utils.Tensor("LENGTH", i32(length)), pb_utils.Tensor("CHUNK_INDEX", i32(index)),
-        pb_utils.Tensor("HIDDEN", NO_HIDDEN if hidden is None else hidden.astype(np.float32, copy=False)),
-        pb_utils.Tensor("LAST", i32(int(last)))]), flags=flags)
 
 
 def send_failure(sender, message: str, code) -> None:
@@ -132,40 +111,8 @@ def send_failure(sender, message: str, code) -> None:
     sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), flags=FINAL)
 
 
-def send_error(sender, code: int, num_vq: int) -> None:
-    """End a stream with an error chunk (LENGTH 0, CHUNK_INDEX = a STREAM_* code, see
-    velocity.serving.requests): the vocoder turns it into the error response."""
-    send_chunk(sender, np.zeros((1, num_vq, 1), np.int32), 0, 0, code, flags=FINAL)
-
-
-FAMILIES: list = []   # a MetricFamily must outlive its metrics
-
-
-def make_metrics() -> dict:
-    MF = pb_utils.MetricFamily
-    labels = {"model": "llm"}
-
-    def fam(name, desc, kind, **kw):
-        FAMILIES.append(MF(name=name, description=desc, kind=kind))
-        return FAMILIES[-1].Metric(labels=labels, **kw)
-
-    return {
-        "ttfa": fam("velocity_time_to_first_chunk_seconds", "Request arrival to its first code chunk",
-                    MF.HISTOGRAM, buckets=[0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5, 10]),
-        "rtf": fam("velocity_request_rtf", "Generation time / audio seconds, per request", MF.HISTOGRAM,
-                   buckets=[0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5]),
-        "frames": fam("velocity_frames_generated_total", "Audio frames generated", MF.COUNTER),
-        "running": fam("velocity_running_sequences", "Sequences in the running batch", MF.GAUGE),
-        "waiting": fam("velocity_waiting_sequences", "Sequences waiting or swapped out", MF.GAUGE),
-        "kv_used": fam("velocity_kv_blocks_used", "KV cache blocks in use", MF.GAUGE),
-        "kv_free": fam("velocity_kv_blocks_free", "KV cache blocks free", MF.GAUGE),
-        "preemptions": fam("velocity_preemptions_total", "Sequences preempted", MF.COUNTER),
-        "active": fam("velocity_active_requests", "Requests in flight in the llm", MF.GAUGE),
-        "lent": fam("velocity_llm_lent_steps_total", "Engine steps run with the idle vocoder's CPU threads too",
-                    MF.COUNTER),
-        "refused": fam("velocity_refused_requests_total", "Requests refused: server busy or shutting down",
-                       MF.COUNTER),
-    }
+def response(outputs: dict) -> "pb_utils.InferenceResponse":
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in outputs.items()])
 
 
 class TritonPythonModel:
@@ -187,7 +134,10 @@ class TritonPythonModel:
         self.end_code = self.engine.engine.worker.model.num_audio_tokens - 1
         self.num_vq = self.engine.engine.worker.model.num_vq
         self.streams: dict[int, Stream] = {}
-        self.metrics = make_metrics()
+        self.metrics = make_metrics(pb_utils, "llm", LLM)
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._responder = threading.Thread(target=self._respond_loop, name="llm-responses", daemon=True)
+        self._responder.start()
         self.drain = Drain(s.run_dir)
         self._stop = threading.Event()
         self._monitor = threading.Thread(target=self._watch, daemon=True)
@@ -219,6 +169,25 @@ class TritonPythonModel:
                 m["lent"].increment(lent - seen_lent)
                 seen_lent = lent
 
+    def respond(self, stream: Stream, outputs: dict | None, final: bool = False) -> None:
+        """Queue a response of the stream (None: only the final flag) for the response thread."""
+        self.outbox.put((stream, outputs, FINAL if final else 0))
+
+    def _respond_loop(self) -> None:
+        """Send queued responses in order; a stream's slot is free once its final flag is sent."""
+        while (item := self.outbox.get()) is not None:
+            stream, outputs, flags = item
+            try:
+                if outputs is None:
+                    stream.sender.send(flags=flags)
+                else:
+                    stream.sender.send(response(outputs), flags=flags)
+            except Exception:                    # a broken sender must not stop the others
+                log.exception("llm: could not send a response of %s", stream.rid)
+            finally:
+                if flags:
+                    self.streams.pop(id(stream), None)
+
     def execute(self, requests: list) -> None:
         for request in requests:
             self._start(request)
@@ -234,7 +203,7 @@ class TritonPythonModel:
         """Refuse, reject or start one request; every path ends it or leaves it in self.streams."""
         if refusal := self._refusal():
             self.metrics["refused"].increment(1)
-            send_error(request.get_response_sender(), refusal, self.num_vq)
+            request.get_response_sender().send(response(error_outputs(refusal, self.num_vq)), flags=FINAL)
             return
         try:
             sentences, speaker, params, hidden = self._parse(request)
@@ -281,6 +250,8 @@ class TritonPythonModel:
         self.engine.shutdown()               # aborts in-flight requests; their streams end with the final flag
         for stream in list(self.streams.values()):
             stream.end(STREAM_SHUTTING_DOWN)
+        self.outbox.put(None)                # send what is queued, then stop
+        self._responder.join(timeout=30)
         self.drain.done()
         if self.cores is not None:
             self.cores.close(unlink=True)

@@ -1,0 +1,40 @@
+"""The Prometheus metrics the llm and vocoder models export (through Triton's metrics port)."""
+from __future__ import annotations
+
+LATENCY = [0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5, 10]
+RTF = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5]
+
+# key -> (name, description, kind, histogram buckets or None)
+LLM = {
+    "ttfa": ("velocity_time_to_first_chunk_seconds", "Request arrival to its first code chunk", "HISTOGRAM", LATENCY),
+    "rtf": ("velocity_request_rtf", "Generation time / audio seconds, per request", "HISTOGRAM", RTF),
+    "frames": ("velocity_frames_generated_total", "Audio frames generated", "COUNTER", None),
+    "running": ("velocity_running_sequences", "Sequences in the running batch", "GAUGE", None),
+    "waiting": ("velocity_waiting_sequences", "Sequences waiting or swapped out", "GAUGE", None),
+    "kv_used": ("velocity_kv_blocks_used", "KV cache blocks in use", "GAUGE", None),
+    "kv_free": ("velocity_kv_blocks_free", "KV cache blocks free", "GAUGE", None),
+    "preemptions": ("velocity_preemptions_total", "Sequences preempted", "COUNTER", None),
+    "active": ("velocity_active_requests", "Requests in flight in the llm", "GAUGE", None),
+    "lent": ("velocity_llm_lent_steps_total", "Engine steps run with the idle vocoder's CPU threads too",
+             "COUNTER", None),
+    "refused": ("velocity_refused_requests_total", "Requests refused: server busy or shutting down", "COUNTER", None),
+}
+VOCODER = {
+    "chunks": ("velocity_vocoder_chunks_total", "Chunks decoded by the vocoder", "COUNTER", None),
+    "calls": ("velocity_vocoder_calls_total", "Decoder calls (chunks of one length decoded together)", "COUNTER", None),
+    "queue": ("velocity_vocoder_queue_seconds_total", "Seconds chunks waited in the vocoder's queue", "COUNTER", None),
+    "decode": ("velocity_vocoder_decode_seconds_total", "Seconds spent decoding chunks", "COUNTER", None),
+    "late": ("velocity_vocoder_late_seconds_total", "Seconds chunks were decoded past their deadline", "COUNTER", None),
+}
+_FAMILIES: list = []      # a MetricFamily must outlive its metrics
+
+
+def make_metrics(pb_utils, model: str, specs: dict) -> dict:
+    """One metric per spec, labelled with the model's name: {key: metric}."""
+    MF = pb_utils.MetricFamily
+    out = {}
+    for key, (name, desc, kind, buckets) in specs.items():
+        _FAMILIES.append(MF(name=name, description=desc, kind=getattr(MF, kind)))
+        kw = {"buckets": buckets} if buckets else {}
+        out[key] = _FAMILIES[-1].Metric(labels={"model": model}, **kw)
+    return out

@@ -1,0 +1,114 @@
+"""The tensors between the llm and the vocoder, in one place: what the llm sends for a chunk or
+an error, and what the vocoder reads back (and refuses, naming the input and its range).
+
+    CODES        [1, num_vq, T] int32   the chunk's frames with their left context and lookahead
+    HIDDEN       [1, T, H] float32      the GPT's hidden state per frame (Decoder path); [1, 0, 0]: codes path
+    CONTEXT      [1, 1] int32           leading frames that are context only
+    LENGTH       [1, 1] int32           frames whose audio the chunk produces (0: an error chunk)
+    LAST         [1, 1] int32           1: the chunk ends its sentence (256 samples shorter)
+    START        [1, 1] int32           frames of the stream's audio before the chunk (its deadline)
+    CHUNK_INDEX  [1, 1] int32           the chunk's number in its stream, or a STREAM_* code < 0
+
+Inside the ensemble the llm never answers with an error response: Triton 2.51's ensemble then
+may never retire the request (it stays "in flight", the server cannot unload `tts` and stopping
+ends in the exit timeout). The llm sends a last chunk with LENGTH 0 and one of the STREAM_* codes
+as CHUNK_INDEX instead, and the vocoder (a plain model, whose errors the ensemble handles) turns
+it into the error response.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from velocity.serving.settings import Settings
+from velocity.tts.streaming import CodeChunk
+
+STREAM_SHUTTING_DOWN = -1     # ended by the drain on stop
+STREAM_FAILED = -2            # generation failed (the llm logs why)
+STREAM_BUSY = -3              # refused: VELOCITY_MAX_CONCURRENT_REQUESTS in flight
+STREAM_DRAINING = -4          # refused: the server is stopping
+
+NO_HIDDEN = np.zeros((1, 0, 0), np.float32)
+
+
+def _i32(v: int) -> np.ndarray:
+    return np.array([[v]], np.int32)
+
+
+def chunk_outputs(c: CodeChunk) -> dict[str, np.ndarray]:
+    """The llm's response tensors for one chunk."""
+    return {"CODES": np.asarray(c.codes, np.int32).T[None], "CONTEXT": _i32(c.context), "LENGTH": _i32(c.length),
+            "CHUNK_INDEX": _i32(c.index), "LAST": _i32(int(c.last)), "START": _i32(c.start),
+            "HIDDEN": NO_HIDDEN if c.hidden is None else np.stack(c.hidden).astype(np.float32, copy=False)[None]}
+
+
+def error_outputs(code: int, num_vq: int) -> dict[str, np.ndarray]:
+    """The llm's last response of a stream that ends with a STREAM_* code."""
+    return {"CODES": np.zeros((1, num_vq, 1), np.int32), "CONTEXT": _i32(0), "LENGTH": _i32(0),
+            "CHUNK_INDEX": _i32(code), "LAST": _i32(0), "START": _i32(0), "HIDDEN": NO_HIDDEN}
+
+
+def stream_error(code: int, settings: Settings) -> tuple[str, bool]:
+    """-> (the message for a STREAM_* code, whether it is UNAVAILABLE (retry) rather than INTERNAL)."""
+    if code == STREAM_SHUTTING_DOWN:
+        return "server shutting down: this stream was ended before it finished; retry on another instance", True
+    if code == STREAM_BUSY:
+        return (f"server busy: {settings.max_concurrent_requests} requests are in flight, the limit "
+                f"(VELOCITY_MAX_CONCURRENT_REQUESTS); retry later"), True
+    if code == STREAM_DRAINING:
+        return "server shutting down: new requests are refused; retry on another instance", True
+    return "generation failed (the server log has the cause); retry the request", False
+
+
+@dataclass(slots=True)
+class ChunkIn:
+    """A chunk as the vocoder reads it (copies: a request's tensors are freed after execute)."""
+    index: np.ndarray                 # CHUNK_INDEX as sent (echoed back)
+    codes: np.ndarray                 # [b, num_vq, T] int64
+    hidden: np.ndarray | None         # [b, T, H] float32 for the Decoder path, else None
+    context: int
+    length: int
+    last: bool
+    start: int                        # frames before it (0 when not sent: due at once)
+
+    @property
+    def number(self) -> int:
+        """The chunk's index (< 0: the llm's error code for its stream)."""
+        return int(self.index.reshape(-1)[0])
+
+    @property
+    def x(self) -> np.ndarray:
+        """What it is decoded from: hidden states (Decoder path) or codes."""
+        return self.codes if self.hidden is None else self.hidden
+
+
+def read_chunk(get) -> ChunkIn:
+    """get(name) -> np.ndarray | None: the vocoder's inputs (HIDDEN, LAST and START optional)."""
+    def scalar(name: str, default: int = 0) -> int:
+        v = get(name)
+        return default if v is None or v.size == 0 else int(v.reshape(-1)[0])
+
+    hidden = get("HIDDEN")
+    return ChunkIn(get("CHUNK_INDEX").copy(), get("CODES").astype(np.int64),
+                   None if hidden is None or hidden.size == 0 else hidden.astype(np.float32),
+                   scalar("CONTEXT"), scalar("LENGTH"), bool(scalar("LAST")), scalar("START"))
+
+
+def chunk_problem(c: ChunkIn, num_vq: int, num_codes: int, hidden_size: int) -> str | None:
+    """Why the vocoder cannot decode this chunk (the message names the input and its range), or None."""
+    codes, ctx, length = c.codes, c.context, c.length
+    if codes.ndim != 3 or codes.shape[1] != num_vq:
+        return f"CODES must be [1, {num_vq}, frames], got {list(codes.shape)}"
+    if not (0 <= ctx and length >= 1 and ctx + length <= codes.shape[-1]):
+        return f"CODES {list(codes.shape)} does not hold CONTEXT={ctx} + LENGTH={length} frames"
+    if codes.min() < 0 or codes.max() >= num_codes:
+        return f"CODES must hold codes in [0, {num_codes}), got values in [{codes.min()}, {codes.max()}]"
+    if c.hidden is not None and c.hidden.shape != (codes.shape[0], codes.shape[-1], hidden_size):
+        return (f"HIDDEN must be [{codes.shape[0]}, {codes.shape[-1]}, {hidden_size}] (a hidden state per "
+                f"frame of CODES), got {list(c.hidden.shape)}")
+    if c.hidden is not None and not np.isfinite(c.hidden).all():
+        return "HIDDEN must hold finite floats (got NaN or inf)"
+    if c.start < 0:
+        return f"START must be >= 0 (frames before the chunk), got {c.start}"
+    return None
