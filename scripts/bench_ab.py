@@ -10,8 +10,10 @@ here moves speeds 2x within minutes). This runs the arms in short rounds, altern
 (ABBA), and reports each arm's pooled figures and the median of the per-round ratios to the first
 arm. Arms: `triton` (the server as it runs), `triton-nolend` (the server with the llm kept on its
 own threads: this script holds a vocoder busy mark on the server's core board,
-velocity.serving.core_share) and `in-process` (the same requests through velocity and the decoder
-in this process, no Triton; needs --weights). `arm@c` runs that arm at concurrency c instead of
+velocity.serving.core_share), `other` (a second server, --other-url: another build or other
+settings, e.g. VELOCITY_RESPONSE_THREAD=0) and `in-process` (the same requests through velocity
+and the decoder in this process, no Triton; needs --weights). Server arms also report the
+engine's mean step time (velocity_engine_step_seconds_total / _steps_total). `arm@c` runs that arm at concurrency c instead of
 --concurrency, so `triton@1,triton@32` is the throughput ratio of 32 streams to one. Writes JSON
 and a PNG.
 """
@@ -23,16 +25,27 @@ import json
 import logging
 import statistics
 import sys
+import time
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from client.bench import ROOT, InProcess, bench_texts, metrics_url_of, run_level  # noqa: E402
+from client.tts_client import fetch_metrics, parse_metric  # noqa: E402
 from velocity.serving.core_share import CoreBoard, find_boards  # noqa: E402
 
 log = logging.getLogger("bench_ab")
-ARMS = ("triton", "triton-nolend", "in-process")
+ARMS = ("triton", "triton-nolend", "other", "in-process")
+
+
+def engine_counters(metrics_url: str) -> tuple[float, float] | None:
+    """(engine steps, seconds in them) from a server's metrics, or None if it has none."""
+    try:
+        text = fetch_metrics(metrics_url)
+        return parse_metric(text, "velocity_engine_steps_total"), parse_metric(text, "velocity_engine_step_seconds_total")
+    except (OSError, KeyError):
+        return None
 
 
 def server_board(path: str | None) -> CoreBoard:
@@ -56,6 +69,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2, help="requests per arm per round (at least --concurrency)")
     ap.add_argument("--max-new-tokens", type=int, default=120)
     ap.add_argument("--weights", help="checkpoint for the in-process arm")
+    ap.add_argument("--other-url", help="the `other` arm's server (gRPC address)")
+    ap.add_argument("--other-metrics-url", help="its metrics (default: its host, port 8002)")
     ap.add_argument("--board", help="the server's core board file (default: the only one found)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "ab" / "ab"))
     args = ap.parse_args()
@@ -81,12 +96,23 @@ def main() -> None:
         if board.claim() is None:
             raise SystemExit(f"the core board {board.path} is full")
 
+    if "other" in kind.values() and not args.other_url:
+        raise SystemExit("--arms other needs --other-url (a second server)")
+    urls = {"other": (args.other_url, args.other_metrics_url or (args.other_url and metrics_url_of(args.other_url)))}
+
     def run(arm: str, bar) -> dict:
         if kind[arm] == "in-process":
             return local.level(texts, conc[arm], n[arm], values, bar)
+        url, murl = urls.get(kind[arm], (args.url, metrics_url))
         hold = board.busy() if kind[arm] == "triton-nolend" else contextlib.nullcontext()
+        before = engine_counters(murl)
         with hold:
-            return run_level(args.url, texts, conc[arm], n[arm], values, bar, metrics_url)
+            out = run_level(url, texts, conc[arm], n[arm], values, bar, murl)
+        time.sleep(0.6)                                                 # the llm exports its counters 4x a second
+        after = engine_counters(murl)
+        if before and after and after[0] > before[0]:
+            out["engine_step_ms"] = 1e3 * (after[1] - before[1]) / (after[0] - before[0])
+        return out
 
     rounds = []
     try:
@@ -100,9 +126,12 @@ def main() -> None:
 
     def pooled(arm: str) -> dict:
         lv = [rd[arm] for rd in rounds]
-        return {"first_audio_avg_s": statistics.mean(x["first_audio_s"]["avg"] for x in lv),
-                "audio_s_per_s": sum(x["audio_s"] for x in lv) / sum(x["wall_s"] for x in lv),
-                "errors": sum(x.get("errors", 0) for x in lv)}
+        out = {"first_audio_avg_s": statistics.mean(x["first_audio_s"]["avg"] for x in lv),
+               "audio_s_per_s": sum(x["audio_s"] for x in lv) / sum(x["wall_s"] for x in lv),
+               "errors": sum(x.get("errors", 0) for x in lv)}
+        if all("engine_step_ms" in x for x in lv):
+            out["engine_step_ms"] = statistics.mean(x["engine_step_ms"] for x in lv)
+        return out
 
     base = arms[0]
     res = {"concurrency": conc, "requests_per_round": n, "arms": arms, "max_new_tokens": args.max_new_tokens,

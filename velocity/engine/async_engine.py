@@ -5,6 +5,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 
 from velocity.config import EngineConfig
@@ -32,6 +33,7 @@ class AsyncLLMEngine:
         self._callbacks: dict[str, Callback] = {}
         self._wake = threading.Event()
         self._stopped = False
+        self.steps, self.step_seconds = 0, 0.0       # engine steps, and seconds spent in them and their callbacks
         self._thread = threading.Thread(target=self._loop, name="velocity-engine", daemon=True)
         self._thread.start()
 
@@ -115,6 +117,7 @@ class AsyncLLMEngine:
                 self._wake.wait()
                 self._wake.clear()
                 continue
+            t = time.perf_counter()
             try:
                 if self.before_step is not None:
                     self.before_step()
@@ -124,3 +127,5 @@ class AsyncLLMEngine:
                 outputs = [self.engine.abort(r) for r in list(self.engine.requests)]
             for out in outputs:
                 self._emit(out)
+            self.steps += 1
+            self.step_seconds += time.perf_counter() - t

@@ -17,6 +17,10 @@ LLM = {
     "active": ("velocity_active_requests", "Requests in flight in the llm", "GAUGE", None),
     "lent": ("velocity_llm_lent_steps_total", "Engine steps run with the idle vocoder's CPU threads too",
              "COUNTER", None),
+    "steps": ("velocity_engine_steps_total", "Engine steps", "COUNTER", None),
+    "step_seconds": ("velocity_engine_step_seconds_total",
+                     "Seconds in engine steps, with their callbacks (not the responses, which a thread sends)",
+                     "COUNTER", None),
     "refused": ("velocity_refused_requests_total", "Requests refused: server busy or shutting down", "COUNTER", None),
 }
 VOCODER = {

@@ -39,6 +39,9 @@ class Settings:
     # where a batch costs what its chunks do one by one and only delays the most urgent)
     vocoder_batch: int = 0                   # VELOCITY_VOCODER_BATCH
     pack_cpu_weights: int = 1                # VELOCITY_PACK_CPU_WEIGHTS: 1: oneDNN-prepacked llm weights on CPU
+    # 1: the llm's responses go out from a thread of their own; 0: from the engine loop between
+    # steps (as before 2026-11-23), kept for A/B runs (docs/benchmarks.md)
+    response_thread: int = 1                 # VELOCITY_RESPONSE_THREAD
 
     @classmethod
     def from_env(cls) -> "Settings":

@@ -128,23 +128,30 @@ class Streams:
             stream.end(STREAM_FAILED)
 
     def respond(self, stream: Stream, outputs: dict | None, final: bool = False) -> None:
-        """Queue a response of the stream (None: only the final flag) for the response thread."""
-        self.outbox.put((stream, outputs, final))
+        """Queue a response of the stream (None: only the final flag) for the response thread
+        (VELOCITY_RESPONSE_THREAD=0: send it now, on the calling thread, for A/B runs)."""
+        if self.settings.response_thread:
+            self.outbox.put((stream, outputs, final))
+        else:
+            self._send(stream, outputs, final)
+
+    def _send(self, stream: Stream, outputs: dict | None, final: bool) -> None:
+        try:
+            self.send(stream.sender, outputs, final)
+        except Exception:                        # a broken sender must not stop the others
+            log.exception("llm: could not send a response of %s", stream.rid)
+        finally:
+            if final:                            # the slot is free once the final flag is sent
+                self.live.pop(id(stream), None)
 
     def _respond_loop(self) -> None:
-        """Send queued responses in order; a stream's slot is free once its final flag is sent."""
+        """Send queued responses in order."""
         while (item := self.outbox.get()) is not None:
-            stream, outputs, final = item
-            try:
-                self.send(stream.sender, outputs, final)
-            except Exception:                    # a broken sender must not stop the others
-                log.exception("llm: could not send a response of %s", stream.rid)
-            finally:
-                if final:
-                    self.live.pop(id(stream), None)
+            self._send(*item)
 
     def _watch(self) -> None:
-        seen_preemptions = seen_lent = 0
+        seen_preemptions = seen_lent = seen_steps = 0
+        seen_seconds = 0.0
         while not self._stop.wait(0.25):
             if self.drain.poll():
                 if self.drain.expired():
@@ -162,6 +169,11 @@ class Streams:
             if st.preemptions > seen_preemptions:
                 m["preemptions"].increment(st.preemptions - seen_preemptions)
                 seen_preemptions = st.preemptions
+            steps, seconds = self.engine.steps, self.engine.step_seconds
+            if steps > seen_steps:
+                m["steps"].increment(steps - seen_steps)
+                m["step_seconds"].increment(seconds - seen_seconds)
+                seen_steps, seen_seconds = steps, seconds
             if self.lender is not None and self.lender.lent_steps > seen_lent:
                 m["lent"].increment(self.lender.lent_steps - seen_lent)
                 seen_lent = self.lender.lent_steps
