@@ -93,3 +93,15 @@ def test_the_curl_commands(tts_server):
     # "about 5x the size of the float32 audio"
     size = sum(len(json.dumps(e["WAVEFORM"])) for e in events) / (4 * len(streamed))
     assert 3 < size < 7, size
+
+
+def test_the_configuration_table_is_the_settings():
+    """Every VELOCITY_* variable in the README's table, with Settings' default, and no other."""
+    from dataclasses import fields
+
+    from velocity.serving.settings import Settings
+
+    rows = dict(re.findall(r"^\| `VELOCITY_([A-Z_]+)` \| ([^|]+) \|", README, re.M))
+    want = {f.name.upper(): str(f.default) for f in fields(Settings)}
+    got = {k: v.strip().strip("`").replace("(empty)", "") for k, v in rows.items()}
+    assert got == want

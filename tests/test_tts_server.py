@@ -52,6 +52,12 @@ def test_stream_in_order_whole_frames_and_seeded(server):
     np.testing.assert_array_equal(np.concatenate([a for _, a in again]), audio)
 
 
+def test_velocitys_log_lines_reach_the_server_log(server):
+    """INFO lines of the engine (started in the llm's stub process) are in the server's log."""
+    log = server.log_path.read_text(errors="replace")
+    assert "[velocity] INFO velocity.engine.worker: CPU:" in log, log[-3000:]
+
+
 def test_the_server_runs_on_the_folder_the_reference_loaded(server):
     """The served folder is byte for byte the one the conformance fixtures were recorded on,
     which the reference loaded strictly: `make serve` on a reference-loadable folder is ready."""

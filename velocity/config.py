@@ -23,8 +23,8 @@ class EngineConfig:
     max_model_len: int | None = None      # None: the model's max positions
     enforce_eager: bool = False           # True: no CUDA graphs
     pack_cpu_weights: bool = True         # CPU float32: linears on oneDNN-prepacked weights
+    cpu_kernel: bool = True               # CPU float32: the C++ paged decode-attention kernel (built once)
     enable_prefix_caching: bool = True
-    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -91,7 +91,7 @@ class AsyncLLMEngine:
                     self.engine.add_request(rid, prompt, params, **kwargs)
                     self._callbacks[rid] = cb
                 except Exception as e:  # e.g. a duplicate id: tell that request, go on
-                    cb(RequestOutput(rid, len(prompt), [], finished=True, finish_reason="error", error=str(e)))
+                    cb(RequestOutput(rid, finished=True, finish_reason="error", error=str(e)))
             elif cmd[0] == "abort":
                 self._emit(self.engine.abort(cmd[1]))
             else:

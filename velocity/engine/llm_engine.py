@@ -18,11 +18,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class RequestOutput:
-    """A request's state after a step: everything generated so far and what is new."""
+    """A request's state after a step: what is new, and everything generated so far (token_ids,
+    copied only when read: the output shares its sequence's list, which only grows)."""
 
     request_id: str
-    prompt_len: int
-    token_ids: list[Token]
+    generated: list[Token] = field(default_factory=list, repr=False)   # the sequence's own list
+    num_tokens: int = 0                                                  # its length at this output
     new_token_ids: list[Token] = field(default_factory=list)
     # requests with return_hidden: the final-norm hidden state that sampled each new token,
     # float32 [len(new_token_ids), H] (the reference's `hiddens`, which its Decoder turns into mel)
@@ -31,6 +32,11 @@ class RequestOutput:
     finished: bool = False
     finish_reason: str | None = None     # "stop" | "length" | "abort" | "error"
     error: str | None = None
+
+    @property
+    def token_ids(self) -> list[Token]:
+        """Everything generated up to this output."""
+        return self.generated[:self.num_tokens]
 
 
 @dataclass
@@ -148,7 +154,7 @@ class LLMEngine:
         return None
 
     def _output(self, seq: Sequence, new: list[Token]) -> RequestOutput:
-        return RequestOutput(seq.request_id, len(seq.prompt_token_ids), list(seq.output_token_ids), new,
+        return RequestOutput(seq.request_id, seq.output_token_ids, len(seq.output_token_ids), new,
                              finished=seq.is_finished, finish_reason=seq.finish_reason)
 
     def stats(self) -> EngineStats:

@@ -97,7 +97,6 @@ class Scheduler:
         return out
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
-        seq.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted.append(seq)
         if self.preemption_mode == "swap" and self.bm.can_swap_out(seq):

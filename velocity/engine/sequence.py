@@ -5,7 +5,6 @@ import enum
 import itertools
 import time
 from collections.abc import Hashable
-from dataclasses import dataclass, field
 
 from velocity.sampling_params import SamplingParams
 
@@ -46,7 +45,6 @@ class Sequence:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0         # prompt tokens found in the prefix cache
         self.arrival_time = time.monotonic()
-        self.num_preemptions = 0
 
     def __len__(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
@@ -77,19 +75,3 @@ class Sequence:
     def finish(self, reason: str) -> None:
         self.status = SequenceStatus.FINISHED
         self.finish_reason = reason
-
-
-@dataclass
-class SequenceGroup:
-    """A request as the user sent it: its id, prompt, parameters and its sequence(s).
-
-    Only one sequence per request today (no parallel sampling / beam search).
-    """
-
-    request_id: str
-    seqs: list[Sequence]
-    arrival_time: float = field(default_factory=time.monotonic)
-
-    @property
-    def finished(self) -> bool:
-        return all(s.is_finished for s in self.seqs)

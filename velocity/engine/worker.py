@@ -57,7 +57,8 @@ class Worker:
         self.cache = CacheEngine(self.model, self.num_blocks, self.num_cpu_blocks, config.block_size,
                                  self.device, self.dtype)
         use_graphs = self.device.type == "cuda" and not config.enforce_eager
-        kernel = paged_decode_kernel() if self.device.type == "cpu" and self.dtype == torch.float32 else None
+        cpu_f32 = self.device.type == "cpu" and self.dtype == torch.float32
+        kernel = paged_decode_kernel() if cpu_f32 and config.cpu_kernel else None
         self.runner = ModelRunner(self.model, config.block_size, self.cache.scratch_block, self.max_model_len,
                                   config.max_num_seqs, self.device, use_graphs, kernel)
         self.sampler = Sampler()

@@ -44,11 +44,9 @@ class ChatTTSGPT(nn.Module):
         self.head_code = nn.ModuleList(nn.Linear(H, num_audio_tokens, bias=False) for _ in range(num_vq))
         self.heads = {
             # the last code of the audio vocabulary ends the sequence
-            "audio": Head("audio", self.audio_logits, num_vq, num_audio_tokens, {num_audio_tokens - 1},
-                          sampling_style="chattts",
+            "audio": Head(self.audio_logits, num_vq, {num_audio_tokens - 1}, sampling_style="chattts",
                           repetition_window=16),
-            "text": Head("text", lambda h: self.head_text(h).float()[:, None], 1, num_text_tokens,
-                         text_stop_ids, sampling_style="chattts"),
+            "text": Head(lambda h: self.head_text(h).float()[:, None], 1, text_stop_ids, sampling_style="chattts"),
         }
 
     @property

@@ -91,13 +91,12 @@ _tried = False
 
 
 def paged_decode_kernel():
-    """The compiled kernel, or None where it cannot be built (VELOCITY_CPU_KERNEL=0 turns it off)."""
+    """The compiled kernel, or None where it cannot be built (EngineConfig.cpu_kernel=False, in
+    serving VELOCITY_CPU_KERNEL=0, does without it)."""
     global _kernel, _tried
     if _tried:
         return _kernel
     _tried = True
-    if os.environ.get("VELOCITY_CPU_KERNEL", "1") == "0":
-        return None
     try:
         from torch.utils.cpp_extension import load_inline
 

@@ -11,10 +11,8 @@ import torch
 class Head:
     """hidden [B, H] -> logits [B, K, V]; K = 1 for text, num_vq for audio frames."""
 
-    name: str
     fn: Callable[[torch.Tensor], torch.Tensor]
     num_codebooks: int
-    vocab_size: int
     stop_ids: set[int] = field(default_factory=set)
     sampling_style: str = "transformers"   # or "chattts": the reference's order (velocity.engine.sampler)
     repetition_window: int | None = None   # used when a request gives none (ChatTTS audio: 16 frames)

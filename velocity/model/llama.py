@@ -125,7 +125,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         eos = cfg.eos_token_id
         stop = set() if eos is None else set(eos) if isinstance(eos, (list, tuple)) else {eos}
-        self.heads = {"text": Head("text", lambda h: self.lm_head(h).float()[:, None], 1, cfg.vocab_size, stop)}
+        self.heads = {"text": Head(lambda h: self.lm_head(h).float()[:, None], 1, stop)}
 
     @property
     def max_positions(self) -> int:

@@ -1,12 +1,11 @@
 """Read and check the inputs of a TTS request; every error names the input and its allowed range."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from velocity.sampling_params import SamplingParams
+from velocity.sampling_params import SamplingParams, chattts_params
 from velocity.serving.settings import Settings
 from velocity.tts.streaming import DECODERS
 
@@ -45,51 +44,30 @@ def _scalar(value: np.ndarray | None, name: str, integer: bool = False):
     return value.reshape(-1)[0].item()
 
 
-@dataclass
-class AudioRequestParams:
-    temperature: float = 0.3
-    top_p: float = 0.7
-    top_k: int = 20
-    repetition_penalty: float = 1.05
-    max_new_tokens: int = 2048
-    seed: int | None = None
-
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              repetition_penalty=self.repetition_penalty, max_new_tokens=self.max_new_tokens,
-                              seed=self.seed)
+# input name -> SamplingParams field; the ranges are SamplingParams.validate's (plus the server's
+# VELOCITY_MAX_NEW_TOKENS), its messages renamed to the input
+SAMPLING_INPUTS = {"TEMPERATURE": "temperature", "TOP_P": "top_p", "TOP_K": "top_k",
+                   "REPETITION_PENALTY": "repetition_penalty", "MAX_NEW_TOKENS": "max_new_tokens"}
 
 
-def sampling_inputs(get, settings: Settings) -> AudioRequestParams:
-    """get(name) -> np.ndarray | None. Checks each optional sampling input."""
-    p = AudioRequestParams(max_new_tokens=settings.max_new_tokens)
-    t = _scalar(get("TEMPERATURE"), "TEMPERATURE")
-    if t is not None:
-        if not (math.isfinite(t) and t >= 0):
-            raise ValueError(f"TEMPERATURE must be >= 0, got {t}")
-        p.temperature = float(t)
-    v = _scalar(get("TOP_P"), "TOP_P")
-    if v is not None:
-        if not (0 < v <= 1):
-            raise ValueError(f"TOP_P must be in (0, 1], got {v}")
-        p.top_p = float(v)
-    v = _scalar(get("TOP_K"), "TOP_K", integer=True)
-    if v is not None:
-        if v < 0:
-            raise ValueError(f"TOP_K must be >= 0 (0 = off), got {v}")
-        p.top_k = int(v)
-    v = _scalar(get("REPETITION_PENALTY"), "REPETITION_PENALTY")
-    if v is not None:
-        if not (math.isfinite(v) and v > 0):
-            raise ValueError(f"REPETITION_PENALTY must be > 0, got {v}")
-        p.repetition_penalty = float(v)
-    v = _scalar(get("MAX_NEW_TOKENS"), "MAX_NEW_TOKENS", integer=True)
-    if v is not None:
-        if not 1 <= v <= settings.max_new_tokens:
-            raise ValueError(f"MAX_NEW_TOKENS must be in [1, {settings.max_new_tokens}], got {v}")
-        p.max_new_tokens = int(v)
-    p.seed = seed_input(get, "SEED")
-    return p
+def sampling_inputs(get, settings: Settings) -> SamplingParams:
+    """get(name) -> np.ndarray | None. The optional sampling inputs over the reference's defaults."""
+    values: dict = {"max_new_tokens": settings.max_new_tokens}
+    for name, fld in SAMPLING_INPUTS.items():
+        v = _scalar(get(name), name, integer=fld in ("top_k", "max_new_tokens"))
+        if v is not None:
+            values[fld] = v
+    if not 1 <= values["max_new_tokens"] <= settings.max_new_tokens:
+        raise ValueError(f"MAX_NEW_TOKENS must be in [1, {settings.max_new_tokens}], got {values['max_new_tokens']}")
+    values["seed"] = seed_input(get, "SEED")
+    try:
+        return chattts_params(**values)
+    except ValueError as e:
+        msg = str(e)
+        for name, fld in SAMPLING_INPUTS.items():
+            if msg.startswith(fld + " "):          # the input is already known to be an integer
+                raise ValueError(name + msg[len(fld):].replace(" an integer ", " ")) from e
+        raise
 
 
 def decoder_input(value: np.ndarray | None) -> str:
@@ -116,7 +94,7 @@ class TTSRequest:
     decode path ("hidden" | "codes")."""
     sentences: list
     speaker: np.ndarray
-    params: AudioRequestParams
+    params: SamplingParams
     decoder: str = "hidden"
 
 
@@ -156,6 +134,7 @@ def frontend_from_env(model: str, pb_utils) -> tuple[Settings, object]:
     from velocity.tts.frontend import TextFrontend
 
     settings = Settings.from_env()
+    settings.configure_logging()
     try:
         return settings, TextFrontend(settings.weights)
     except Exception as e:

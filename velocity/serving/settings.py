@@ -39,9 +39,11 @@ class Settings:
     # where a batch costs what its chunks do one by one and only delays the most urgent)
     vocoder_batch: int = 0                   # VELOCITY_VOCODER_BATCH
     pack_cpu_weights: int = 1                # VELOCITY_PACK_CPU_WEIGHTS: 1: oneDNN-prepacked llm weights on CPU
+    cpu_kernel: int = 1                      # VELOCITY_CPU_KERNEL: 1: the C++ decode-attention kernel on CPU
     # 1: the llm's responses go out from a thread of their own; 0: from the engine loop between
     # steps (as before 2026-11-23), kept for A/B runs (docs/benchmarks.md)
     response_thread: int = 1                 # VELOCITY_RESPONSE_THREAD
+    log_level: str = "INFO"                  # VELOCITY_LOG_LEVEL: velocity's lines in the server log
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -55,6 +57,20 @@ class Settings:
                     raise ValueError(f"VELOCITY_{f.name.upper()}={raw!r}: {e}") from e
         return s
 
+    def configure_logging(self) -> None:
+        """velocity's log lines to stderr, which Triton's python stubs share with the server log."""
+        import logging
+        import sys
+
+        root = logging.getLogger("velocity")
+        if not any(getattr(h, "velocity", False) for h in root.handlers):
+            h = logging.StreamHandler(sys.stderr)
+            h.velocity = True
+            h.setFormatter(logging.Formatter("[velocity] %(levelname)s %(name)s: %(message)s"))
+            root.addHandler(h)
+            root.propagate = False
+        root.setLevel(self.log_level.upper())
+
     def set_threads(self, model: str) -> int:
         """Set torch's CPU threads for the llm or vocoder process; returns the number."""
         import torch
@@ -66,6 +82,13 @@ class Settings:
     def threads_lent(self, own: int) -> int:
         """The llm's threads while the vocoder is idle: its own and the vocoder's, within the cores."""
         return max(own, min(os.cpu_count() or 1, own + self.vocoder_threads))
+
+    def engine_config(self):
+        """The llm's velocity.config.EngineConfig from these settings."""
+        from velocity.config import EngineConfig
+        return EngineConfig(model=self.weights, device=self.device, dtype=self.dtype, kv_cache_bytes=self.kv_cache_bytes,
+                            gpu_memory_utilization=self.gpu_memory_utilization, max_num_seqs=self.max_num_seqs,
+                            pack_cpu_weights=bool(self.pack_cpu_weights), cpu_kernel=bool(self.cpu_kernel))
 
     @property
     def schedule(self) -> ChunkSchedule:

@@ -12,7 +12,7 @@ import torch
 
 from velocity.config import EngineConfig
 from velocity.engine.llm_engine import LLMEngine
-from velocity.sampling_params import SamplingParams
+from velocity.sampling_params import SamplingParams, chattts_params  # noqa: F401 (chattts_params: re-exported)
 from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.tts.frontend import DEFAULT_PROMPT, TextFrontend
 from velocity.tts.speaker import decode_speaker, random_speaker
@@ -21,13 +21,6 @@ from velocity.tts.streaming import (DECODERS, AudioDecoder, ChunkSchedule, CodeC
 
 logger = logging.getLogger(__name__)
 SAMPLE_RATE = 24000
-
-
-def chattts_params(temperature: float = 0.3, top_p: float = 0.7, top_k: int = 20, repetition_penalty: float = 1.05,
-                   max_new_tokens: int = 2048, seed: int | None = None) -> SamplingParams:
-    """The reference's audio sampling defaults."""
-    return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, repetition_penalty=repetition_penalty,
-                          max_new_tokens=max_new_tokens, seed=seed)
 
 
 @dataclass

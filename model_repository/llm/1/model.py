@@ -10,7 +10,7 @@ import logging
 import torch
 import triton_python_backend_utils as pb_utils
 
-from velocity import AsyncLLMEngine, EngineConfig, SamplingParams
+from velocity import AsyncLLMEngine, SamplingParams
 from velocity.engine.worker import resolve_device
 from velocity.serving.core_share import CoreBoard, ThreadLender, board_path
 from velocity.serving.metrics import LLM, make_metrics
@@ -41,6 +41,7 @@ def send_failure(sender, message: str, code) -> None:
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         self.settings = s = Settings.from_env()
+        s.configure_logging()
         own = s.set_threads("llm")
         self.lender, self.cores = None, None
         try:
@@ -48,10 +49,7 @@ class TritonPythonModel:
                 # all cores while no vocoder decodes (velocity.serving.core_share)
                 self.cores = CoreBoard(board_path(s.run_dir))
                 self.lender = ThreadLender(self.cores, own, s.threads_lent(own), torch.set_num_threads)
-            self.engine = AsyncLLMEngine(EngineConfig(
-                model=s.weights, device=s.device, dtype=s.dtype, kv_cache_bytes=s.kv_cache_bytes,
-                gpu_memory_utilization=s.gpu_memory_utilization, max_num_seqs=s.max_num_seqs,
-                pack_cpu_weights=bool(s.pack_cpu_weights)), before_step=self.lender)
+            self.engine = AsyncLLMEngine(s.engine_config(), before_step=self.lender)
         except Exception as e:
             raise pb_utils.TritonModelException(f"llm: cannot start the engine on {s.weights}: {e}") from e
         self.streams = Streams(self.engine, s, make_metrics(pb_utils, "llm", LLM), send, self.lender)

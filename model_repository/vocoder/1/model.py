@@ -30,7 +30,7 @@ from velocity.serving.settings import Settings
 from velocity.tts.streaming import FRAMES_PER_SECOND, AudioDecoder, default_decode_batch
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-log = logging.getLogger("vocoder")
+log = logging.getLogger("velocity.vocoder")
 
 
 @dataclass(slots=True)
@@ -50,13 +50,14 @@ def same_shape(job: Job) -> tuple | None:
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         self.settings = s = Settings.from_env()
+        s.configure_logging()
         s.set_threads("vocoder")
         try:
             dev = resolve_device(s.device)
             self.decoder = AudioDecoder(load_dvae(s.weights, dev), load_vocos(s.weights, dev),
                                         load_decoder(s.weights, dev))
         except Exception as e:
-            raise pb_utils.TritonModelException(f"vocoder: cannot load {s.weights}: {e}")
+            raise pb_utils.TritonModelException(f"vocoder: cannot load {s.weights}: {e}") from e
         self.device = dev
         self.batch = s.vocoder_batch or default_decode_batch(dev)
         self.cores = None
