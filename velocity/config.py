@@ -19,12 +19,17 @@ class EngineConfig:
     preemption_mode: str = "recompute"    # "recompute" | "swap"
     watermark: float = 0.01               # fraction of blocks kept free when admitting prefills
     max_num_seqs: int = 64
-    max_num_batched_tokens: int | None = None  # None: max(4096, max_model_len)
+    max_num_batched_tokens: int | None = None  # tokens per step; None: 4096 (see token_budget)
     max_model_len: int | None = None      # None: the model's max positions
     enforce_eager: bool = False           # True: no CUDA graphs
     pack_cpu_weights: bool = True         # CPU float32: linears on oneDNN-prepacked weights
     cpu_kernel: bool = True               # CPU float32: the C++ paged decode-attention kernel (built once)
     enable_prefix_caching: bool = True
+
+    def token_budget(self, max_model_len: int) -> int:
+        """Tokens one step may hold: max_num_batched_tokens (default 4096), raised to max_model_len
+        so that any prompt fits. The scheduler keeps to it; the worker profiles it on CUDA."""
+        return max(self.max_num_batched_tokens or 4096, max_model_len)
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -59,8 +59,7 @@ class LLMEngine:
         self.max_model_len = self.worker.max_model_len
         self.block_manager = BlockManager(self.worker.num_blocks, config.block_size, self.worker.num_cpu_blocks,
                                           config.watermark, config.enable_prefix_caching)
-        budget = config.max_num_batched_tokens or max(4096, self.max_model_len)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, max(budget, self.max_model_len),
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.token_budget(self.max_model_len),
                                    config.preemption_mode)
         self.requests: dict[str, Sequence] = {}
 
@@ -89,9 +88,10 @@ class LLMEngine:
         return_hidden: each output's new_hidden holds the hidden states of its new tokens."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        self.validate(prompt_token_ids, params, head, speaker)
+        self.validate(prompt_token_ids, params, head)
         model = self.worker.model
-        spk, salt = (None, None) if speaker is None else model.check_speaker(speaker)
+        checked = None if speaker is None else model.check_speaker(speaker)     # once per request
+        spk, salt = (None, None) if checked is None else (checked.row, checked.digest)
         seq = Sequence(request_id, prompt_token_ids, params, cache_salt=salt,
                        head=head or model.default_head, speaker=spk, return_hidden=return_hidden)
         self.requests[request_id] = seq

@@ -69,7 +69,7 @@ class Worker:
         # CUDA: profile a forward of a full token budget, then take a share of what is left.
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        self.profile_run(min(self.config.max_num_batched_tokens or 4096, self.max_model_len))
+        self.profile_run(self.config.token_budget(self.max_model_len))
         free, total = torch.cuda.mem_get_info()
         used = total - free
         peak = torch.cuda.max_memory_allocated()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,14 @@ def speaker_row(v: torch.Tensor) -> torch.Tensor:
     """A speaker vector -> what the [spk_emb] position takes, as the reference computes it: float16
     (what a speaker string holds), L2-normalised in float16 (F.normalize, eps 1e-12), then float32."""
     return F.normalize(v.to(torch.float16), p=2.0, dim=0, eps=1e-12).float()
+
+
+@dataclass(frozen=True)
+class CheckedSpeaker:
+    """A speaker already checked and normalised (ChatTTSGPT.check_speaker): the [spk_emb] row and
+    the digest that salts the prefix cache. Passing it again costs nothing."""
+    row: torch.Tensor
+    digest: str
 
 
 class ChatTTSGPT(nn.Module):
@@ -83,11 +92,14 @@ class ChatTTSGPT(nn.Module):
         if bad:
             raise ValueError(f"prompt token ids must be text token ids, integers in [0, {V}), got {bad[:5]}")
 
-    def check_speaker(self, speaker: object) -> tuple[torch.Tensor, str]:
-        """-> (the vector the [spk_emb] position takes, a digest that salts the prefix cache).
+    def check_speaker(self, speaker: object) -> CheckedSpeaker:
+        """-> the vector the [spk_emb] position takes and a digest that salts the prefix cache
+        (ValueError if the speaker is not usable).
 
         As the reference: the speaker in float16 (what a speaker string holds), L2-normalised in
         float16 (F.normalize, eps 1e-12), then float32 next to the float32 embeddings."""
+        if isinstance(speaker, CheckedSpeaker):
+            return speaker
         H = self.config.hidden_size
         try:
             v = torch.as_tensor(speaker, dtype=torch.float32).flatten().cpu()
@@ -102,7 +114,7 @@ class ChatTTSGPT(nn.Module):
         if float(v.to(torch.float16).float().norm()) == 0:
             raise ValueError("speaker must not be all zeros")
         v = speaker_row(v)
-        return v, hashlib.sha1(v.numpy().tobytes()).hexdigest()
+        return CheckedSpeaker(v, hashlib.sha1(v.numpy().tobytes()).hexdigest())
 
     def embed_overrides(self, seq, start: int, end: int) -> list[tuple[int, torch.Tensor]]:
         """The [spk_emb] positions of seq in [start, end) take its speaker vector."""

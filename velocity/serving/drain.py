@@ -11,6 +11,9 @@ exit timeout. serve.sh drains first instead:
    to `drained.<pid>`;
 4. serve.sh waits until no `serving.*` file is left (or the grace period and a margin pass),
    then signals the server, which now has nothing in flight and exits at once.
+
+It works only under serve.sh (VELOCITY_RUN_DIR set): a bare `tritonserver` has no run dir, and
+stopping it cuts live streams as Triton does.
 """
 from __future__ import annotations
 

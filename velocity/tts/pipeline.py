@@ -89,6 +89,8 @@ class TTSPipeline:
         if decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
         spk = self.speaker_vector(speaker)
+        if spk is not None:                    # checked once, reused by every sentence
+            spk = self.engine.worker.model.check_speaker(spk)
         end_code = self.engine.worker.model.num_audio_tokens - 1
         left = self.decoder.exact_context
         todo, live = list(range(len(texts))), {}          # live: request id -> its text (one per text)

@@ -77,7 +77,7 @@ class TritonPythonModel:
             return
         self.streams.start(request.get_response_sender(), request.is_cancelled, sentences, speaker, params, hidden)
 
-    def _parse(self, request) -> tuple[list, torch.Tensor | None, SamplingParams, bool]:
+    def _parse(self, request) -> tuple[list, object, SamplingParams, bool]:
         """The request's sentences, speaker, sampling and whether it takes the Decoder path,
         checked as the engine will check them."""
         def get(name):
@@ -91,10 +91,10 @@ class TritonPythonModel:
                 engine.validate(ids, params)
             except ValueError as e:
                 raise ValueError(f"TOKEN_IDS, sentence {i}: {e}") from e
-        speaker = None if spk is None else torch.from_numpy(spk)
-        if speaker is not None:
-            try:
-                engine.worker.model.check_speaker(speaker)
+        speaker = None
+        if spk is not None:
+            try:               # checked and normalised once: every sentence reuses it
+                speaker = engine.worker.model.check_speaker(torch.from_numpy(spk))
             except ValueError as e:
                 raise ValueError(f"SPEAKER_VECTOR: {e}") from e
         return sentences, speaker, params, decoder_input(get("DECODER")) == "hidden"
