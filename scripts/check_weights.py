@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import soundfile as sf
 
-    from velocity.tts.pipeline import SAMPLE_RATE, TTSPipeline, chattts_params
+    from velocity.tts.pipeline import TTSPipeline, chattts_params
 
     t = time.monotonic()
     pipe = TTSPipeline(folder, device="auto")
@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (audio.size and np.isfinite(audio).all()):
         print("error: the synthesized audio is empty or not finite", file=sys.stderr)
         return 1
-    sf.write(args.out, audio, SAMPLE_RATE, subtype="PCM_16")
-    print(f"loaded every model in {loaded:.1f} s ({pipe.engine.worker.device}); spoke {len(audio) / SAMPLE_RATE:.2f} s "
+    sf.write(args.out, audio, pipe.sample_rate, subtype="PCM_16")
+    print(f"loaded every model in {loaded:.1f} s ({pipe.engine.worker.device}); spoke {len(audio) / pipe.sample_rate:.2f} s "
           f"of audio in {took:.1f} s -> {args.out}")
     return 0
 

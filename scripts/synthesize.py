@@ -11,7 +11,7 @@ import time
 
 import soundfile as sf
 
-from velocity.tts.pipeline import SAMPLE_RATE, TTSPipeline, chattts_params
+from velocity.tts.pipeline import TTSPipeline, chattts_params
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -29,6 +29,6 @@ if __name__ == "__main__":
     audio = pipe.synthesize(args.text, speaker=args.speaker_seed,
                             params=chattts_params(seed=args.seed, max_new_tokens=args.max_new_tokens))
     took = time.perf_counter() - t
-    sf.write(args.out, audio, SAMPLE_RATE)
-    secs = len(audio) / SAMPLE_RATE
+    sf.write(args.out, audio, pipe.sample_rate)
+    secs = len(audio) / pipe.sample_rate
     logging.info("%s: %.2f s of audio in %.2f s (RTF %.2f)", args.out, secs, took, took / max(secs, 1e-9))

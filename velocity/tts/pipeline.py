@@ -20,7 +20,6 @@ from velocity.tts.streaming import (DECODERS, AudioDecoder, ChunkSchedule, CodeC
                                     default_decode_batch)
 
 logger = logging.getLogger(__name__)
-SAMPLE_RATE = 24000
 
 
 @dataclass
@@ -59,6 +58,7 @@ class TTSPipeline:
         self.engine = LLMEngine(EngineConfig(model=str(folder), device=device, **engine_kwargs))
         dev = self.engine.worker.device
         self.decoder = AudioDecoder(load_dvae(folder, dev), load_vocos(folder, dev), load_decoder(folder, dev))
+        self.sample_rate = self.decoder.sample_rate                 # Vocos's: 24000 for the release
         self.schedule, self.lookahead = schedule, lookahead
         self.decode_batch = decode_batch or default_decode_batch(dev)
         self._n = 0

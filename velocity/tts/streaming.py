@@ -193,6 +193,7 @@ class AudioDecoder:
     def __init__(self, dvae: DVAE, vocos: Vocos, decoder: DVAE | None = None) -> None:
         self.dvae, self.vocos, self.decoder = dvae, vocos, decoder
         self.samples_per_frame = 2 * vocos.cfg.hop_length
+        self.sample_rate = vocos.cfg.sample_rate
         self.exact_context = max(exact_context(m, vocos) for m in (dvae, decoder) if m is not None)
         self.num_vq = dvae.cfg.groups * dvae.cfg.residuals        # codebooks per frame
         self.num_codes = math.prod(dvae.cfg.levels)              # codes per codebook: [0, num_codes)
