@@ -86,3 +86,18 @@ def test_a_wrong_weights_folder_stops_serve_sh_at_once_with_the_reason(good, tmp
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0] and str(weights) in lines[0], p.stderr
     assert "tritonserver" not in p.stdout                    # it never started
+
+
+def test_an_llm_config_without_decoupled_fails_to_load_and_says_why(start_triton, good, tmp_path):
+    """initialize reads its model_config: the llm streams, so a config that dropped the decoupled
+    policy is refused with the reason, not served with one response per request."""
+    repo = shutil.copytree(ROOT / "model_repository", tmp_path / "repo")
+    cfg = repo / "llm" / "config.pbtxt"
+    cfg.write_text(cfg.read_text().replace("model_transaction_policy { decoupled: true }", ""))
+    s = start_triton(repo, env={"VELOCITY_WEIGHTS": str(good), "VELOCITY_KV_CACHE_BYTES": str(8 << 20)},
+                     until="live")
+    try:
+        assert wait_for(lambda: "must keep model_transaction_policy" in s.log(), timeout=120), s.log()
+        assert not model_ready(s, "llm")
+    finally:
+        s.stop()

@@ -5,6 +5,7 @@ are spoken in order as one stream of chunks (the tensors of velocity.serving.pro
 GPT's hidden states on the Decoder path, DECODER "hidden", the default), answered by a response
 thread, not the engine loop. Every request ends with the final flag, errors too.
 """
+import json
 import logging
 
 import torch
@@ -42,6 +43,9 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         self.settings = s = Settings.from_env()
         s.configure_logging()
+        if not pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"])):
+            raise pb_utils.TritonModelException("llm: its config.pbtxt must keep model_transaction_policy "
+                                                "{ decoupled: true } (it streams many responses per request)")
         own = s.set_threads("llm")
         self.lender, self.cores = None, None
         try:
