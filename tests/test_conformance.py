@@ -7,7 +7,6 @@ reference at test time.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import torch
 from safetensors import safe_open
 
 from triton_server import ROOT
-from velocity.release import RELEASE_FILES
+from velocity.release import RELEASE_FILES, sha256_file
 from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.demo.checkpoint import write_checkpoint
 from velocity.tts.streaming import AudioDecoder
@@ -65,7 +64,7 @@ def test_the_demo_folder_has_the_releases_files_and_tensor_names(demo):
 
 def test_the_demo_weights_are_the_ones_the_fixtures_were_recorded_on(demo):
     for name, sha in MANIFEST["demo"]["sha256"].items():
-        assert hashlib.sha256((demo / name).read_bytes()).hexdigest() == sha, f"{name}: {REGENERATE}"
+        assert sha256_file(demo / name) == sha, f"{name}: {REGENERATE}"
 
 
 @pytest.mark.parametrize("path", ["dvae", "decoder"])

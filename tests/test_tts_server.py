@@ -61,13 +61,12 @@ def test_velocitys_log_lines_reach_the_server_log(server):
 def test_the_server_runs_on_the_folder_the_reference_loaded(server):
     """The served folder is byte for byte the one the conformance fixtures were recorded on,
     which the reference loaded strictly: `make serve` on a reference-loadable folder is ready."""
-    import hashlib
-
     from test_conformance import MANIFEST
+    from velocity.release import sha256_file
 
     folder = Path(server.env["VELOCITY_WEIGHTS"])
     for name, sha in MANIFEST["demo"]["sha256"].items():
-        assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == sha, name
+        assert sha256_file(folder / name) == sha, name
 
 
 @pytest.mark.parametrize("decoder", ["hidden", "codes"])

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import hashlib
 import importlib.metadata as md
 import json
 import sys
@@ -103,7 +102,9 @@ def manifest(folder: Path) -> dict:
     files["asset/gpt/model.safetensors"] = {
         k.replace("layers.0.", "layers.N."): [list(v.shape), str(v.dtype).removeprefix("torch.")]
         for k, v in body.state_dict().items()}
-    sha = {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+    from velocity.release import sha256_file
+
+    sha = {str(p.relative_to(folder)): sha256_file(p)
            for p in sorted(folder.rglob("*.safetensors"))}
     return {"files": files, "optional": ["embed_tokens.weight"], "gpt_layers": g.num_hidden_layers,
             "demo": {"size": SIZE, "seed": SEED, "sha256": sha}}

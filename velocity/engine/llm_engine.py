@@ -115,7 +115,8 @@ class LLMEngine:
         try:
             tokens, hidden = self.worker.execute(sched)
             want = [i for i, seq in enumerate(sched.seqs) if seq.return_hidden]
-            rows = hidden[want].float().cpu().numpy() if want else None             # [len(want), H]
+            # one device-to-host copy for the rows that asked: position in the batch -> [1, H]
+            rows = dict(zip(want, hidden[want].float().cpu().numpy()[:, None])) if want else {}
         except Exception as e:
             # Fail this batch's requests, not the engine; their KV can't be trusted for reuse.
             logger.exception("engine step failed; failing %d requests", len(sched.seqs))
@@ -128,7 +129,6 @@ class LLMEngine:
                 outputs[-1].error = f"engine step failed: {e}"
             return outputs
         outputs = []
-        row = dict(zip(want, range(len(want))))
         for i, (seq, tok) in enumerate(zip(sched.seqs, tokens)):
             seq.num_computed_tokens = len(seq)
             seq.append(tok)
@@ -137,8 +137,7 @@ class LLMEngine:
                 self.requests.pop(seq.request_id, None)
                 self.scheduler.finish(seq, reason)
             outputs.append(self._output(seq, [tok]))
-            if i in row:
-                outputs[-1].new_hidden = rows[row[i]:row[i] + 1]
+            outputs[-1].new_hidden = rows.get(i)
         return outputs
 
     def check_stop(self, seq: Sequence, tok: Token) -> str | None:

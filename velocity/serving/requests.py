@@ -141,12 +141,17 @@ def frontend_from_env(model: str, pb_utils) -> tuple[Settings, object]:
         raise pb_utils.TritonModelException(f"{model}: cannot load {settings.weights}: {e}") from e
 
 
-def parse_triton_request(request, pb_utils, settings: Settings, frontend) -> tuple[TTSRequest | None, object]:
-    """-> (the checked request, None), or (None, an INVALID_ARG error response)."""
+def input_reader(request, pb_utils):
+    """get(name) -> the request's input as a numpy array, or None when it was not sent."""
     def get(name: str) -> np.ndarray | None:
         t = pb_utils.get_input_tensor_by_name(request, name)
         return None if t is None else t.as_numpy()
+    return get
 
+
+def parse_triton_request(request, pb_utils, settings: Settings, frontend) -> tuple[TTSRequest | None, object]:
+    """-> (the checked request, None), or (None, an INVALID_ARG error response)."""
+    get = input_reader(request, pb_utils)
     try:
         return parse_tts_request(get, settings, frontend), None
     except ValueError as e:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from velocity.tts.normalizer import CJK
+
 
 class Homophones:
     """homophones(ch) -> ch itself when the vocabulary has it, else its replacement or ""."""
@@ -39,7 +41,7 @@ class Homophones:
         if self._by_pinyin is None:
             self._by_pinyin = {}
             for tok, _ in sorted(self.vocab.items(), key=lambda kv: kv[1]):
-                if len(tok) == 1 and "\u4e00" <= tok <= "\u9fff" and (p := self._pinyin(tok)):
+                if CJK.fullmatch(tok) and (p := self._pinyin(tok)):
                     self._by_pinyin.setdefault(p, tok)
         p = self._pinyin(simple if len(simple) == 1 else ch)
         return self._by_pinyin.get(p, "") if p else ""

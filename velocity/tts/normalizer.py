@@ -189,15 +189,12 @@ def split_sentences(text: str, max_chars: int = 120) -> list[str]:
     """A normalised piece in parts of at most max_chars (the reference has no limit; one part is
     one generation, capped at max_new_tokens frames): at commas, else at a space, else anywhere,
     but never inside a word that has spaces around it or a control token."""
-    out = []
-    for s in [text.strip()]:
-        while len(s) > max_chars:
-            cut = _cut_point(s, max_chars)
-            out.append(s[:cut].strip())
-            s = s[cut:].strip()
-        if s:
-            out.append(s)
-    return out
+    out, s = [], text.strip()
+    while len(s) > max_chars:
+        cut = _cut_point(s, max_chars)
+        out.append(s[:cut].strip())
+        s = s[cut:].strip()
+    return out + [s] if s else out
 
 
 def _cut_point(s: str, max_chars: int) -> int:

@@ -127,8 +127,13 @@ class FrameChunker:
             assert len(hidden) == len(frames) and (self.hidden or not self.frames)
             self.hidden += list(hidden)
         self.frames += frames
-        out = []       # a frame past the chunk must exist (even with no lookahead): the last chunk is finish()'s
-        while len(self.frames) >= self._next_end + max(self.lookahead, 1):
+        # a frame past the chunk must exist (even with no lookahead): the last chunk is finish()'s
+        return self._cut_through(len(self.frames) - max(self.lookahead, 1))
+
+    def _cut_through(self, end: int) -> list[CodeChunk]:
+        """Cut the schedule's chunks that end at or before frame `end`."""
+        out = []
+        while self._next_end <= end:
             out.append(self._cut(self._next_end))
             self._next_end += next(self._sizes)
         return out
@@ -136,10 +141,7 @@ class FrameChunker:
     def finish(self) -> list[CodeChunk]:
         """The utterance's remaining chunks (cut by the schedule, the last one marked); the chunker
         is then ready for the next utterance."""
-        out = []
-        while self._next_end < len(self.frames):
-            out.append(self._cut(self._next_end))
-            self._next_end += next(self._sizes)
+        out = self._cut_through(len(self.frames) - 1)
         if len(self.frames) > self.emitted:
             out.append(self._cut(len(self.frames), last=True))
         self.before += len(self.frames)

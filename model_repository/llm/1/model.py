@@ -16,7 +16,7 @@ from velocity.engine.worker import resolve_device
 from velocity.serving.core_share import CoreBoard, ThreadLender, board_path
 from velocity.serving.metrics import LLM, make_metrics
 from velocity.serving.protocol import error_outputs
-from velocity.serving.requests import decoder_input, llm_inputs
+from velocity.serving.requests import decoder_input, input_reader, llm_inputs
 from velocity.serving.settings import Settings
 from velocity.serving.stream import Streams
 
@@ -84,10 +84,7 @@ class TritonPythonModel:
     def _parse(self, request) -> tuple[list, object, SamplingParams, bool]:
         """The request's sentences, speaker, sampling and whether it takes the Decoder path,
         checked as the engine will check them."""
-        def get(name):
-            t = pb_utils.get_input_tensor_by_name(request, name)
-            return None if t is None else t.as_numpy()
-
+        get = input_reader(request, pb_utils)
         sentences, spk, params = llm_inputs(get, self.settings.max_new_tokens)
         engine = self.engine.engine
         for i, ids in enumerate(sentences):

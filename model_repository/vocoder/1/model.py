@@ -26,6 +26,7 @@ from velocity.serving.chunk_queue import ChunkQueue
 from velocity.serving.core_share import CoreBoard, board_path
 from velocity.serving.metrics import VOCODER, make_metrics
 from velocity.serving.protocol import ChunkIn, chunk_problem, read_chunk, stream_error
+from velocity.serving.requests import input_reader
 from velocity.serving.settings import Settings
 from velocity.tts.streaming import FRAMES_PER_SECOND, AudioDecoder, default_decode_batch
 
@@ -72,13 +73,9 @@ class TritonPythonModel:
 
     def execute(self, requests: list) -> None:
         for r in requests:
-            def get(name: str):
-                t = pb_utils.get_input_tensor_by_name(r, name)
-                return None if t is None else t.as_numpy()
-
             # An error chunk (index < 0) is queued too, behind its stream's chunks: answered at once
             # it could overtake them, and one such run left the ensemble request in flight (Triton 2.51)
-            job = Job(read_chunk(get), r.get_response_sender(), time.monotonic())
+            job = Job(read_chunk(input_reader(r, pb_utils)), r.get_response_sender(), time.monotonic())
             job.error = self._refusal(job.chunk)
             self.queue.put(-1 if job.chunk.number < 0 else job.chunk.start, job)
         return None
