@@ -96,6 +96,7 @@ def test_sampling_keeps_the_references_candidates_exactly():
     as the reference's processing of the same logits and histories (sampling.npz)."""
     from velocity.engine.sequence import Sequence
     from velocity.sampling_params import SamplingParams
+    from velocity.engine.model_runner import sampling_batch
     from velocity.engine.sampler import Sampler
 
     ref = np.load(FIXTURES / "sampling.npz")
@@ -109,7 +110,7 @@ def test_sampling_keeps_the_references_candidates_exactly():
                 min_new_tokens=int(min_new), max_new_tokens=max(256, int(min_new)), seed=b), head="audio")
             s.output_token_ids = [tuple(f) for f in hist[b].tolist()]
             seqs.append(s)
-        _, rows, x, ids = Sampler().filter(logits, seqs, {V - 1}, style="chattts", window=16)
+        _, x, ids = Sampler().filter(logits, sampling_batch(seqs, logits.shape[1], V, {V - 1}, "chattts", 16))
         ours = torch.full_like(logits, float("-inf")).scatter(2, ids, x).numpy()
         want = ref[f"filtered_{n}"]
         assert np.array_equal(np.isfinite(ours), np.isfinite(want)), (n, int((np.isfinite(ours) != np.isfinite(want)).any(-1).sum()))

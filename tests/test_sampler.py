@@ -9,6 +9,7 @@ from transformers.generation.logits_process import (RepetitionPenaltyLogitsProce
 
 from velocity.engine.sequence import Sequence
 from velocity.sampling_params import SamplingParams
+from velocity.engine.model_runner import sampling_batch
 from velocity.engine.sampler import Sampler, top_k_top_p
 
 V = 50
@@ -20,9 +21,21 @@ def seq(params, prompt=(1, 2, 3), out=()):
     return s
 
 
+def sample(sm, logits, seqs, stop_ids=frozenset(), style="transformers", window=None):
+    """The worker's path: the runner's tensors, the sampler, then a token (int or K-tuple) per row."""
+    lg = logits if logits.dim() == 3 else logits[:, None]
+    out = sm(lg, sampling_batch(seqs, lg.shape[1], lg.shape[2], set(stop_ids), style, window)).tolist()
+    return [t[0] if len(t) == 1 else tuple(t) for t in out]
+
+
+def penalised(logits, seqs, window=None):
+    """The repetition penalty alone. logits: [B, K, V]"""
+    return Sampler.penalise(logits, sampling_batch(seqs, logits.shape[1], logits.shape[2], set(), window=window))
+
+
 def step(sm, logits, seqs, **kw):
     """Sample one step and append the tokens, as the engine does (seeded draws are keyed by the step)."""
-    out = sm(logits, seqs, set(), **kw)
+    out = sample(sm, logits, seqs, **kw)
     for s, t in zip(seqs, out):
         s.output_token_ids.append(t)
     return out
@@ -57,7 +70,7 @@ def test_greedy_is_exact_argmax_whatever_the_neighbours(logits):
     seqs = [seq(SamplingParams(temperature=0)), seq(SamplingParams(temperature=1.5, top_k=5)),
             seq(SamplingParams(temperature=0)), seq(SamplingParams(temperature=0.7, top_p=0.5)),
             seq(SamplingParams(temperature=0)), seq(SamplingParams(temperature=1.0))]
-    out = Sampler()(logits, seqs, set())
+    out = sample(Sampler(), logits, seqs)
     for i in (0, 2, 4):
         assert out[i] == int(logits[i].argmax())
 
@@ -66,7 +79,7 @@ def test_repetition_penalty_matches_transformers(logits):
     hist = [[1, 2, 3, 4], [5, 5, 6], [7], [8, 9, 10, 11, 12], [1], [2]]
     pens = [1.3, 1.0, 0.8, 2.0, 1.3, 1.0]
     seqs = [seq(SamplingParams(temperature=0, repetition_penalty=r), prompt=h) for h, r in zip(hist, pens)]
-    ours = Sampler().apply_penalties(logits[:, None], seqs, set())[:, 0]
+    ours = penalised(logits[:, None], seqs)[:, 0]
     for i, (h, r) in enumerate(zip(hist, pens)):
         ref = RepetitionPenaltyLogitsProcessor(r)(torch.tensor([h]), logits[i:i + 1].clone())
         assert torch.equal(ours[i:i + 1], ref)
@@ -76,7 +89,7 @@ def test_min_new_tokens_masks_stop_tokens_until_reached(logits):
     stop = int(logits[0].argmax())
     s_early = seq(SamplingParams(temperature=0, min_new_tokens=3), out=[1, 2])
     s_done = seq(SamplingParams(temperature=0, min_new_tokens=3), out=[1, 2, 3])
-    out = Sampler()(logits[:1].repeat(2, 1), [s_early, s_done], {stop})
+    out = sample(Sampler(), logits[:1].repeat(2, 1), [s_early, s_done], {stop})
     assert out[0] != stop and out[1] == stop
 
 
@@ -103,11 +116,11 @@ def test_sampling_follows_the_distribution():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     sm, n = Sampler(), 4000
     s = seq(SamplingParams(temperature=1.0))
-    counts = torch.bincount(torch.tensor([sm(logits, [s], set())[0] for _ in range(n)]), minlength=4)
+    counts = torch.bincount(torch.tensor([sample(sm, logits, [s])[0] for _ in range(n)]), minlength=4)
     # 4000 draws: binomial standard deviation <= 0.008; 0.03 is over 3.5 of them
     assert torch.allclose(counts / n, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.03)
     s2 = seq(SamplingParams(temperature=1.0, top_k=2))
-    assert set(sm(logits, [s2], set())[0] for _ in range(300)) == {0, 1}
+    assert set(sample(sm, logits, [s2])[0] for _ in range(300)) == {0, 1}
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1),
@@ -130,13 +143,12 @@ def test_windowed_penalty_counts_each_occurrence_per_codebook():
             e[0, k, t] = v * 2.0 ** n if v < 0 else v / 2.0 ** n
         return e
 
-    sm = Sampler()
     # the head's default window (2): frames (1, 3), (4, 2)
-    torch.testing.assert_close(sm.apply_penalties(logits, [s], set(), window=2),
+    torch.testing.assert_close(penalised(logits, [s], window=2),
                                expect({(0, 1): 1, (0, 4): 1, (1, 3): 1, (1, 2): 1}), rtol=0, atol=0)
     # a request's own window (3) wins: code 1 twice in codebook 0, code 2 twice in codebook 1
     s.params.repetition_window = 3
-    torch.testing.assert_close(sm.apply_penalties(logits, [s], set(), window=2),
+    torch.testing.assert_close(penalised(logits, [s], window=2),
                                expect({(0, 1): 2, (0, 4): 1, (1, 2): 2, (1, 3): 1}), rtol=0, atol=0)
 
 
@@ -149,10 +161,9 @@ def test_batched_penalties_equal_each_row_alone():
               SamplingParams(repetition_penalty=0.7, repetition_window=3), SamplingParams(repetition_penalty=2.0),
               SamplingParams(repetition_penalty=1.1, repetition_window=20)]
     seqs = [seq(p, out=frames[:n]) for p, n in zip(params, [9, 4, 9, 0, 5])]
-    sm = Sampler()
-    batch = sm.apply_penalties(lg, seqs, set(), window=4)
+    batch = penalised(lg, seqs, window=4)
     for i, s in enumerate(seqs):
-        assert torch.equal(batch[i:i + 1], sm.apply_penalties(lg[i:i + 1], [s], set(), window=4))
+        assert torch.equal(batch[i:i + 1], penalised(lg[i:i + 1], [s], window=4))
     assert torch.equal(batch[1], lg[1]) and torch.equal(batch[3], lg[3])     # no penalty / no history
     assert not torch.equal(batch[0], lg[0])
 

@@ -1,12 +1,15 @@
-"""Turns a scheduled batch into tensors, runs the model (eager or CUDA-graph replay), returns logits."""
+"""Turns a scheduled batch into tensors, runs the model (eager or CUDA-graph replay), returns the
+hidden states; and turns the batch's sampling parameters into the sampler's tensors."""
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import nn
 
+from velocity.engine.sampler import CHATTTS_MIN_KEEP, SamplingBatch, noise_key, random_key
 from velocity.engine.sequence import Sequence
 from velocity.model.attention import AttentionMetadata, build_attn_mask
 
@@ -34,6 +37,61 @@ def graph_context_blocks(max_blocks: int, block_size: int, smallest_tokens: int 
         widths.append(-(-tokens // block_size))
         tokens *= 2
     return sorted(set(widths)) + [max_blocks]
+
+
+def sampling_batch(seqs: list[Sequence], K: int, V: int, stop_ids: set[int], style: str = "transformers",
+                   window: int | None = None, device: torch.device | str = "cpu") -> SamplingBatch:
+    """The sampler's tensors for one head's rows: K codebooks of V tokens; stop_ids: the head's
+    stop tokens; window: the repetition window of requests that set none (the head's default)."""
+    chattts = style == "chattts"
+    rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
+    ps = [seqs[i].params for i in rows]
+    ks = [p.top_k if 0 < p.top_k < V else V for p in ps]
+    # one host-to-device copy: [R, K + 2] = temperatures, top-k, top-p (1 - top-p in ChatTTS style)
+    filt = torch.tensor([[*p.temperatures(K), k, (1 - p.top_p) if chattts else p.top_p] for p, k in zip(ps, ks)],
+                        device=device).view(len(rows), K + 2)
+    if chattts:
+        width = max(max(ks), CHATTTS_MIN_KEEP) if any(k < V for k in ks) else V
+    else:
+        width = max(ks, default=V)
+    keys = [noise_key(seqs[i].params.seed, len(seqs[i].output_token_ids)) if seqs[i].params.seed is not None
+            else random_key() for i in rows]
+    batch = SamplingBatch(style, torch.tensor(rows, dtype=torch.long, device=device), filt[:, :K],
+                          filt[:, K].long(), filt[:, K + 1], width,
+                          any(k < V or p.top_p < 1 for p, k in zip(ps, ks)), np.array(keys, dtype=np.uint64))
+
+    def stops(s: Sequence) -> list[int]:
+        return [t for t in (set() if s.params.ignore_eos else stop_ids) | set(s.params.stop_token_ids) if t < V]
+
+    def stop_mask(first_too: bool) -> torch.Tensor | None:
+        masked = [(i, stops(s)) for i, s in enumerate(seqs) if len(s.output_token_ids) < s.params.min_new_tokens
+                  or (first_too and not s.output_token_ids and s.params.seed is None)]
+        if not any(stop for _, stop in masked):
+            return None
+        mask = torch.zeros(len(seqs), V, dtype=torch.bool)
+        for i, stop in masked:
+            mask[i, stop] = True
+        return mask.to(device)
+
+    batch.stop_mask = stop_mask(False)
+    batch.first_stop_mask = stop_mask(True) if chattts and rows else None
+    pen = [i for i, s in enumerate(seqs) if s.params.repetition_penalty != 1.0]
+    if pen:
+        hists, once = [], []
+        for i in pen:
+            s = seqs[i]
+            w = s.params.repetition_window or window
+            # audio frames: only generated frames count (the prompt is text)
+            hist = (s.token_ids if K == 1 else s.output_token_ids) if w is None else s.output_token_ids[-w:]
+            hists.append([t[:K] if isinstance(t, tuple) else (t,) for t in hist])
+            once.append(w is None)   # transformers' rule: every earlier token penalised once
+        L, pad = max(1, *map(len, hists)), [(V,) * K]
+        batch.penalty_rows = torch.tensor(pen, device=device)
+        batch.penalty_ids = torch.from_numpy(np.array([h + pad * (L - len(h)) for h in hists])).to(
+            device).transpose(1, 2)                                                  # [P, K, L]
+        batch.penalty_once = torch.tensor(once, device=device)
+        batch.penalty = torch.tensor([seqs[i].params.repetition_penalty for i in pen], device=device)
+    return batch
 
 
 class ModelRunner:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import functools
 import random
+from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-from velocity.engine.sequence import Sequence, Token
 
 
 M64 = (1 << 64) - 1
@@ -20,6 +19,16 @@ GOLDEN = 0x9E3779B97F4A7C15                # splitmix64's increment
 MUL1, MUL2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB   # splitmix64's finaliser multipliers
 _entropy = random.Random()                 # keys of unseeded rows
 CHATTTS_MIN_KEEP = 3                       # the reference's top-p and top-k keep at least 3 candidates
+
+
+def noise_key(seed: int, step: int) -> int:
+    """A seeded row's noise key at one step (how many tokens it has generated so far)."""
+    return mix64(mix64(seed) + step * GOLDEN)
+
+
+def random_key() -> int:
+    """An unseeded row's noise key: fresh entropy."""
+    return _entropy.getrandbits(64)
 
 
 def mix64(x: int) -> int:
@@ -44,7 +53,7 @@ def _steps(K: int, c: int) -> np.ndarray:
     return counter * np.uint64(GOLDEN)
 
 
-def exponential_noise(keys: list[int], K: int, c: int) -> torch.Tensor:
+def exponential_noise(keys: list[int] | np.ndarray, K: int, c: int) -> torch.Tensor:
     """keys (64-bit) -> Exp(1) noise [R, K, c] (float32, on the host), element (k, j) of a row a
     function of its key, k and j alone: a counter-based generator (splitmix64), so a row draws
     the same numbers in any batch, any top-k width and for any device, and all rows draw in one
@@ -86,8 +95,28 @@ def top_k_top_p(x: torch.Tensor, ks: torch.Tensor, ps: torch.Tensor) -> torch.Te
     return torch.full_like(x, float("-inf")).scatter(1, ids, vals)
 
 
+@dataclass(slots=True)
+class SamplingBatch:
+    """What the sampler needs of one head's batch of B rows, prepared by the runner
+    (`model_runner.sampling_batch`): tensors and plain numbers, no sequences."""
+    style: str                                 # "transformers" or "chattts" (see Sampler)
+    rows: torch.Tensor                         # [R] the rows that sample; the others are greedy
+    temperatures: torch.Tensor                 # [R, K]
+    top_k: torch.Tensor                        # [R] long, V = off
+    top_p: torch.Tensor                        # [R] top-p (1 = off); in ChatTTS style the tail 1 - top_p
+    width: int                                 # candidates drawn over: the largest k in play (V: none)
+    filtered: bool                             # some row has top-k or top-p on (transformers style)
+    keys: np.ndarray                           # [R] uint64 noise keys (`noise_key`, `random_key`)
+    stop_mask: torch.Tensor | None = None      # [B, V] bool: the stop tokens of rows under min_new_tokens
+    first_stop_mask: torch.Tensor | None = None   # [B, V] ChatTTS: also an unseeded row's first token
+    penalty_rows: torch.Tensor | None = None   # [P] rows with a repetition penalty
+    penalty_ids: torch.Tensor | None = None    # [P, K, L] long: each row's history, padded with V
+    penalty_once: torch.Tensor | None = None   # [P] bool: transformers' rule, each earlier token once
+    penalty: torch.Tensor | None = None        # [P] the penalties
+
+
 class Sampler:
-    """logits [B, K, V] + the batch's sequences -> one token (int, or K-tuple) per row.
+    """logits [B, K, V] + a SamplingBatch -> one token per row and codebook, [B, K] long.
 
     style "transformers" (Hugging Face generate's order): repetition penalty and the min-tokens
     stop mask, then for sampled rows temperature (one per codebook if given), top-k, top-p.
@@ -100,135 +129,88 @@ class Sampler:
     neighbours. Greedy rows take the exact argmax.
     """
 
-    @staticmethod
-    def row_key(seq: Sequence) -> int:
-        """A seeded row's key for this step: its seed and how many tokens it has generated."""
-        return mix64(mix64(seq.params.seed) + len(seq.output_token_ids) * GOLDEN)
-
     @torch.no_grad()
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence], stop_ids: set[int],
-                 style: str = "transformers", window: int | None = None) -> list[Token]:
-        """window: the repetition window of requests that set none (the head's default)."""
-        greedy, rows, x, ids = self.filter(logits, seqs, stop_ids, style, window)
-        tokens = greedy
-        if rows:
-            probs = x.softmax(dim=-1)                                    # [R, K, c]
-            keys = [self.row_key(seqs[i]) if seqs[i].params.seed is not None else _entropy.getrandbits(64)
-                    for i in rows]
-            noise = exponential_noise(keys, x.shape[1], x.shape[-1]).to(x.device)
-            pick = (probs / noise).argmax(dim=-1, keepdim=True)          # exponential race = categorical draw
-            pick = pick[..., 0] if ids is None else ids.gather(-1, pick)[..., 0]           # [R, K]
-            if tokens is None:
-                tokens = pick
-            else:
-                tokens[torch.tensor(rows, device=x.device)] = pick
-        return [t[0] if len(t) == 1 else tuple(t) for t in tokens.tolist()]     # tokens: [B, K]
+    def __call__(self, logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+        greedy, x, ids = self.filter(logits, b)
+        if x is None:
+            return greedy
+        probs = x.softmax(dim=-1)                                        # [R, K, c]
+        noise = exponential_noise(b.keys, x.shape[1], x.shape[-1]).to(x.device)
+        pick = (probs / noise).argmax(dim=-1, keepdim=True)              # exponential race = categorical draw
+        pick = pick[..., 0] if ids is None else ids.gather(-1, pick)[..., 0]      # [R, K]
+        if greedy is None:
+            return pick
+        greedy[b.rows] = pick
+        return greedy
 
-    def filter(self, logits: torch.Tensor, seqs: list[Sequence], stop_ids: set[int], style: str = "transformers",
-               window: int | None = None) -> tuple[torch.Tensor | None, list[int], torch.Tensor | None,
-                                                     torch.Tensor | None]:
-        """Everything before the draw -> (greedy rows' argmax [B, K] or None, the sampled rows,
-        their candidates' logits [R, K, c] (-inf: filtered out) and vocabulary ids [R, K, c], or
-        all V logits and None when no filter is on)."""
+    def filter(self, logits: torch.Tensor, b: SamplingBatch) -> tuple[torch.Tensor | None, torch.Tensor | None,
+                                                                      torch.Tensor | None]:
+        """Everything before the draw -> (greedy argmax [B, K] or None when every row samples,
+        the sampled rows' candidates' logits [R, K, c] (-inf: filtered out) and vocabulary ids
+        [R, K, c], or all V logits and None when no filter is on; None, None when none samples)."""
         if logits.dim() == 2:
             logits = logits[:, None]
         B, K, V = logits.shape
-        dev = logits.device
-        chattts = style == "chattts"
-        rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
-        ps = [seqs[i].params for i in rows]
-        # one host-to-device copy: [R, K + 2] = temperatures, top-k, top-p (1 - top-p in ChatTTS style)
-        ks = [p.top_k if 0 < p.top_k < V else V for p in ps]
-        filt = torch.tensor([[*p.temperatures(K), k, (1 - p.top_p) if chattts else p.top_p]
-                             for p, k in zip(ps, ks)], device=dev) if rows else None
-        idx = torch.tensor(rows, device=dev) if 0 < len(rows) < B else None
-        if chattts and rows:                      # the reference divides by the temperature first
+        R = b.rows.numel()
+        chattts = b.style == "chattts"
+        if chattts and R:                           # the reference divides by the temperature first
             logits = logits.clone()
-            if idx is None:
-                logits /= filt[:, :K, None]
+            if R == B:
+                logits /= b.temperatures[:, :, None]
             else:
-                logits[idx] /= filt[:, :K, None]
-        logits = self.penalise(logits, seqs, window)
+                logits[b.rows] /= b.temperatures[:, :, None]
+        logits = self.penalise(logits, b)
         if not chattts:
-            logits = self.mask_stops(logits, seqs, stop_ids)
+            logits = self.mask_stops(logits, b.stop_mask)
         greedy = None
-        if len(rows) < B:
-            greedy = (self.mask_stops(logits, seqs, stop_ids) if chattts else logits).argmax(dim=-1)
-        if not rows:
-            return greedy, rows, None, None
-        R = len(rows)
-        x = logits if idx is None else logits[idx]
+        if R < B:
+            greedy = (self.mask_stops(logits, b.stop_mask) if chattts else logits).argmax(dim=-1)
+        if not R:
+            return greedy, None, None
+        x = logits if R == B else logits[b.rows]
         ids = None
         if chattts:
-            c = max(max(ks), CHATTTS_MIN_KEEP) if any(k < V for k in ks) else V
-            x, ids = chattts_candidates(x.reshape(-1, V), filt[:, K].long().repeat_interleave(K),
-                                        filt[:, K + 1].repeat_interleave(K), c)
+            c = b.width
+            x, ids = chattts_candidates(x.reshape(-1, V), b.top_k.repeat_interleave(K),
+                                        b.top_p.repeat_interleave(K), c)
             x, ids = x.view(R, K, c), ids.view(R, K, c)
-            x = self.mask_stops(x, [seqs[i] for i in rows], stop_ids, ids, first_too=True)
+            first = b.first_stop_mask
+            x = self.mask_stops(x, None if first is None else first if R == B else first[b.rows], ids)
         else:
-            x = x / filt[:, :K, None]                                    # [R, K, V]
-            if any(k < V or p.top_p < 1 for p, k in zip(ps, ks)):
-                x, ids = candidates(x.view(-1, V), filt[:, K].long().repeat_interleave(K),
-                                    filt[:, K + 1].repeat_interleave(K), max(ks))
+            x = x / b.temperatures[:, :, None]                           # [R, K, V]
+            if b.filtered:
+                x, ids = candidates(x.view(-1, V), b.top_k.repeat_interleave(K), b.top_p.repeat_interleave(K),
+                                    b.width)
                 x, ids = x.view(R, K, -1), ids.view(R, K, -1)
-        return greedy, rows, x, ids
-
-    def apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence], stop_ids: set[int],
-                        window: int | None = None) -> torch.Tensor:
-        """Repetition penalty and min_new_tokens' stop mask (transformers' order). logits: [B, K, V]"""
-        return self.mask_stops(self.penalise(logits, seqs, window), seqs, stop_ids)
+        return greedy, x, ids
 
     @staticmethod
-    def mask_stops(x: torch.Tensor, seqs: list[Sequence], stop_ids: set[int], ids: torch.Tensor | None = None,
-                   first_too: bool = False) -> torch.Tensor:
-        """Stop tokens -inf for rows below min_new_tokens (and, first_too, for an unseeded row's first
-        token). x: [B, K, V], or candidates [B, K, c] with their vocabulary ids `ids`."""
-        masked = [(i, s) for i, s in enumerate(seqs) if len(s.output_token_ids) < s.params.min_new_tokens
-                  or (first_too and not s.output_token_ids and s.params.seed is None)]
-        if not masked:
+    def mask_stops(x: torch.Tensor, mask: torch.Tensor | None, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Masked tokens -inf. x: [B, K, V] and mask [B, V], or candidates [B, K, c] with their
+        vocabulary ids `ids`."""
+        if mask is None:
             return x
-        x = x.clone()
-        for i, s in masked:
-            stop = sorted((set() if s.params.ignore_eos else stop_ids) | set(s.params.stop_token_ids))
-            if not stop:
-                continue
-            if ids is None:
-                x[i, :, stop] = float("-inf")
-            else:
-                x[i] = x[i].masked_fill(torch.isin(ids[i], torch.tensor(stop, device=x.device)), float("-inf"))
-        return x
+        mask = mask[:, None, :].expand(-1, x.shape[1], -1)                # [B, K, V]
+        return x.masked_fill(mask if ids is None else mask.gather(2, ids), float("-inf"))
 
-    def penalise(self, logits: torch.Tensor, seqs: list[Sequence], window: int | None = None) -> torch.Tensor:
+    @staticmethod
+    def penalise(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
         """Repetition penalty. logits: [B, K, V]"""
+        if b.penalty_rows is None:
+            return logits
         B, K, V = logits.shape
-        dev = logits.device
-        pen = [i for i, s in enumerate(seqs) if s.params.repetition_penalty != 1.0]
-        if pen:
-            hists, once = [], []
-            for i in pen:
-                s = seqs[i]
-                w = s.params.repetition_window or window
-                # audio frames: only generated frames count (the prompt is text)
-                hist = (s.token_ids if K == 1 else s.output_token_ids) if w is None else s.output_token_ids[-w:]
-                hists.append([t[:K] if isinstance(t, tuple) else (t,) for t in hist])
-                once.append(w is None)   # transformers' rule: every earlier token penalised once
-            L, pad = max(1, *map(len, hists)), [(V,) * K]                # pad: an extra column V, dropped
-            ids = torch.from_numpy(np.array([h + pad * (L - len(h)) for h in hists])).to(dev).transpose(1, 2)  # [P, K, L]
-            counts = torch.zeros(len(pen), K, V + 1, device=dev).scatter_add_(2, ids, torch.ones(ids.shape, device=dev))
-            n = counts.gather(2, ids)                                      # [P, K, L] occurrences of each
-            if all(once):
-                n = n.clamp(max=1)
-            elif any(once):
-                n = torch.where(torch.tensor(once, device=dev)[:, None, None], n.clamp(max=1), n)
-            alpha = torch.tensor([seqs[i].params.repetition_penalty for i in pen], device=dev)[:, None, None] ** n
-            rows = None if len(pen) == B else torch.tensor(pen, device=dev)
-            sub = logits if rows is None else logits[rows]
-            sub = torch.cat([sub, sub.new_zeros(len(pen), K, 1)], dim=-1)  # a copy, with the pad column
-            got = sub.gather(2, ids)                # only the history's logits change: a repeat writes the same
-            sub = sub.scatter_(2, ids, torch.where(got < 0, got * alpha, got / alpha))[..., :V]
-            if rows is None:
-                logits = sub
-            else:
-                logits = logits.clone()
-                logits[rows] = sub
+        P, ids = b.penalty_rows.numel(), b.penalty_ids                    # ids: [P, K, L]
+        counts = torch.zeros(P, K, V + 1, device=logits.device).scatter_add_(
+            2, ids, torch.ones(ids.shape, device=logits.device))           # pad: an extra column V, dropped
+        n = counts.gather(2, ids)                                          # [P, K, L] occurrences of each
+        n = torch.where(b.penalty_once[:, None, None], n.clamp(max=1), n)
+        alpha = b.penalty[:, None, None] ** n
+        sub = logits if P == B else logits[b.penalty_rows]
+        sub = torch.cat([sub, sub.new_zeros(P, K, 1)], dim=-1)            # a copy, with the pad column
+        got = sub.gather(2, ids)                    # only the history's logits change: a repeat writes the same
+        sub = sub.scatter_(2, ids, torch.where(got < 0, got * alpha, got / alpha))[..., :V]
+        if P == B:
+            return sub
+        logits = logits.clone()
+        logits[b.penalty_rows] = sub
         return logits

@@ -13,7 +13,7 @@ from velocity.model.loader import load_model
 from velocity.model.packed_linear import can_pack, pack_linears
 from velocity.engine.sampler import Sampler
 from velocity.engine.cache_engine import CacheEngine, bytes_per_block
-from velocity.engine.model_runner import ModelRunner
+from velocity.engine.model_runner import ModelRunner, sampling_batch
 
 logger = logging.getLogger(__name__)
 
@@ -106,8 +106,8 @@ class Worker:
             head = self.model.heads[name]
             idx = torch.tensor(rows, device=hidden.device)
             logits = head.fn(hidden[idx] if len(rows) < len(out.seqs) else hidden)   # [b, K, V]
-            sampled = self.sampler(logits, [out.seqs[i] for i in rows], head.stop_ids, head.sampling_style,
-                                   head.repetition_window)
-            for i, t in zip(rows, sampled):
-                tokens[i] = t
+            batch = sampling_batch([out.seqs[i] for i in rows], logits.shape[1], logits.shape[2], head.stop_ids,
+                                   head.sampling_style, head.repetition_window, hidden.device)
+            for i, t in zip(rows, self.sampler(logits, batch).tolist()):       # [b, K]
+                tokens[i] = t[0] if len(t) == 1 else tuple(t)
         return tokens, hidden
