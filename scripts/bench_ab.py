@@ -10,7 +10,7 @@ here moves speeds 2x within minutes). This runs the arms in short rounds, altern
 (ABBA), and reports each arm's pooled figures and the median of the per-round ratios to the first
 arm. Arms: `triton` (the server as it runs), `triton-nolend` (the server with the llm kept on its
 own threads: this script holds a vocoder busy mark on the server's core board,
-velocity.serving.core_share), `other` (a second server, --other-url: another build or other
+velocity.serving.core_board), `other` (a second server, --other-url: another build or other
 settings, e.g. VELOCITY_RESPONSE_THREAD=0) and `in-process` (the same requests through velocity
 and the decoder in this process, no Triton; needs --weights). Server arms also report the
 engine's mean step time (velocity_engine_step_seconds_total / _steps_total). `arm@c` runs that arm at concurrency c instead of
@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from client.bench import ROOT, InProcess, bench_texts, metrics_url_of, run_level  # noqa: E402
 from client.tts_client import fetch_metrics, parse_metric  # noqa: E402
-from velocity.serving.core_share import CoreBoard, find_boards  # noqa: E402
+from velocity.serving.core_board import CoreBoard, find_boards  # noqa: E402
 
 log = logging.getLogger("bench_ab")
 ARMS = ("triton", "triton-nolend", "other", "in-process")

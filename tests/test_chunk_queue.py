@@ -1,6 +1,7 @@
 """The vocoder's earliest-deadline-first chunk queue (velocity.serving.chunk_queue)."""
 from __future__ import annotations
 
+import itertools
 import threading
 
 from velocity.serving.chunk_queue import ChunkQueue
@@ -17,18 +18,19 @@ class Clock:
 
 def drain(q: ChunkQueue) -> list:
     q.close()
-    return [item for _, item in iter(q.get_due, None)]
+    return [item for batch in iter(q.get_due, []) for _, item in batch]
 
 
 def test_first_chunks_overtake_later_chunks_queued_before_them():
     sched = ChunkSchedule(12, 36, 144)
     clock = Clock()
-    q = ChunkQueue(lambda i: sched.start(i) / FRAMES_PER_SECOND, clock)
-    q.put(3, "a3")              # due 120 frames = 2.56 s from now
-    q.put(2, "b2")              # due 1.02 s from now
+    start = [0, *itertools.islice(sched.bounds(), 5)]           # chunk i's START: the frames before it
+    q = ChunkQueue(lambda frames: frames / FRAMES_PER_SECOND, clock)
+    q.put(start[3], "a3")       # due 120 frames = 2.56 s from now
+    q.put(start[2], "b2")       # due 1.02 s from now
     clock.t += 0.1
-    q.put(0, "c0")              # a new stream: due at once
-    q.put(1, "c1")              # due 0.26 s from now
+    q.put(start[0], "c0")       # a new stream: due at once
+    q.put(start[1], "c1")       # due 0.26 s from now
     assert drain(q) == ["c0", "c1", "b2", "a3"]
 
 
@@ -60,9 +62,9 @@ def test_get_due_hands_out_the_deadline_put_returned():
     clock.t += 0.2
     d0 = q.put(0, "b0")
     assert (d0, d2) == (100.2, 101.0)
-    assert q.get_due() == (d0, "b0") and q.get_due() == (d2, "a2")
+    assert q.get_due() == [(d0, "b0")] and q.get_due() == [(d2, "a2")]
     q.close()
-    assert q.get_due() is None
+    assert q.get_due() == []
 
 
 def test_equal_deadlines_keep_arrival_order():
@@ -75,7 +77,7 @@ def test_equal_deadlines_keep_arrival_order():
 def test_get_blocks_until_put_and_close_ends_the_consumer():
     q = ChunkQueue(lambda i: 0.0)
     got: list = []
-    t = threading.Thread(target=lambda: got.extend(item for _, item in iter(q.get_due, None)))
+    t = threading.Thread(target=lambda: got.extend(item for batch in iter(q.get_due, []) for _, item in batch))
     t.start()
     q.put(0, "x")
     q.put(1, "y")
@@ -90,14 +92,20 @@ def test_get_blocks_until_put_and_close_ends_the_consumer():
         raise AssertionError("put after close must raise")
 
 
-def test_schedule_start_is_the_frames_before_each_chunk():
+def test_each_chunks_start_is_the_frames_before_it():
+    """START travels with each chunk (the vocoder's deadline): the frames of the stream before it,
+    across sentences, which is the schedule's bounds within one sentence."""
+    from velocity.tts.streaming import FrameChunker
     s = ChunkSchedule(12, 36, 144)
     ends = [b for b, _ in zip(s.bounds(), range(6))]
-    assert [s.start(i) for i in range(6)] == [0] + ends[:5]
+    fc = FrameChunker(s, left=4, lookahead=2)
+    chunks = fc.push([(0,)] * 600) + fc.finish() + fc.push([(0,)] * 30) + fc.finish()
+    assert [c.start for c in chunks[:6]] == [0] + ends[:5]
+    assert [c.start for c in chunks] == list(itertools.accumulate([0] + [c.length for c in chunks[:-1]]))
 
 
 def test_a_batch_is_the_most_urgent_chunk_and_queued_chunks_of_its_length():
-    """get_due_batch: the earliest deadline, then others with its key (deadline order, at most n);
+    """get_due: the earliest deadline, then others with its key (deadline order, at most n);
     other lengths and refused chunks (key None) stay queued in their order."""
     clock = Clock()
     q = ChunkQueue(lambda i: 1.0 * i, clock)
@@ -106,13 +114,13 @@ def test_a_batch_is_the_most_urgent_chunk_and_queued_chunks_of_its_length():
         q.put(index, item)
     key = lambda item: item[1]  # noqa: E731
     names = lambda batch: [item[0] for _, item in batch]  # noqa: E731
-    assert names(q.get_due_batch(3, key)) == ["b0", "d0", "g0"]          # n = 3: h0 waits
-    assert names(q.get_due_batch(8, key)) == ["h0"]
-    assert names(q.get_due_batch(8, key)) == ["c1", "a2", "f3"]         # later deadlines join the batch
-    assert names(q.get_due_batch(8, key)) == ["e-err"]
+    assert names(q.get_due(3, key)) == ["b0", "d0", "g0"]          # n = 3: h0 waits
+    assert names(q.get_due(8, key)) == ["h0"]
+    assert names(q.get_due(8, key)) == ["c1", "a2", "f3"]         # later deadlines join the batch
+    assert names(q.get_due(8, key)) == ["e-err"]
     q.put(0, ("x", None))
     q.put(0, ("y", None))
-    assert names(q.get_due_batch(8, key)) == ["x"]                      # key None: alone
-    assert names(q.get_due_batch(1, key)) == ["y"]
+    assert names(q.get_due(8, key)) == ["x"]                      # key None: alone
+    assert names(q.get_due(1, key)) == ["y"]
     q.close()
-    assert q.get_due_batch(8, key) == []
+    assert q.get_due(8, key) == []

@@ -14,7 +14,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from triton_server import ROOT, alive, wait_for
-from velocity.serving.core_share import find_boards
+from velocity.serving.core_board import find_boards
 from velocity.demo.checkpoint import write_checkpoint
 
 pytestmark = pytest.mark.server

@@ -105,3 +105,13 @@ def test_the_configuration_table_is_the_settings():
     want = {f.name.upper(): str(f.default) for f in fields(Settings)}
     got = {k: v.strip().strip("`").replace("(empty)", "") for k, v in rows.items()}
     assert got == want
+
+
+def test_the_metrics_table_is_the_metrics():
+    """Every velocity_* metric in the README's table, with its kind and model, and no other."""
+    from velocity.serving.metrics import LLM, VOCODER
+
+    rows = re.findall(r"^\| `(velocity_[a-z_]+)` \| (counter|gauge|histogram) \| (llm|vocoder) \|", README, re.M)
+    want = [(name, kind.lower(), model) for model, specs in (("llm", LLM), ("vocoder", VOCODER))
+            for name, _, kind, _ in specs.values()]
+    assert sorted(rows) == sorted(want)

@@ -10,7 +10,7 @@ from transformers.generation.logits_process import (RepetitionPenaltyLogitsProce
 from velocity.engine.sequence import Sequence
 from velocity.sampling_params import SamplingParams
 from velocity.engine.model_runner import sampling_batch
-from velocity.engine.sampler import Sampler, top_k_top_p
+from velocity.engine.sampler import Sampler, candidates
 
 V = 50
 
@@ -19,6 +19,12 @@ def seq(params, prompt=(1, 2, 3), out=()):
     s = Sequence("r", list(prompt), params)
     s.output_token_ids = list(out)
     return s
+
+
+def top_k_top_p(x, ks, ps):
+    """Per-row top-k (ks: [R], V = off) and top-p (ps: [R], 1 = off) of `candidates`, as -inf masks. x: [R, V]"""
+    vals, ids = candidates(x, ks, ps, int(ks.max()))
+    return torch.full_like(x, float("-inf")).scatter(1, ids, vals)
 
 
 def sample(sm, logits, seqs, stop_ids=frozenset(), style="transformers", window=None):

@@ -385,7 +385,7 @@ def test_the_llm_borrows_the_idle_vocoders_threads_only_while_it_is_idle(server)
     vocoder decodes; none while a vocoder is marked busy (here: this test holding a mark)."""
     import time
 
-    from velocity.serving.core_share import CoreBoard
+    from velocity.serving.core_board import CoreBoard
 
     def settled() -> float:
         time.sleep(0.6)                                   # the llm exports the counter every 0.25 s

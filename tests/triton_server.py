@@ -134,9 +134,9 @@ class TritonServer:
         return fetch_metrics(f"http://localhost:{self.metrics_port}/metrics")
 
     def core_board(self) -> Path:
-        """The llm's and vocoder's shared core board (velocity.serving.core_share), keyed by
+        """The llm's and vocoder's shared core board (velocity.serving.core_board), keyed by
         the tritonserver process."""
-        from velocity.serving.core_share import find_boards
+        from velocity.serving.core_board import find_boards
         found = [p for pid in self.processes() for p in find_boards(pid)]
         assert len(found) == 1, f"core boards of this server: {found}"
         return found[0]

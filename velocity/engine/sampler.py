@@ -89,12 +89,6 @@ def chattts_candidates(x: torch.Tensor, ks: torch.Tensor, tails: torch.Tensor, c
     return x.masked_fill(x < kth, float("-inf")).topk(c, dim=-1)
 
 
-def top_k_top_p(x: torch.Tensor, ks: torch.Tensor, ps: torch.Tensor) -> torch.Tensor:
-    """Per-row top-k (ks: [R], V = off) and top-p (ps: [R], 1 = off) as -inf masks. x: [R, V]"""
-    vals, ids = candidates(x, ks, ps, int(ks.max()))
-    return torch.full_like(x, float("-inf")).scatter(1, ids, vals)
-
-
 @dataclass(slots=True)
 class SamplingBatch:
     """What the sampler needs of one head's batch of B rows, prepared by the runner

@@ -47,12 +47,7 @@ class ChunkQueue:
             self._cv.notify()
         return deadline
 
-    def get_due(self) -> tuple[float, Any] | None:
-        """The next (deadline, item); blocks; None once closed and empty."""
-        batch = self.get_due_batch()
-        return batch[0] if batch else None
-
-    def get_due_batch(self, n: int = 1, key: Callable[[Any], Hashable] | None = None) -> list[tuple[float, Any]]:
+    def get_due(self, n: int = 1, key: Callable[[Any], Hashable] | None = None) -> list[tuple[float, Any]]:
         """The next (deadline, item), and up to n - 1 more queued items with the same key (not
         None), earliest deadline first: chunks to decode in one call. Blocks; [] once closed and empty."""
         with self._cv:
@@ -70,7 +65,7 @@ class ChunkQueue:
             return [(deadline, item) for deadline, _, item in [first, *more]]
 
     def close(self) -> None:
-        """No more puts; get_due() drains what is queued, then returns None."""
+        """No more puts; get_due() drains what is queued, then returns []."""
         with self._cv:
             self._closed = True
             self._cv.notify_all()

@@ -33,7 +33,7 @@ class Settings:
     # gave 0.93 audio s/s split this way against 0.84 with two full pools; docs/benchmarks.md).
     llm_threads: int = 0                     # VELOCITY_LLM_THREADS (0: all cores but the vocoder's)
     vocoder_threads: int = 1                 # VELOCITY_VOCODER_THREADS
-    # 1: the llm also takes the vocoder's threads while no vocoder decodes (velocity.serving.core_share)
+    # 1: the llm also takes the vocoder's threads while no vocoder decodes (velocity.serving.core_board)
     lend_vocoder_cores: int = 1              # VELOCITY_LEND_VOCODER_CORES
     # Queued chunks of one length the vocoder decodes in one call (0: 32 on a GPU, 1 on CPU,
     # where a batch costs what its chunks do one by one and only delays the most urgent)

@@ -20,7 +20,9 @@ import torch
 from velocity.model.dvae import DVAE
 from velocity.model.vocos import Vocos
 
-FRAMES_PER_SECOND = 24000 / 512    # GPT frames per second of audio (46.875)
+# GPT frames per second of the release's audio (24 kHz, 512 samples a frame: 46.875), for the llm,
+# which loads no Vocos; the vocoder takes AudioDecoder.frames_per_second from the loaded one
+FRAMES_PER_SECOND = 24000 / 512
 DECODERS = ("hidden", "codes")     # the reference's use_decoder=True (its default) and use_decoder=False
 
 
@@ -52,10 +54,6 @@ class ChunkSchedule:
             raise ValueError(f"chunk sizes must be >= 1 frame, got first={self.first}, rest={self.rest}")
         if self.largest and self.largest < self.rest:
             raise ValueError(f"largest chunk ({self.largest}) must be 0 (= rest) or >= rest ({self.rest})")
-
-    def start(self, index: int) -> int:
-        """First frame of chunk `index` (the frames before it)."""
-        return 0 if index <= 0 else next(itertools.islice(self.bounds(), index - 1, None))
 
     def sizes(self) -> Iterator[int]:
         """Frames in chunk 0, 1, 2, ..."""
@@ -196,6 +194,7 @@ class AudioDecoder:
         self.dvae, self.vocos, self.decoder = dvae, vocos, decoder
         self.samples_per_frame = 2 * vocos.cfg.hop_length
         self.sample_rate = vocos.cfg.sample_rate
+        self.frames_per_second = self.sample_rate / self.samples_per_frame
         self.exact_context = max(exact_context(m, vocos) for m in (dvae, decoder) if m is not None)
         self.num_vq = dvae.cfg.groups * dvae.cfg.residuals        # codebooks per frame
         self.num_codes = math.prod(dvae.cfg.levels)              # codes per codebook: [0, num_codes)

@@ -13,7 +13,7 @@ import triton_python_backend_utils as pb_utils
 
 from velocity import AsyncLLMEngine, SamplingParams
 from velocity.engine.worker import resolve_device
-from velocity.serving.core_share import CoreBoard, ThreadLender, board_path
+from velocity.serving.core_board import CoreBoard, ThreadLender, board_path
 from velocity.serving.metrics import LLM, make_metrics
 from velocity.serving.protocol import error_outputs
 from velocity.serving.requests import decoder_input, input_reader, llm_inputs
@@ -50,7 +50,7 @@ class TritonPythonModel:
         self.lender, self.cores = None, None
         try:
             if s.lend_vocoder_cores and resolve_device(s.device).type == "cpu":
-                # all cores while no vocoder decodes (velocity.serving.core_share)
+                # all cores while no vocoder decodes (velocity.serving.core_board)
                 self.cores = CoreBoard(board_path(s.run_dir))
                 self.lender = ThreadLender(self.cores, own, s.threads_lent(own), torch.set_num_threads)
             self.engine = AsyncLLMEngine(s.engine_config(), before_step=self.lender)

@@ -23,12 +23,12 @@ import triton_python_backend_utils as pb_utils
 from velocity.engine.worker import resolve_device
 from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.serving.chunk_queue import ChunkQueue
-from velocity.serving.core_share import CoreBoard, board_path
+from velocity.serving.core_board import CoreBoard, board_path
 from velocity.serving.metrics import VOCODER, make_metrics
 from velocity.serving.protocol import ChunkIn, chunk_problem, read_chunk, stream_error
 from velocity.serving.requests import input_reader
 from velocity.serving.settings import Settings
-from velocity.tts.streaming import FRAMES_PER_SECOND, AudioDecoder, default_decode_batch
+from velocity.tts.streaming import AudioDecoder, default_decode_batch
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 log = logging.getLogger("velocity.vocoder")
@@ -66,7 +66,7 @@ class TritonPythonModel:
             self.cores = CoreBoard(board_path(s.run_dir))
             self.cores.claim()
         # a chunk is due once the audio before it (START frames) has played
-        self.queue = ChunkQueue(lambda start: start / FRAMES_PER_SECOND)
+        self.queue = ChunkQueue(lambda start: start / self.decoder.frames_per_second)
         self.metrics = make_metrics(pb_utils, "vocoder", VOCODER)
         self.thread = threading.Thread(target=self._decode_loop, name="vocoder-decode", daemon=True)
         self.thread.start()
@@ -91,7 +91,7 @@ class TritonPythonModel:
         return None if msg is None else pb_utils.InferenceResponse(error=Err(msg, Err.INVALID_ARG))
 
     def _decode_loop(self) -> None:
-        while batch := self.queue.get_due_batch(self.batch, key=same_shape):
+        while batch := self.queue.get_due(self.batch, key=same_shape):
             jobs = [job for _, job in batch]
             for job, response in zip(jobs, self._decode(jobs, [deadline for deadline, _ in batch])):
                 try:

@@ -1,4 +1,5 @@
-"""Lend the vocoder's CPU cores to the llm while the vocoder has nothing to decode.
+"""The core board (CPU only): the llm borrows the vocoder's CPU cores while the vocoder has
+nothing to decode. On a GPU neither model touches it (VELOCITY_LEND_VOCODER_CORES applies to CPU).
 
 The llm and the vocoder are separate Triton model processes on the same cores, each with its own
 OpenMP pool. Two pools on the same cores stall each other at every barrier, so each process gets
