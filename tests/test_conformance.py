@@ -238,3 +238,39 @@ def test_every_frontend_fixture_text_gives_the_references_prompt_ids(tmp_path):
         assert got == [w.tolist() for w in want[at:at + n]], (text, [fe.tokenizer.decode(g) for g in got],
                                                                [fe.tokenizer.decode(w) for w in want[at:at + n]])
         at += n
+
+
+@pytest.fixture(scope="module")
+def voice_ref():
+    return np.load(FIXTURES / "voice.npz")
+
+
+def test_voice_sample_mel_and_codes_equal_the_references(demo, voice_ref):
+    """Chat.sample_audio_speaker on the same weights and audio: the log-mel (the file's window and
+    filter bank through a centred magnitude STFT) and the encoder's codes, bit for bit."""
+    dvae = load_dvae(demo, encoder=True)
+    for i in range(2):
+        wave = torch.from_numpy(voice_ref[f"wave_{i}"])
+        assert torch.equal(dvae.preprocessor_mel(wave), torch.from_numpy(voice_ref[f"mel_{i}"])), i
+        codes = dvae.encode(wave)
+        assert codes.shape == voice_ref[f"codes_{i}"].shape and np.array_equal(codes.numpy(), voice_ref[f"codes_{i}"]), i
+
+
+def test_voice_sample_strings_are_the_references(voice_ref):
+    """The sample string (shape, uint16 codes, raw LZMA2, base16384) is the reference's, both ways."""
+    from velocity.tts.speaker import decode_sample, encode_sample
+    for i in range(2):
+        codes, want = voice_ref[f"codes_{i}"], str(voice_ref[f"string_{i}"])
+        assert encode_sample(codes) == want
+        assert np.array_equal(decode_sample(want, 4, 625, 4096), codes)
+
+
+def test_the_demo_mel_filter_bank_is_torchaudios():
+    """The demo writer's filter bank against torchaudio's melscale_fbanks(513, 0, 12000, 100, 24000),
+    as the reference's MelSpectrogram builds it (the release's file holds torchaudio's). Tolerance
+    2e-5 absolute on weights up to 1: the same triangles in float32 with a different order of
+    operations (1.5e-5 measured); the mel front end itself reads the bank from the file."""
+    from velocity.demo.audio_weights import mel_filterbank
+    want = np.load(FIXTURES / "voice.npz")["torchaudio_fb"]
+    got = mel_filterbank(1024, 100, 24000).numpy()
+    assert got.shape == want.shape and np.abs(got - want).max() < 2e-5

@@ -5,7 +5,8 @@ import numpy as np
 import pybase16384 as b14
 import pytest
 
-from velocity.tts.speaker import SpeakerError, decode_speaker, encode_speaker, random_speaker
+from velocity.tts.speaker import (SpeakerError, decode_sample, decode_speaker, encode_sample, encode_speaker,
+                                  random_speaker)
 
 
 def test_round_trip_is_exact_in_float16():
@@ -62,3 +63,21 @@ def test_speaker_stats_are_read_from_a_real_torch_save_without_unpickling(tmp_pa
 def test_malformed_strings_say_why(s, match):
     with pytest.raises(SpeakerError, match=match):
         decode_speaker(s)
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: "", "empty"),
+    (lambda: "not a sample", "base16384|LZMA2"),
+    (lambda: encode_sample(np.zeros((3, 10), dtype=np.int64)), r"\[3, 10\].*\[4, 1\.\.100\]"),
+    (lambda: encode_sample(np.zeros((4, 101), dtype=np.int64)), r"\[4, 101\]"),
+    (lambda: encode_sample(np.full((4, 5), 625)), "code 625"),
+    (lambda: encode_speaker(np.ones(768, dtype=np.float32)), "SPEAKER_SAMPLE"),
+])
+def test_bad_sample_strings_say_what_is_wrong(make, match):
+    with pytest.raises(SpeakerError, match=match):
+        decode_sample(make(), num_vq=4, num_codes=625, max_frames=100)
+
+
+def test_sample_strings_round_trip():
+    codes = np.random.default_rng(0).integers(0, 625, (4, 37))
+    assert np.array_equal(decode_sample(encode_sample(codes), 4, 625, 100), codes)

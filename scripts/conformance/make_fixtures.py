@@ -26,6 +26,9 @@ those weights in tests/fixtures/chattts_0.2.5/:
                   and the waveform of each decode path (Chat._decode_to_wavs)
   frontend.npz    the prompt ids of each piece of a set of texts through the reference's text
                   path (its split, normaliser and homophones, prompt template, tokenizer)
+  voice.npz       voice samples: seeded test audio, the reference's log-mel of it, the codes of
+                  Chat.sample_audio_speaker (mel, DVAE encoder, quantizer) and the sample string
+                  it makes of them; torchaudio's mel filter bank as the reference configures it
   versions.json   the versions of the reference and its dependencies the fixtures come from
 
 It also writes checkpoints/reference-full (--full-folder): the full-size demo folder, loaded by
@@ -123,6 +126,34 @@ def audio(folder: Path, mods: dict) -> dict[str, np.ndarray]:
         mel = model(x.clone())
         out[f"mel_{path}"] = mel.numpy()
         out[f"wav_{path}"] = vocos.decode(mel).numpy()
+    return out
+
+
+def sample_waves() -> list[np.ndarray]:
+    """Seeded 24 kHz test clips (a chirp in noise; 2 s, and an odd 1.3 s)."""
+    rng, out = np.random.default_rng(77), []
+    for seconds, f0 in ((2.0, 180.0), (1.3, 260.0)):
+        t = np.arange(int(24000 * seconds)) / 24000
+        wave = 0.3 * np.sin(2 * np.pi * (f0 + 150 * t) * t) + 0.05 * rng.standard_normal(t.shape)
+        out.append(wave.astype(np.float32))
+    return out
+
+
+@torch.inference_mode()
+def voice(mods: dict) -> dict[str, np.ndarray]:
+    """What Chat.sample_audio_speaker does with each clip: mel, codes and the sample string."""
+    import torchaudio
+    from ChatTTS.model.speaker import Speaker
+
+    dvae, out = mods["asset/DVAE.safetensors"], {}
+    for i, wave in enumerate(sample_waves()):
+        out[f"wave_{i}"] = wave
+        out[f"mel_{i}"] = dvae.preprocessor_mel(torch.from_numpy(wave.copy())).numpy()
+        codes = dvae.sample_audio(wave.copy())                    # = Chat.sample_audio_speaker before encoding
+        out[f"codes_{i}"] = codes.numpy()
+        out[f"string_{i}"] = np.array(Speaker.encode_prompt(codes))
+    # the filter bank torchaudio builds for the reference's MelSpectrogram(24000, 1024, 256, 100)
+    out["torchaudio_fb"] = torchaudio.functional.melscale_fbanks(513, 0.0, 12000.0, 100, 24000).numpy()
     return out
 
 
@@ -310,6 +341,7 @@ def main() -> None:
         (out / "manifest.json").write_text(json.dumps(manifest(folder), indent=1) + "\n")
         np.savez_compressed(out / "audio.npz", **audio(folder, mods))
         np.savez_compressed(out / "greedy.npz", **greedy(folder))
+        np.savez_compressed(out / "voice.npz", **voice(mods))
     np.savez_compressed(out / "sampling.npz", **sampling())
     np.savez_compressed(out / "speakers.npz", **speakers())
     np.savez_compressed(out / "frontend.npz", **frontend())

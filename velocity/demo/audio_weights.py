@@ -17,6 +17,8 @@ LAYER_SCALE = re.compile(r"decoder_block\.\d+\.weight$")     # the DVAE's ConvNe
 def _randomise(model: nn.Module, g: torch.Generator, std: float = 0.02) -> dict[str, torch.Tensor]:
     out = {}
     for name, p in model.state_dict().items():
+        if name.startswith("preprocessor_mel."):
+            continue                        # the mel front end's window and filters: mel_buffers
         if name.endswith("gamma") or LAYER_SCALE.search(name):
             t = torch.full(p.shape, 0.1)
         elif name.endswith(("norm.weight", "coef")):

@@ -12,6 +12,7 @@ from velocity.model.dvae import DVAE, decoder_config
 from velocity.model.vocos import Vocos
 
 DVAE_KEEP = ("coef", "decoder.", "out_conv.", "vq_layer.quantizer.rvqs.")     # the decoding side
+ENCODER_KEEP = DVAE_KEEP + ("downsample_conv.", "encoder.", "preprocessor_mel.")   # and the encoding side
 DECODER_KEEP = ("coef", "decoder.", "out_conv.")
 VOCOS_KEEP = ("backbone.", "head.out.")
 
@@ -27,8 +28,11 @@ def _load(folder: str | Path, file: str, factory, keep: tuple[str, ...], device:
 
 
 def load_dvae(folder: str | Path, device: torch.device = torch.device("cpu"),
-              dtype: torch.dtype = torch.float32) -> DVAE:
-    """asset/DVAE.safetensors: audio codes -> mel (the reference's use_decoder=False path)."""
+              dtype: torch.dtype = torch.float32, encoder: bool = False) -> DVAE:
+    """asset/DVAE.safetensors: audio codes -> mel (the reference's use_decoder=False path); with
+    encoder=True also audio -> codes (DVAE.encode, for voice samples)."""
+    if encoder:
+        return _load(folder, "DVAE.safetensors", lambda: DVAE(encoder=True), ENCODER_KEEP, device, dtype)
     return _load(folder, "DVAE.safetensors", DVAE, DVAE_KEEP, device, dtype)
 
 

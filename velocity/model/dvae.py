@@ -3,8 +3,9 @@ mel), one module class with two configurations. One GPT frame = 2 mel frames in 
 
 Tensor names follow asset/DVAE.safetensors and asset/Decoder.safetensors: a ConvNeXt block's
 layer scale is `decoder.decoder_block.N.weight`. The DVAE file also holds the encoder side
-(mel front end, downsample convs, encoder, the quantizer's project_in), which decoding does
-not use; `encoder=True` builds it, so that the demo writer writes the release's whole file.
+(mel front end, downsample convs, encoder, the quantizer's project_in): `encoder=True` builds
+it, and `DVAE.encode` turns 24 kHz audio into the codes of a voice sample (the reference's
+`sample_audio_speaker` before compression).
 """
 from __future__ import annotations
 
@@ -69,8 +70,35 @@ class ConvStack(nn.Module):
         return self.conv_out(y)
 
 
+class MelFrontEnd(nn.Module):
+    """audio [..., N] -> log-mel [..., n_mels, N // hop + 1]: the magnitude STFT (centred, reflect
+    padding) through the stored filter bank, log of at least 1e-5, as the reference's
+    torchaudio MelSpectrogram(power=1). The window and the filter bank are the file's
+    (`preprocessor_mel.mel_spec.{spectrogram.window, mel_scale.fb}`)."""
+
+    def __init__(self, n_fft: int = 1024, hop: int = 256, n_mels: int = 100) -> None:
+        super().__init__()
+        self.n_fft, self.hop = n_fft, hop
+        self.mel_spec = nn.Module()
+        self.mel_spec.spectrogram = nn.Module()
+        self.mel_spec.mel_scale = nn.Module()
+        # parameters, not buffers, so that the loader fills and checks them like every weight
+        self.mel_spec.spectrogram.window = nn.Parameter(torch.empty(n_fft), requires_grad=False)
+        self.mel_spec.mel_scale.fb = nn.Parameter(torch.empty(n_fft // 2 + 1, n_mels), requires_grad=False)
+
+    def forward(self, audio: torch.Tensor) -> torch.Tensor:
+        shape = audio.shape
+        spec = torch.stft(audio.reshape(-1, shape[-1]), self.n_fft, self.hop, self.n_fft,
+                          self.mel_spec.spectrogram.window, center=True, pad_mode="reflect", normalized=False,
+                          onesided=True, return_complex=True).abs()          # [B, n_fft/2 + 1, F]
+        spec = spec.reshape(shape[:-1] + spec.shape[-2:])
+        mel = torch.matmul(spec.transpose(-1, -2), self.mel_spec.mel_scale.fb).transpose(-1, -2)
+        return torch.log(torch.clip(mel, min=1e-5))
+
+
 class ResidualFSQ(nn.Module):
-    """Only what decoding needs: FSQ codes scaled per residual level, summed, projected out.
+    """Residual finite scalar quantization of one group: FSQ codes scaled per residual level,
+    summed, projected out (decode); project in, then quantize level by level (encode).
 
     Residual level r is scaled by (L - 1) ** -r (0.25 for L = 5), as vector-quantize-pytorch did
     from residual FSQ's first version (2023-11-03) to 1.25.x. 1.26.0 (2025-11-21, commit f570433)
@@ -96,6 +124,24 @@ class ResidualFSQ(nn.Module):
         self.basis = torch.cumprod(torch.cat([torch.ones(1, dtype=lv.dtype, device=dev), lv[:-1]]), 0)
         self.scales = torch.stack([(lv.float() - 1) ** -r for r in range(self.residuals)])
 
+    def bound(self, z: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
+        """FSQ's squashing of z [..., L] into each level's range (odd levels: no offset)."""
+        half_l = (self.levels - 1) * (1 + eps) / 2
+        offset = torch.where(self.levels % 2 == 0, 0.5, 0.0)
+        return (z + (offset / half_l).atanh()).tanh() * half_l - offset
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [B, T, dim] -> code indices [B, T, R]: the residual bounded once, then each level
+        quantizes (residual / scale), and what it took, times its scale, leaves the residual."""
+        residual = self.bound(self.project_in(x))
+        half = self.levels // 2
+        out = []
+        for r in range(self.residuals):
+            codes = self.bound(residual / self.scales[r]).round() / half          # in [-1, 1]
+            out.append(((codes * half + half) * self.basis).sum(dim=-1).to(torch.int32))
+            residual = residual - codes * self.scales[r]
+        return torch.stack(out, dim=-1)
+
     def decode(self, idx: torch.Tensor) -> torch.Tensor:
         """idx: [B, T, R] code indices -> [B, T, dim]"""
         digits = (idx[..., None] // self.basis) % self.levels            # [B, T, R, L]
@@ -115,6 +161,7 @@ class DVAE(nn.Module):
             self.downsample_conv = nn.Sequential(nn.Conv1d(cfg.n_mels, cfg.idim, 3, 1, 1), nn.GELU(),
                                                  nn.Conv1d(cfg.idim, cfg.idim, 4, 2, 1), nn.GELU())
             self.encoder = ConvStack(**ENCODER, kernel=cfg.kernel, dilation=cfg.dilation)
+            self.preprocessor_mel = MelFrontEnd(n_mels=cfg.n_mels)
         if cfg.vq_dim:
             self.vq_layer = nn.Module()
             self.vq_layer.quantizer = nn.Module()
@@ -135,6 +182,17 @@ class DVAE(nn.Module):
         per_group = codes.transpose(1, 2).reshape(B, T, G, R)
         feats = [rvq.decode(per_group[:, :, g]) for g, rvq in enumerate(self.vq_layer.quantizer.rvqs)]
         return torch.cat(feats, dim=-1).transpose(1, 2)
+
+    @torch.inference_mode()
+    def encode(self, audio: torch.Tensor) -> torch.Tensor:
+        """24 kHz audio [N] -> codes [G*R, T] (T = mel frames // 2): log-mel over coef, the
+        downsampling convs (2 mel frames -> 1), the encoder, the quantizer of each group."""
+        mel = self.preprocessor_mel(audio) / self.coef[0]                 # [n_mels, F]
+        x = self.encoder(self.downsample_conv(mel)[None])                  # [1, vq_dim, T]
+        G = self.cfg.groups
+        x = x.transpose(1, 2)                                              # [1, T, vq_dim]
+        idx = [rvq.encode(part) for rvq, part in zip(self.vq_layer.quantizer.rvqs, x.chunk(G, dim=-1))]
+        return torch.stack(idx, dim=2).flatten(2)[0].T                     # [T, G, R] -> [G*R, T]
 
     @torch.inference_mode()
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -22,30 +22,66 @@ class SpeakerError(ValueError):
     """A speaker string or vector that cannot be used; the message says why."""
 
 
+def _pack(data: bytes, header: bytes = b"") -> str:
+    """header + raw LZMA2 (preset 9 | extreme) of data -> base16384: the release's string form."""
+    return b14.encode_to_string(header + lzma.compress(data, format=lzma.FORMAT_RAW, filters=FILTERS))
+
+
+def _unpack(s: str, what: str, header: int = 0) -> tuple[bytes, bytes]:
+    """The string form -> (its first `header` bytes, the rest decompressed); SpeakerError naming
+    `what` if malformed."""
+    if not isinstance(s, str) or not s.strip():
+        raise SpeakerError(f"{what} is empty")
+    try:
+        raw = b14.decode_from_string(s.strip())
+    except Exception as e:
+        raise SpeakerError(f"{what} is not base16384 ({e})") from e
+    if len(raw) < header:
+        raise SpeakerError(f"{what} is too short ({len(raw)} bytes)")
+    try:
+        return raw[:header], lzma.decompress(raw[header:], format=lzma.FORMAT_RAW, filters=FILTERS)
+    except lzma.LZMAError as e:
+        raise SpeakerError(f"{what} does not hold LZMA2 data ({e})") from e
+
+
 def encode_speaker(vec: np.ndarray) -> str:
     """A speaker vector -> the release's string form."""
-    data = np.asarray(vec, dtype=np.float16).tobytes()
-    return b14.encode_to_string(lzma.compress(data, format=lzma.FORMAT_RAW, filters=FILTERS))
+    return _pack(np.asarray(vec, dtype=np.float16).tobytes())
 
 
 def decode_speaker(s: str, dim: int = 768) -> np.ndarray:
     """The release's string form -> a float32 vector of `dim` values; SpeakerError if malformed."""
-    if not isinstance(s, str) or not s.strip():
-        raise SpeakerError("speaker string is empty")
-    try:
-        raw = b14.decode_from_string(s.strip())
-    except Exception as e:
-        raise SpeakerError(f"speaker string is not base16384 ({e})") from e
-    try:
-        data = lzma.decompress(raw, format=lzma.FORMAT_RAW, filters=FILTERS)
-    except lzma.LZMAError as e:
-        raise SpeakerError(f"speaker string does not hold LZMA2 data ({e})") from e
+    _, data = _unpack(s, "speaker string")
     if len(data) != 2 * dim:
         raise SpeakerError(f"speaker string holds {len(data) // 2} float16 values, expected {dim}")
     vec = np.frombuffer(data, dtype=np.float16).astype(np.float32)
     if not np.isfinite(vec).all():
         raise SpeakerError("speaker string holds NaN or inf values")
     return vec
+
+
+def encode_sample(codes: np.ndarray) -> str:
+    """A voice sample's audio codes [num_vq, T] -> the reference's sample string (its `spk_smp`):
+    the shape as two little-endian uint16, then the codes as uint16 compressed like a speaker."""
+    codes = np.asarray(codes)
+    if codes.ndim != 2:
+        raise SpeakerError(f"sample codes must be [codebooks, frames], got shape {codes.shape}")
+    return _pack(codes.astype("<u2").tobytes(), header=np.array(codes.shape, dtype="<u2").tobytes())
+
+
+def decode_sample(s: str, num_vq: int, num_codes: int, max_frames: int) -> np.ndarray:
+    """A sample string -> codes [num_vq, T] (int64); SpeakerError naming what is wrong."""
+    head, data = _unpack(s, "SPEAKER_SAMPLE string", header=4)
+    rows, frames = np.frombuffer(head, dtype="<u2").tolist()
+    if rows != num_vq or not 1 <= frames <= max_frames:
+        raise SpeakerError(f"SPEAKER_SAMPLE string holds [{rows}, {frames}] codes; the model takes "
+                           f"[{num_vq}, 1..{max_frames}]")
+    if len(data) != 2 * rows * frames:
+        raise SpeakerError(f"SPEAKER_SAMPLE string holds {len(data) // 2} codes, its shape says {rows * frames}")
+    codes = np.frombuffer(data, dtype="<u2").reshape(rows, frames).astype(np.int64)
+    if int(codes.max()) >= num_codes:
+        raise SpeakerError(f"SPEAKER_SAMPLE string holds code {int(codes.max())}; codes are in [0, {num_codes})")
+    return codes
 
 
 def load_speaker_stats(folder: str | Path, dim: int) -> np.ndarray | None:
