@@ -33,7 +33,9 @@ INPUTS = {"TEXT": ("BYTES", object), "PROMPT": ("BYTES", object), "SPEAKER": ("B
           "SPEAKER_SEED": ("INT64", np.int64),
           "TEMPERATURE": ("FP32", np.float32), "TOP_P": ("FP32", np.float32), "TOP_K": ("INT32", np.int32),
           "REPETITION_PENALTY": ("FP32", np.float32), "MAX_NEW_TOKENS": ("INT32", np.int32),
-          "SEED": ("INT64", np.int64), "DECODER": ("BYTES", object)}
+          "SEED": ("INT64", np.int64), "DECODER": ("BYTES", object),
+          "SPEAKER_SAMPLE": ("BYTES", object), "SAMPLE_TEXT": ("BYTES", object)}
+AUDIO_MAGIC = (b"RIFF", b"fLaC", b"OggS", b"FORM")     # WAV, FLAC, Ogg, AIFF (as the server tells them apart)
 
 
 class ServerError(RuntimeError):
@@ -221,6 +223,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     spk = ap.add_mutually_exclusive_group()
     spk.add_argument("--speaker", help="a speaker string from the ChatTTS release")
     spk.add_argument("--speaker-seed", type=int, help="a random speaker made by the server from this seed")
+    ap.add_argument("--sample", help="clone this voice: a recording (WAV, FLAC, Ogg; the server encodes it) "
+                                     "or a file holding a sample string (velocity-tts-voice)")
+    ap.add_argument("--sample-text", help="what the --sample recording says")
     ap.add_argument("--prompt", help="control tokens, e.g. [speed_5] (server default)")
     ap.add_argument("--temperature", type=float)
     ap.add_argument("--top-p", type=float)
@@ -252,6 +257,25 @@ def read_text(args: argparse.Namespace) -> str:
         raise ValueError(f"cannot read --file {args.file}: {e.strerror}") from e
 
 
+def read_sample(path: str | None, http: bool) -> bytes | str | None:
+    """--sample: an audio file's bytes, or the sample string a text file holds."""
+    if path is None:
+        return None
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ValueError(f"cannot read --sample {path}: {e.strerror}") from e
+    if data[:4] not in AUDIO_MAGIC:
+        try:
+            return data.decode("utf-8").strip()
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--sample {path} is neither a WAV, FLAC, Ogg or AIFF file nor a sample string") from e
+    if http:
+        raise ValueError("--http sends JSON, which cannot carry audio bytes: make a sample string first "
+                         f"(velocity-tts-voice {path} -o voice.txt) and pass --sample voice.txt")
+    return data
+
+
 def check_out(path: str) -> None:
     """Fail before the request when the WAV cannot be written where asked."""
     folder = Path(path).resolve().parent
@@ -266,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         text = read_text(args)
+        sample = read_sample(args.sample, args.http)
         check_out(args.out)
     except ValueError as e:
         log.error("error: %s", e)
@@ -273,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     values = {"TEXT": text, "SPEAKER": args.speaker, "SPEAKER_SEED": args.speaker_seed, "PROMPT": args.prompt,
               "TEMPERATURE": args.temperature, "TOP_P": args.top_p, "TOP_K": args.top_k,
               "REPETITION_PENALTY": args.repetition_penalty, "MAX_NEW_TOKENS": args.max_new_tokens,
-              "SEED": args.seed, "DECODER": args.decoder}
+              "SEED": args.seed, "DECODER": args.decoder, "SPEAKER_SAMPLE": sample, "SAMPLE_TEXT": args.sample_text}
     url = args.url or ("localhost:8000" if args.http else "localhost:8001")
     source = (stream_http if args.http else offline_grpc if args.offline else stream_grpc)(url, values)
     try:

@@ -140,3 +140,19 @@ def test_prefix_caching_switch(caching):
     b = seq(range(8))
     bm.allocate(b)
     assert (b.block_table == a.block_table) is caching
+
+
+def test_prefix_hits_key_on_audio_frames_too():
+    """A voice sample's frames are prompt tokens like text ids: requests with one cloned voice
+    share its blocks, and another sample (one code differs) misses from the block holding it."""
+    bm = BlockManager(num_blocks=12, block_size=4, watermark=0.0)
+    frames = [(i, i + 1, i + 2, i + 3) for i in range(6)]
+    other = frames[:5] + [(9, 9, 9, 8)]
+    a = seq([1, 2, *frames, 7], rid="a")
+    b = seq([1, 2, *frames, 8], rid="b")
+    c = seq([1, 2, *other, 7], rid="c")
+    for s in (a, b, c):
+        bm.allocate(s)
+    assert b.block_table[:2] == a.block_table[:2] and b.num_cached_tokens == 8
+    assert c.block_table[:1] == a.block_table[:1] and c.block_table[1] != a.block_table[1]
+    assert c.num_cached_tokens == 4

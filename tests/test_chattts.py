@@ -158,7 +158,10 @@ def test_text_refine_head_until_ebreak(ckpt, ref, prompts):
     (dict(params=dict(top_p=1.5)), r"top_p must be in \(0, 1\]"),
     (dict(params=dict(top_k=-2)), "top_k must be an integer >= 0"),
     (dict(params=dict(temperature=[1.0, 1.0])), "temperature has 2 values; the model has 4 codebooks"),
-    (dict(prompt=[5000]), r"text token ids, integers in \[0, 1024\)"),
+    (dict(prompt=[5000]), r"text token ids \(integers in \[0, 1024\)\)"),
+    (dict(prompt=[5, (1, 2, 3, 625)]), r"audio frames \(4 codes in \[0, 625\)\)"),
+    (dict(prompt=[5, (1, 2, 3)]), r"audio frames \(4 codes"),
+    (dict(prompt=[5, (1, 2, 3, 4), 6]), "audio frames must come after all of its text tokens"),
 ])
 def test_bad_requests_clear_errors_and_engine_goes_on(ckpt, prompts, speakers, bad, match):
     llm = make_llm(ckpt)

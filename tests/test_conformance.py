@@ -274,3 +274,73 @@ def test_the_demo_mel_filter_bank_is_torchaudios():
     want = np.load(FIXTURES / "voice.npz")["torchaudio_fb"]
     got = mel_filterbank(1024, 100, 24000).numpy()
     assert got.shape == want.shape and np.abs(got - want).max() < 2e-5
+
+
+@pytest.fixture(scope="module")
+def cloned_ref():
+    return np.load(FIXTURES / "cloned.npz")
+
+
+def cloned_cases(ref) -> list[tuple[str, str, bool]]:
+    return [(f"{n}_{s}", str(t), s == "spk") for n, t in enumerate(ref["texts"]) for s in ("none", "spk")]
+
+
+def cloned_prompt(ref, key: str) -> list:
+    """The fixture's prompt rows as engine tokens: text rows (they repeat the id), then the
+    sample's frames, one per row of codes."""
+    from velocity.tts.speaker import decode_sample
+    rows = ref[f"prompt_{key}"].tolist()
+    T = decode_sample(str(ref["sample"]), 4, 625, 4096).shape[1]
+    return [r[0] for r in rows[:-T]] + [tuple(r) for r in rows[-T:]]
+
+
+def test_prompts_with_a_voice_sample_equal_the_references(demo, cloned_ref):
+    """[Stts][spk_emb|empty_spk]{sample text}{prompt}{text}[Ptts], then the sample's frames (decoded
+    from the reference's own sample string): the reference's input rows, token for token."""
+    from velocity.tts.frontend import TextFrontend
+    from velocity.tts.speaker import decode_sample, sample_frames
+
+    fe = TextFrontend(demo)
+    frames = sample_frames(decode_sample(str(cloned_ref["sample"]), 4, 625, 4096))
+    for key, text, spk in cloned_cases(cloned_ref):
+        sentences, _ = fe.encode(text, speaker=spk, sample_text=str(cloned_ref["sample_text"]))
+        rows = [[t] * 4 for t in sentences[0].token_ids] + [list(f) for f in frames]
+        assert len(sentences) == 1 and rows == cloned_ref[f"prompt_{key}"].tolist(), key
+
+
+def test_greedy_frames_with_a_voice_sample_equal_the_references(demo, cloned_ref):
+    """The engine continues a prompt that ends in the sample's audio frames: the reference's argmax
+    frames exactly, hidden states within 1e-4 of the largest (as without a sample)."""
+    from velocity import LLM, SamplingParams
+    from velocity.tts.speaker import decode_speaker
+
+    llm = LLM(model=str(demo), device="cpu")
+    speaker = decode_speaker(str(cloned_ref["speaker"]), llm.engine.worker.model.config.hidden_size)
+    keys = [k for k, _, _ in cloned_cases(cloned_ref)]
+    prompts = [cloned_prompt(cloned_ref, k) for k in keys]
+    assert all(isinstance(p[-1], tuple) and isinstance(p[0], int) for p in prompts)
+    outs = llm.generate(prompt_token_ids=prompts,
+                        sampling_params=SamplingParams(temperature=0, top_p=0.7, top_k=20, repetition_penalty=1.05,
+                                                       max_new_tokens=len(cloned_ref[f"frames_{keys[0]}"])),
+                        speakers=[speaker if s else None for _, _, s in cloned_cases(cloned_ref)], return_hidden=True)
+    for k, out in zip(keys, outs):
+        assert [list(f) for f in out.token_ids] == cloned_ref[f"frames_{k}"].tolist(), k
+        want = cloned_ref[f"hidden_{k}"]
+        np.testing.assert_allclose(out.hidden, want, rtol=0, atol=1e-4 * np.abs(want).max(), err_msg=k)
+
+
+def test_the_pipeline_with_a_voice_sample_speaks_the_references_frames(demo, cloned_ref):
+    """TTSPipeline(sample=the reference's string, sample_text=...) greedy: the audio of the
+    reference's frames (the same length; the codes path decodes them bit for bit as a whole)."""
+    from velocity.tts.pipeline import TTSPipeline, chattts_params
+    from velocity.tts.streaming import AudioDecoder
+
+    pipe = TTSPipeline(demo, device="cpu")
+    key, text, _ = cloned_cases(cloned_ref)[0]
+    want = cloned_ref[f"frames_{key}"]
+    wav = pipe.synthesize(text, decoder="codes", sample=str(cloned_ref["sample"]),
+                          sample_text=str(cloned_ref["sample_text"]),
+                          params=chattts_params(temperature=0, max_new_tokens=len(want)))
+    whole = AudioDecoder(load_dvae(demo), load_vocos(demo)).decode(torch.from_numpy(want.T[None].copy()))
+    assert wav.shape == (512 * len(want) - 256,)
+    assert snr_db(whole[0].numpy()[:len(wav)], wav) >= 100

@@ -69,7 +69,7 @@ def test_request_validation_raises_only_value_errors(frontend, text, prompt, spe
         return np.asarray(v)
 
     try:
-        req = parse_tts_request(get, Settings(max_text_chars=200, max_new_tokens=500), frontend)
+        req = parse_tts_request(get, Settings(max_text_chars=200, max_new_tokens=500), frontend, None)
     except ValueError as e:
         assert str(e)      # a message for the client
         return

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import queue
 import subprocess
 import sys
@@ -40,6 +41,19 @@ def server(tts_server):
 
 
 GOOD = {"TEXT": "Hello world. 你好，世界。", "SEED": 7, "MAX_NEW_TOKENS": 24, "TEMPERATURE": 0.8}
+
+
+def wav_bytes(seconds: float, rate: int = 16000, amp: float = 0.3, fmt: str = "WAV") -> bytes:
+    """A seeded recording (a chirp in noise) as an audio file's bytes."""
+    import io
+
+    import soundfile as sf
+    rng = np.random.default_rng(11)
+    t = np.arange(int(rate * seconds)) / rate
+    wave = amp * (np.sin(2 * np.pi * (200 + 120 * t) * t) + 0.2 * rng.standard_normal(t.shape))
+    buf = io.BytesIO()
+    sf.write(buf, wave.astype(np.float32), rate, format=fmt)
+    return buf.getvalue()
 
 
 def test_stream_in_order_whole_frames_and_seeded(server):
@@ -148,6 +162,13 @@ def test_sixteen_concurrent_streams(server):
     ({"TEXT": "hi", "SPEAKER": "not a speaker"}, "SPEAKER is not a valid speaker string"),
     ({"TEXT": "hi", "PROMPT": "say it"}, "PROMPT must hold only control tokens"),
     ({"TEXT": "hi", "DECODER": "mel"}, r'DECODER must be "hidden" \(the default\) or "codes"'),
+    ({"TEXT": "hi", "SAMPLE_TEXT": "hello"}, "SAMPLE_TEXT is the transcript of SPEAKER_SAMPLE"),
+    ({"TEXT": "hi", "SPEAKER_SAMPLE": "not a sample"}, "SPEAKER_SAMPLE string"),
+    ({"TEXT": "hi", "SPEAKER_SAMPLE": b"RIFF\x00\x01garbage"}, "nor audio soundfile can read"),
+    ({"TEXT": "hi", "SPEAKER_SAMPLE": b"\xff\xfe\x00\x01"}, "neither a sample string nor a WAV"),
+    ({"TEXT": "hi", "SPEAKER_SAMPLE": wav_bytes(0)}, "SPEAKER_SAMPLE audio is empty"),
+    ({"TEXT": "hi", "SPEAKER_SAMPLE": wav_bytes(1.0, amp=0.0)}, "SPEAKER_SAMPLE audio is silent"),
+    ({"TEXT": "hi", "SPEAKER_SAMPLE": wav_bytes(21.0)}, r"21.00 s long; it must be 0.2-20 s"),
 ])
 def test_bad_inputs_invalid_arg_then_good_request(server, bad, match):
     import re
@@ -425,3 +446,43 @@ def test_bench_ab_runs_all_three_arms(server, tmp_path):
         assert res["pooled"][arm]["errors"] == 0 and all(rd[arm]["audio_s"] > 0 for rd in res["rounds"])
     assert all(rd["triton"]["vocoder_queue"]["chunks"] > 0 for rd in res["rounds"])
     assert set(res["median_ratio_to_triton"]) == {"triton-nolend", "in-process"}
+
+
+def test_a_voice_sample_as_audio_or_as_its_string_gives_the_pipelines_audio(server, tmp_path):
+    """SPEAKER_SAMPLE as a 16 kHz FLAC recording (the server resamples and encodes it) and as the
+    string velocity-tts-voice makes of the same file: the same audio, through tts and tts_offline,
+    equal to the in-process pipeline with that string; and not the audio without a sample."""
+    from velocity.tts.pipeline import TTSPipeline, chattts_params
+    from velocity.tts.streaming import ChunkSchedule
+
+    flac = tmp_path / "me.flac"
+    flac.write_bytes(wav_bytes(1.5, fmt="FLAC"))
+    env = {**os.environ, **server.env, "PYTHONPATH": str(ROOT)}
+    made = subprocess.run([sys.executable, "-m", "client.voice", str(flac), "the sample", "-o", str(tmp_path / "v.txt")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert made.returncode == 0, made.stderr
+    string = (tmp_path / "v.txt").read_text().strip()
+    values = {"TEXT": "Say it like me.", "SEED": 5, "MAX_NEW_TOKENS": 16, "SAMPLE_TEXT": "the sample"}
+    by_audio, err = stream_tts(server.grpc_url, {**values, "SPEAKER_SAMPLE": flac.read_bytes()})
+    assert err is None, err
+    by_string, err = stream_tts(server.grpc_url, {**values, "SPEAKER_SAMPLE": string})
+    assert err is None, err
+    audio = np.concatenate([a for _, a in by_audio])
+    np.testing.assert_array_equal(np.concatenate([a for _, a in by_string]), audio)
+    whole = grpcclient.InferenceServerClient(server.grpc_url).infer(
+        "tts_offline", make_inputs(grpcclient, {**values, "SPEAKER_SAMPLE": string})).as_numpy("WAVEFORM").reshape(-1)
+    np.testing.assert_array_equal(whole, audio)
+    plain, _ = stream_tts(server.grpc_url, {k: v for k, v in values.items() if k != "SAMPLE_TEXT"})
+    assert not np.array_equal(np.concatenate([a for _, a in plain]), audio)
+    pipe = TTSPipeline(server.env["VELOCITY_WEIGHTS"], device="cpu", schedule=ChunkSchedule(4, 8, 144), lookahead=4,
+                       num_kv_blocks=64)
+    local = pipe.synthesize(values["TEXT"], sample=string, sample_text="the sample",
+                            params=chattts_params(seed=5, max_new_tokens=16))
+    assert_same_audio(audio, local)
+
+
+def test_voice_cli_errors_say_what_is_wrong(server, tmp_path):
+    (tmp_path / "quiet.wav").write_bytes(wav_bytes(1.0, amp=0.0))
+    p = subprocess.run([sys.executable, "-m", "client.voice", str(tmp_path / "quiet.wav"), "-o", str(tmp_path / "v.txt"),
+                        "--weights", server.env["VELOCITY_WEIGHTS"]], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 1 and "quiet.wav audio is silent" in p.stderr and not (tmp_path / "v.txt").exists(), p.stderr

@@ -29,6 +29,10 @@ those weights in tests/fixtures/chattts_0.2.5/:
   voice.npz       voice samples: seeded test audio, the reference's log-mel of it, the codes of
                   Chat.sample_audio_speaker (mel, DVAE encoder, quantizer) and the sample string
                   it makes of them; torchaudio's mel filter bank as the reference configures it
+  cloned.npz      near-greedy generation with a voice sample (the reference's spk_smp and
+                  txt_smp: the sample string of voice clip 0, its transcript), with and
+                  without a speaker: the prompt (text ids and the sample's frames), frames and
+                  hidden states
   versions.json   the versions of the reference and its dependencies the fixtures come from
 
 It also writes checkpoints/reference-full (--full-folder): the full-size demo folder, loaded by
@@ -320,6 +324,35 @@ def greedy(folder: Path) -> dict[str, np.ndarray]:
     return out
 
 
+SAMPLE_TEXT = "this is the voice sample"
+
+
+@torch.inference_mode()
+def cloned(folder: Path, sample: str) -> dict[str, np.ndarray]:
+    """Chat._infer_code with spk_smp (a sample string) and txt_smp, as greedy() does without."""
+    import ChatTTS
+
+    from velocity.tts.speaker import encode_speaker
+
+    chat = reference_chat(folder)
+    speaker = encode_speaker(np.random.default_rng(3).standard_normal(chat.config.gpt.hidden_size))
+    out: dict[str, np.ndarray] = {"texts": np.array(GREEDY_TEXTS[:2]), "speaker": np.array(speaker),
+                                  "sample": np.array(sample), "sample_text": np.array(SAMPLE_TEXT)}
+    for n, text in enumerate(GREEDY_TEXTS[:2]):
+        for spk in (None, speaker):
+            params = ChatTTS.Chat.InferCodeParams(temperature=1e-6, max_new_token=GREEDY_FRAMES, spk_emb=spk,
+                                                  spk_smp=sample, txt_smp=SAMPLE_TEXT, show_tqdm=False)
+            ids, _, _ = chat.tokenizer.encode(
+                chat.speaker.decorate_code_prompts([text], params.prompt, SAMPLE_TEXT, spk), chat.config.gpt.num_vq,
+                prompt=chat.speaker.decode_prompt(sample))
+            r = list(chat._infer_code([text], False, torch.device("cpu"), True, params))[-1]
+            key = f"{n}_{'spk' if spk else 'none'}"
+            out[f"prompt_{key}"] = ids[0].numpy()                # [L, num_vq]: text rows repeat the id
+            out[f"frames_{key}"] = r.ids[0].numpy()
+            out[f"hidden_{key}"] = r.hiddens[0].numpy()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(ROOT / "tests" / "fixtures" / "chattts_0.2.5"))
@@ -341,7 +374,9 @@ def main() -> None:
         (out / "manifest.json").write_text(json.dumps(manifest(folder), indent=1) + "\n")
         np.savez_compressed(out / "audio.npz", **audio(folder, mods))
         np.savez_compressed(out / "greedy.npz", **greedy(folder))
-        np.savez_compressed(out / "voice.npz", **voice(mods))
+        voices = voice(mods)
+        np.savez_compressed(out / "voice.npz", **voices)
+        np.savez_compressed(out / "cloned.npz", **cloned(folder, str(voices["string_0"])))
     np.savez_compressed(out / "sampling.npz", **sampling())
     np.savez_compressed(out / "speakers.npz", **speakers())
     np.savez_compressed(out / "frontend.npz", **frontend())

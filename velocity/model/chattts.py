@@ -87,10 +87,22 @@ class ChatTTSGPT(nn.Module):
 
     # -- requests --------------------------------------------------------------------
     def check_prompt(self, prompt: list) -> None:
-        V = self.num_text_tokens
-        bad = [t for t in prompt if not (isinstance(t, int) and 0 <= t < V)]
+        """Text token ids (ints), then optionally audio frames (num_vq-tuples of codes, a voice
+        sample's, which the reference appends after the text)."""
+        V, C, K = self.num_text_tokens, self.num_audio_tokens - 1, self.num_vq
+
+        def ok(t) -> bool:
+            if isinstance(t, int):
+                return 0 <= t < V
+            return isinstance(t, tuple) and len(t) == K and all(isinstance(c, int) and 0 <= c < C for c in t)
+
+        bad = [t for t in prompt if not ok(t)]
         if bad:
-            raise ValueError(f"prompt token ids must be text token ids, integers in [0, {V}), got {bad[:5]}")
+            raise ValueError(f"prompt tokens must be text token ids (integers in [0, {V})) or audio frames "
+                             f"({K} codes in [0, {C})), got {bad[:5]}")
+        first_frame = next((i for i, t in enumerate(prompt) if not isinstance(t, int)), len(prompt))
+        if any(isinstance(t, int) for t in prompt[first_frame:]):
+            raise ValueError("a prompt's audio frames must come after all of its text tokens")
 
     def check_speaker(self, speaker: object) -> CheckedSpeaker:
         """-> the vector the [spk_emb] position takes and a digest that salts the prefix cache

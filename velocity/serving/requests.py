@@ -7,6 +7,7 @@ import numpy as np
 
 from velocity.sampling_params import SamplingParams, chattts_params
 from velocity.serving.settings import Settings
+from velocity.tts.speaker import sample_frames
 from velocity.tts.streaming import DECODERS
 
 PARAM_INPUTS = ("TEMPERATURE", "TOP_P", "TOP_K", "REPETITION_PENALTY", "MAX_NEW_TOKENS", "SEED")
@@ -96,11 +97,12 @@ class TTSRequest:
     speaker: np.ndarray
     params: SamplingParams
     decoder: str = "hidden"
+    sample: np.ndarray | None = None      # a voice sample's codes [num_vq, T] (SPEAKER_SAMPLE)
 
 
-def parse_tts_request(get, settings: Settings, frontend) -> TTSRequest:
-    """get(name) -> np.ndarray | None for TEXT, PROMPT, SPEAKER or SPEAKER_SEED, DECODER and the
-    sampling inputs.
+def parse_tts_request(get, settings: Settings, frontend, voices) -> TTSRequest:
+    """get(name) -> np.ndarray | None for TEXT, PROMPT, SPEAKER or SPEAKER_SEED, SPEAKER_SAMPLE and
+    SAMPLE_TEXT, DECODER and the sampling inputs; voices: a VoiceEncoder for samples.
 
     Raises ValueError naming the bad input and its allowed range (INVALID_ARG for Triton).
     """
@@ -123,20 +125,37 @@ def parse_tts_request(get, settings: Settings, frontend) -> TTSRequest:
             vec = decode_speaker(speaker, frontend.speaker_dim)
         except SpeakerError as e:
             raise ValueError(f"SPEAKER is not a valid speaker string: {e}") from e
-    sentences, _ = frontend.encode(text, speaker=vec.size > 0, prompt=prompt)
+    sample, sample_text = sample_inputs(get, voices)
+    sentences, _ = frontend.encode(text, speaker=vec.size > 0, prompt=prompt, sample_text=sample_text)
     if not sentences:
         raise ValueError("TEXT has nothing to speak after normalisation")
-    return TTSRequest(sentences, vec, params, decoder)
+    return TTSRequest(sentences, vec, params, decoder, sample)
 
 
-def frontend_from_env(model: str, pb_utils) -> tuple[Settings, object]:
-    """For a Triton model's initialize: the settings and the release's text front end."""
+def sample_inputs(get, voices) -> tuple[np.ndarray | None, str]:
+    """SPEAKER_SAMPLE (a sample string, or a WAV/FLAC/Ogg file's bytes) and SAMPLE_TEXT (its
+    transcript) -> (codes [num_vq, T] or None, the transcript)."""
+    raw = get("SPEAKER_SAMPLE")
+    sample_text = text_input(get("SAMPLE_TEXT"), "SAMPLE_TEXT", required=False, max_chars=500) or ""
+    if raw is None or raw.size == 0 or not raw.reshape(-1)[0]:
+        if sample_text:
+            raise ValueError("SAMPLE_TEXT is the transcript of SPEAKER_SAMPLE: send it with one")
+        return None, ""
+    if raw.size != 1 or raw.dtype != object:
+        raise ValueError(f"SPEAKER_SAMPLE must be one BYTES value, got {raw.size} of {raw.dtype}")
+    return voices.sample_codes(raw.reshape(-1)[0]), sample_text
+
+
+def frontend_from_env(model: str, pb_utils) -> tuple[Settings, object, object]:
+    """For a Triton model's initialize: the settings, the release's text front end and its voice
+    encoder (the DVAE's encoder side, for SPEAKER_SAMPLE)."""
     from velocity.tts.frontend import TextFrontend
+    from velocity.tts.voice_sample import VoiceEncoder
 
     settings = Settings.from_env()
     settings.configure_logging()
     try:
-        return settings, TextFrontend(settings.weights)
+        return settings, TextFrontend(settings.weights), VoiceEncoder(settings.weights, settings.max_sample_seconds)
     except Exception as e:
         raise pb_utils.TritonModelException(f"{model}: cannot load {settings.weights}: {e}") from e
 
@@ -149,17 +168,19 @@ def input_reader(request, pb_utils):
     return get
 
 
-def parse_triton_request(request, pb_utils, settings: Settings, frontend) -> tuple[TTSRequest | None, object]:
+def parse_triton_request(request, pb_utils, settings: Settings, frontend, voices) -> tuple[TTSRequest | None, object]:
     """-> (the checked request, None), or (None, an INVALID_ARG error response)."""
     get = input_reader(request, pb_utils)
     try:
-        return parse_tts_request(get, settings, frontend), None
+        return parse_tts_request(get, settings, frontend, voices), None
     except ValueError as e:
         return None, pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))
 
 
-def llm_inputs(get, max_new_tokens: int) -> tuple[list[list[int]], np.ndarray | None, SamplingParams]:
+def llm_inputs(get, max_new_tokens: int, num_vq: int) -> tuple[list[list], np.ndarray | None, SamplingParams]:
     """The llm model's inputs (as text_frontend makes them) -> (sentences, speaker or None, params).
+    A voice sample's codes (SAMPLE_CODES, [num_vq * T] codebook-major) follow every sentence's
+    text as T audio frames.
 
     get(name) -> np.ndarray | None. Raises ValueError naming the input and its allowed range; the
     engine's own checks (token ids, speaker size, prompt length) run per sentence in the llm."""
@@ -178,6 +199,13 @@ def llm_inputs(get, max_new_tokens: int) -> tuple[list[list[int]], np.ndarray | 
                          f"got {lengths[:8]}{'...' if len(lengths) > 8 else ''}")
     bounds = np.cumsum([0] + lengths)
     sentences = [ids[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
+    sample = get("SAMPLE_CODES")
+    if sample is not None and sample.size:
+        if sample.dtype.kind not in "iu" or sample.size % num_vq:
+            raise ValueError(f"SAMPLE_CODES must be integers, {num_vq} per frame (codebook-major), "
+                             f"got {sample.size} of {sample.dtype}")
+        frames = sample_frames(sample.reshape(num_vq, -1))
+        sentences = [s + frames for s in sentences]
     spk = need("SPEAKER_VECTOR").astype(np.float32, copy=True)
     pf, pi = need("PARAMS_F"), need("PARAMS_I")
     if pf.size != 3 or pi.size != 3 or pi.dtype.kind not in "iu":

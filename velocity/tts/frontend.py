@@ -19,7 +19,7 @@ DEFAULT_PROMPT = "[speed_5]"
 @dataclass
 class Sentence:
     text: str                 # normalised
-    token_ids: list[int]      # the whole prompt: [Stts][spk_emb|empty_spk]{prompt}{text}[Ptts]
+    token_ids: list[int]      # the whole prompt: [Stts][spk_emb|empty_spk]{sample text}{prompt}{text}[Ptts]
 
 
 class TextFrontend:
@@ -47,10 +47,12 @@ class TextFrontend:
         if CONTROL.sub("", prompt).strip():
             raise ValueError(f"PROMPT must hold only control tokens such as [speed_5] or [oral_2], got {prompt!r}")
 
-    def encode(self, text: str, speaker: bool, prompt: str = DEFAULT_PROMPT) -> tuple[list[Sentence], Normalized]:
+    def encode(self, text: str, speaker: bool, prompt: str = DEFAULT_PROMPT,
+               sample_text: str = "") -> tuple[list[Sentence], Normalized]:
         """Text -> one prompt per piece, in order, and the normalisation report. Pieces as the
         reference splits a text (split_text), each normalised on its own (its own language), and
-        cut again if longer than 120 characters."""
+        cut again if longer than 120 characters. sample_text: a voice sample's transcript, which
+        goes into every prompt as the reference puts its txt_smp (as given, not normalised)."""
         self.check_prompt(prompt)
         spk = "[spk_emb]" if speaker else "[empty_spk]"
         out, norms = [], [self.normalize(piece) for piece in split_text(text)]
@@ -58,7 +60,7 @@ class TextFrontend:
             for s in split_sentences(norm.text):
                 if not re.sub(CONTROL.pattern, "", s).strip(" ，。、,."):
                     continue                      # nothing left to speak
-                ids = self.tokenizer.encode(f"[Stts]{spk}{prompt}{s}[Ptts]", add_special_tokens=False)
+                ids = self.tokenizer.encode(f"[Stts]{spk}{sample_text}{prompt}{s}[Ptts]", add_special_tokens=False)
                 out.append(Sentence(s, ids))
         report = Normalized(" ".join(n.text for n in norms), norms[0].lang if norms else "en",
                             sum(n.removed for n in norms), [t for n in norms for t in n.unknown_tokens])

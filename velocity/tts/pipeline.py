@@ -15,7 +15,7 @@ from velocity.engine.llm_engine import LLMEngine
 from velocity.sampling_params import SamplingParams, chattts_params  # noqa: F401 (chattts_params: re-exported)
 from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.tts.frontend import DEFAULT_PROMPT, TextFrontend
-from velocity.tts.speaker import decode_speaker, random_speaker
+from velocity.tts.speaker import decode_sample, decode_speaker, random_speaker, sample_frames
 from velocity.tts.streaming import (DECODERS, AudioDecoder, ChunkSchedule, CodeChunk, FrameChunker, SentenceStream,
                                     default_decode_batch)
 
@@ -72,26 +72,40 @@ class TTSPipeline:
             return torch.from_numpy(random_speaker(speaker, dim, self.frontend.speaker_stats))
         return torch.from_numpy(decode_speaker(speaker, dim))
 
+    def sample_frames(self, sample: str | np.ndarray | None) -> list[tuple[int, ...]]:
+        """A voice sample (its string, or codes [num_vq, T]) -> the frames that follow each prompt."""
+        if sample is None:
+            return []
+        model = self.engine.worker.model
+        codes = decode_sample(sample, model.num_vq, model.num_audio_tokens - 1, self.engine.max_model_len) \
+            if isinstance(sample, str) else np.asarray(sample)
+        return sample_frames(codes)
+
     def stream(self, text: str, speaker: str | int | None = None, prompt: str = DEFAULT_PROMPT,
-               params: SamplingParams | None = None, decoder: str = "hidden") -> Iterator[Chunk]:
+               params: SamplingParams | None = None, decoder: str = "hidden", sample: str | np.ndarray | None = None,
+               sample_text: str = "") -> Iterator[Chunk]:
         """Sentences in order, one speaker; audio chunks as soon as each is decodable."""
-        for ev in self.stream_many([text], speaker, prompt, params, decoder=decoder):
+        for ev in self.stream_many([text], speaker, prompt, params, decoder=decoder, sample=sample,
+                                   sample_text=sample_text):
             if ev.chunk is not None:
                 yield ev.chunk
 
     def stream_many(self, texts: list[str], speaker: str | int | None = None, prompt: str = DEFAULT_PROMPT,
                     params: SamplingParams | Callable[[int], SamplingParams] | None = None,
-                    concurrency: int = 1, decoder: str = "hidden") -> Iterator[Event]:
+                    concurrency: int = 1, decoder: str = "hidden", sample: str | np.ndarray | None = None,
+                    sample_text: str = "") -> Iterator[Event]:
         """Texts through one engine, at most `concurrency` at a time, each its sentences in order
         with one speaker; chunks are decoded in the step loop, a step's chunks of one length
         together (up to decode_batch). params: one for all, or a function of the text's index.
-        decoder: "hidden" or "codes" (see the class)."""
+        decoder: "hidden" or "codes" (see the class). sample, sample_text: a voice sample (the
+        reference's spk_smp: its string or codes) and its transcript (txt_smp)."""
         if decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
         spk = self.speaker_vector(speaker)
         if spk is not None:                    # checked once, reused by every sentence
             spk = self.engine.worker.model.check_speaker(spk)
         end_code = self.engine.worker.model.num_audio_tokens - 1
+        frames = self.sample_frames(sample)
         left = self.decoder.exact_context
         todo, live = list(range(len(texts))), {}          # live: request id -> its text (one per text)
 
@@ -106,12 +120,13 @@ class TTSPipeline:
                 while todo and len(live) < concurrency:
                     i = todo.pop(0)
                     yield Event(i, "start")
-                    sentences, report = self.frontend.encode(texts[i], speaker=spk is not None, prompt=prompt)
+                    sentences, report = self.frontend.encode(texts[i], speaker=spk is not None, prompt=prompt,
+                                                             sample_text=sample_text)
                     if report.unknown_tokens:
                         logger.warning("ignored unknown tokens %s", report.unknown_tokens)
                     p = params(i) if callable(params) else params or chattts_params()
                     chunker = FrameChunker(self.schedule, left, left if self.lookahead is None else self.lookahead)
-                    t = _Text(i, SentenceStream([x.token_ids for x in sentences], chunker, end_code), p,
+                    t = _Text(i, SentenceStream([x.token_ids + frames for x in sentences], chunker, end_code), p,
                               decoder == "hidden")
                     if not t.stream.done:
                         add(t)

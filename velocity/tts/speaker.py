@@ -84,6 +84,12 @@ def decode_sample(s: str, num_vq: int, num_codes: int, max_frames: int) -> np.nd
     return codes
 
 
+def sample_frames(codes) -> list[tuple[int, ...]]:
+    """A voice sample's codes [num_vq, T] -> the T audio frames the reference appends to every
+    prompt after its text (the engine embeds each as the sum of its codes' embeddings)."""
+    return [tuple(int(c) for c in frame) for frame in codes.T]
+
+
 def load_speaker_stats(folder: str | Path, dim: int) -> np.ndarray | None:
     """asset/spk_stat.pt -> [2, dim] float16 (std, mean), or None when the folder lacks it.
 

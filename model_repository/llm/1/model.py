@@ -85,7 +85,7 @@ class TritonPythonModel:
         """The request's sentences, speaker, sampling and whether it takes the Decoder path,
         checked as the engine will check them."""
         get = input_reader(request, pb_utils)
-        sentences, spk, params = llm_inputs(get, self.settings.max_new_tokens)
+        sentences, spk, params = llm_inputs(get, self.settings.max_new_tokens, self.streams.num_vq)
         engine = self.engine.engine
         for i, ids in enumerate(sentences):
             try:

@@ -7,16 +7,17 @@ from velocity.serving.requests import frontend_from_env, parse_triton_request
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        self.settings, self.frontend = frontend_from_env("text_frontend", pb_utils)
+        self.settings, self.frontend, self.voices = frontend_from_env("text_frontend", pb_utils)
 
     def execute(self, requests: list) -> list:
         return [self._one(r) for r in requests]
 
     def _one(self, request):
-        req, error = parse_triton_request(request, pb_utils, self.settings, self.frontend)
+        req, error = parse_triton_request(request, pb_utils, self.settings, self.frontend, self.voices)
         if error is not None:
             return error
         sentences, vec, params = req.sentences, req.speaker, req.params
+        sample = np.zeros((0,), np.int32) if req.sample is None else req.sample.astype(np.int32).reshape(-1)
         ids = np.concatenate([np.asarray(s.token_ids, np.int32) for s in sentences])[None]
         lengths = np.asarray([len(s.token_ids) for s in sentences], np.int32)[None]
         pf = np.asarray([[params.temperature, params.top_p, params.repetition_penalty]], np.float32)
@@ -24,4 +25,5 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("TOKEN_IDS", ids), pb_utils.Tensor("SENTENCE_LENGTHS", lengths),
             pb_utils.Tensor("SPEAKER_VECTOR", vec[None]), pb_utils.Tensor("PARAMS_F", pf),
-            pb_utils.Tensor("PARAMS_I", pi), pb_utils.Tensor("DECODER", np.array([[req.decoder.encode()]], object))])
+            pb_utils.Tensor("PARAMS_I", pi), pb_utils.Tensor("DECODER", np.array([[req.decoder.encode()]], object)),
+            pb_utils.Tensor("SAMPLE_CODES", sample[None])])

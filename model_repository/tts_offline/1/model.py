@@ -5,12 +5,12 @@ import triton_python_backend_utils as pb_utils
 from velocity.serving.requests import frontend_from_env, parse_triton_request
 
 INPUTS = ["TEXT", "PROMPT", "SPEAKER", "SPEAKER_SEED", "TEMPERATURE", "TOP_P", "TOP_K", "REPETITION_PENALTY", "MAX_NEW_TOKENS", "SEED",
-          "DECODER"]
+          "DECODER", "SPEAKER_SAMPLE", "SAMPLE_TEXT"]
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        self.settings, self.frontend = frontend_from_env("tts_offline", pb_utils)
+        self.settings, self.frontend, self.voices = frontend_from_env("tts_offline", pb_utils)
 
     def execute(self, requests: list) -> list:
         return [self._one(r) for r in requests]
@@ -19,7 +19,7 @@ class TritonPythonModel:
         inputs = [t for n in INPUTS if (t := pb_utils.get_input_tensor_by_name(request, n)) is not None]
         # Validate here too: an error from inside the ensemble loses its code (INVALID_ARG would
         # reach the client as INTERNAL). The front end is cheap next to generation.
-        _, error = parse_triton_request(request, pb_utils, self.settings, self.frontend)
+        _, error = parse_triton_request(request, pb_utils, self.settings, self.frontend, self.voices)
         if error is not None:
             return error
         bls = pb_utils.InferenceRequest(model_name="tts", requested_output_names=["WAVEFORM", "CHUNK_INDEX"],

@@ -1,0 +1,46 @@
+"""velocity-tts-voice: a recording -> the sample string to send as SPEAKER_SAMPLE (offline, with the
+release's DVAE encoder; the same string as the reference's Chat.sample_audio_speaker).
+
+    velocity-tts-voice sample.wav "what the sample says" -o voice.txt
+    velocity-tts-client "Hello there." --sample voice.txt --sample-text "what the sample says" -o out.wav
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    from velocity.serving.settings import Settings
+    from velocity.tts.speaker import encode_sample
+    from velocity.tts.voice_sample import SAMPLE_RATE, VoiceEncoder, read_audio
+
+    ap = argparse.ArgumentParser(prog="velocity-tts-voice", description=__doc__.split("\n")[0])
+    ap.add_argument("audio", help="the recording: WAV, FLAC, Ogg or AIFF, any rate (resampled to 24 kHz)")
+    ap.add_argument("transcript", nargs="?", default="", help="what the recording says (send it as SAMPLE_TEXT)")
+    ap.add_argument("-o", "--output", help="write the sample string to this file (default: print it)")
+    ap.add_argument("--weights", default=None, help="the ChatTTS release folder (default: VELOCITY_WEIGHTS)")
+    args = ap.parse_args(argv)
+    settings = Settings.from_env()
+    try:
+        data = Path(args.audio).read_bytes()
+        enc = VoiceEncoder(args.weights or settings.weights, settings.max_sample_seconds)
+        codes = enc.encode(read_audio(data, enc.max_seconds, args.audio))
+        sample = encode_sample(codes)
+        if args.output:
+            Path(args.output).write_text(sample + "\n", encoding="utf-8")
+    except (OSError, ValueError) as e:
+        print(f"velocity-tts-voice: {e}", file=sys.stderr)
+        return 1
+    if not args.output:
+        print(sample)
+        return 0
+    hint = f" with SAMPLE_TEXT {args.transcript!r}" if args.transcript else " (with its transcript as SAMPLE_TEXT)"
+    print(f"wrote {args.output}: {codes.shape[1]} frames ({codes.shape[1] * 512 / SAMPLE_RATE:.2f} s); "
+          f"send it as SPEAKER_SAMPLE{hint}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
