@@ -129,3 +129,11 @@ def test_bad_prompt_and_empty_text(frontend):
     with pytest.raises(ValueError, match="PROMPT must hold only control tokens"):
         frontend.encode("hello", speaker=False, prompt="say this")
     assert frontend.encode("  [laugh] ...", speaker=False)[0] == []
+
+
+def test_money_beyond_what_a_float_holds_is_read_as_a_number_and_its_currency():
+    """hypothesis found "€99999999999999996174794753" raising inside num2words (decimal.InvalidOperation)."""
+    from velocity.tts.normalizer import normalize_en
+    out = normalize_en("€99999999999999996174794753")
+    assert out.startswith("ninety nine septillion") and out.endswith("fifty three euros")
+    assert normalize_en("£3,000,000,000,000,000") == "three quadrillion pounds"

@@ -35,6 +35,8 @@ ZH_UNITS = {"km/h": "公里每小时", "km": "公里", "kg": "千克", "cm": "�
             "m": "米", "g": "克", "l": "升", "gb": "G", "mb": "兆", "°c": "摄氏度", "°f": "华氏度", "h": "小时",
             "min": "分钟", "s": "秒"}
 EN_CURRENCY = {"$": "USD", "€": "EUR", "£": "GBP"}
+EN_CURRENCY_NAME = {"$": "dollars", "€": "euros", "£": "pounds"}
+MONEY_LIMIT = 1e15                     # num2words' currency reading works in floats below this
 ZH_CURRENCY = {"$": "美元", "€": "欧元", "£": "英镑", "¥": "元", "￥": "元"}
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
           "November", "December"]
@@ -113,6 +115,8 @@ def normalize_en(text: str) -> str:
 
 def _en_money(symbol: str, amount: str) -> str:
     value = float(amount.replace(",", ""))
+    if value >= MONEY_LIMIT:           # an amount no float holds to the cent: the number, then the currency
+        return f"{_en_number(amount)} {EN_CURRENCY_NAME[symbol]}"
     words = num2words(value, to="currency", currency=EN_CURRENCY[symbol]).replace(", zero cents", "")
     if value != 1:
         words = re.sub(r"\beuro\b", "euros", words)
