@@ -34,7 +34,11 @@ INPUTS = {"TEXT": ("BYTES", object), "PROMPT": ("BYTES", object), "SPEAKER": ("B
           "TEMPERATURE": ("FP32", np.float32), "TOP_P": ("FP32", np.float32), "TOP_K": ("INT32", np.int32),
           "REPETITION_PENALTY": ("FP32", np.float32), "MAX_NEW_TOKENS": ("INT32", np.int32),
           "SEED": ("INT64", np.int64), "DECODER": ("BYTES", object),
-          "SPEAKER_SAMPLE": ("BYTES", object), "SAMPLE_TEXT": ("BYTES", object)}
+          "SPEAKER_SAMPLE": ("BYTES", object), "SAMPLE_TEXT": ("BYTES", object),
+          "REFINE_TEXT": ("BOOL", np.bool_), "REFINE_PROMPT": ("BYTES", object),
+          "REFINE_TEMPERATURE": ("FP32", np.float32), "REFINE_TOP_P": ("FP32", np.float32),
+          "REFINE_TOP_K": ("INT32", np.int32), "REFINE_REPETITION_PENALTY": ("FP32", np.float32),
+          "REFINE_MAX_NEW_TOKENS": ("INT32", np.int32)}
 AUDIO_MAGIC = (b"RIFF", b"fLaC", b"OggS", b"FORM")     # WAV, FLAC, Ogg, AIFF (as the server tells them apart)
 
 
@@ -90,8 +94,10 @@ def check_ready(client, model: str, where: str) -> None:
         raise ServerError(f"model '{model}' is not ready on {where}; see the server log (make serve)")
 
 
-def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True) -> Iterator[tuple[int, np.ndarray]]:
-    """Yield (chunk index, audio) as the `tts` ensemble streams them over one gRPC stream."""
+def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True,
+                texts: list | None = None) -> Iterator[tuple[int, np.ndarray]]:
+    """Yield (chunk index, audio) as the `tts` ensemble streams them over one gRPC stream; with
+    text refine each sentence's refined text is appended to `texts` as its first chunk comes."""
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
@@ -110,6 +116,9 @@ def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True
             wav = result.as_numpy("WAVEFORM")
             ended = result.get_response().parameters["triton_final_response"].bool_param
             if wav is not None:     # the final flag comes on the last chunk or on an empty response
+                refined = result.as_numpy("REFINED_TEXT")
+                if texts is not None and refined is not None and refined.reshape(-1)[0]:
+                    texts.append(refined.reshape(-1)[0].decode())
                 yield int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0]), wav.reshape(-1)
             if ended:
                 return
@@ -226,6 +235,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sample", help="clone this voice: a recording (WAV, FLAC, Ogg; the server encodes it) "
                                      "or a file holding a sample string (velocity-tts-voice)")
     ap.add_argument("--sample-text", help="what the --sample recording says")
+    ap.add_argument("--refine", action="store_true",
+                    help="text refine first (the reference's default pass: adds [uv_break], [laugh], ...); "
+                         "prints the refined text (gRPC stream)")
+    ap.add_argument("--refine-prompt", help="control tokens ending the refine prompt, e.g. [oral_2][laugh_0][break_6]")
     ap.add_argument("--prompt", help="control tokens, e.g. [speed_5] (server default)")
     ap.add_argument("--temperature", type=float)
     ap.add_argument("--top-p", type=float)
@@ -298,9 +311,12 @@ def main(argv: list[str] | None = None) -> int:
     values = {"TEXT": text, "SPEAKER": args.speaker, "SPEAKER_SEED": args.speaker_seed, "PROMPT": args.prompt,
               "TEMPERATURE": args.temperature, "TOP_P": args.top_p, "TOP_K": args.top_k,
               "REPETITION_PENALTY": args.repetition_penalty, "MAX_NEW_TOKENS": args.max_new_tokens,
-              "SEED": args.seed, "DECODER": args.decoder, "SPEAKER_SAMPLE": sample, "SAMPLE_TEXT": args.sample_text}
+              "SEED": args.seed, "DECODER": args.decoder, "SPEAKER_SAMPLE": sample, "SAMPLE_TEXT": args.sample_text,
+              "REFINE_TEXT": True if args.refine else None, "REFINE_PROMPT": args.refine_prompt}
     url = args.url or ("localhost:8000" if args.http else "localhost:8001")
-    source = (stream_http if args.http else offline_grpc if args.offline else stream_grpc)(url, values)
+    refined: list[str] = []
+    source = stream_http(url, values) if args.http else offline_grpc(url, values) if args.offline else \
+        stream_grpc(url, values, texts=refined)
     try:
         res = synthesize(source, args.out, WAV_FORMATS[args.format])
     except ServerError as e:
@@ -312,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:                       # one line, never a traceback or a hang
         log.error("error: %s: %s", type(e).__name__, e)
         return 1
+    if refined:
+        log.info("refined text: %s", " ".join(refined))
     log.info("%s: %.2f s of audio in %d chunk(s); first audio after %.3f s, total %.3f s, RTF %.3f",
              args.out, res.seconds, len(res.chunk_times), res.first_audio or float("nan"), res.total, res.rtf)
     return 0

@@ -344,3 +344,64 @@ def test_the_pipeline_with_a_voice_sample_speaks_the_references_frames(demo, clo
     whole = AudioDecoder(load_dvae(demo), load_vocos(demo)).decode(torch.from_numpy(want.T[None].copy()))
     assert wav.shape == (512 * len(want) - 256,)
     assert snr_db(whole[0].numpy()[:len(wav)], wav) >= 100
+
+
+@pytest.fixture(scope="module")
+def refine_ref():
+    return np.load(FIXTURES / "refine.npz")
+
+
+def refine_cases(ref) -> list[tuple[str, str, str]]:
+    return [(f"{n}_{m}", str(t), str(p)) for n, t in enumerate(ref["texts"]) for m, p in enumerate(ref["prompts"])]
+
+
+def test_refine_prompts_text_and_audio_prompts_equal_the_references(demo, refine_ref):
+    """[Sbreak]{text}[Pbreak]{prompt}; the generated ids below [break_0], decoded; and the audio
+    prompt of that refined text (template tokens dropped, [Stts][empty_spk][speed_5]...[Ptts]):
+    the reference's, token for token and character for character."""
+    from velocity.tts.frontend import TextFrontend
+
+    fe = TextFrontend(demo)
+    prefix = fe.code_prefix(speaker=False)
+    for key, text, prompt in refine_cases(refine_ref):
+        assert fe.refine_prompt(text, prompt) == refine_ref[f"refine_prompt_{key}"].tolist(), key
+        refined = fe.refined_text(refine_ref[f"generated_{key}"].tolist())
+        assert refined == str(refine_ref[f"refined_{key}"]), key
+        assert fe.refined_prompt(prefix, refined) == refine_ref[f"code_prompt_{key}"].tolist(), key
+
+
+def test_greedy_refine_equals_the_references(demo, refine_ref):
+    """The text head, greedy, on the refine prompts: the reference's argmax ids (temperature
+    1e-6, its refine defaults otherwise: top-p 0.7, top-k 20, no repetition penalty)."""
+    from velocity import LLM
+    from velocity.sampling_params import refine_params
+
+    llm = LLM(model=str(demo), device="cpu")
+    cases = refine_cases(refine_ref)
+    n = len(refine_ref[f"generated_{cases[0][0]}"])
+    outs = llm.generate([refine_ref[f"refine_prompt_{k}"].tolist() for k, _, _ in cases],
+                        refine_params(temperature=0, max_new_tokens=n), head="text")
+    for (key, _, _), out in zip(cases, outs):
+        assert out.token_ids == refine_ref[f"generated_{key}"].tolist(), key
+
+
+def test_the_pipeline_refines_then_speaks_the_refined_texts_prompt(demo, refine_ref):
+    """TTSPipeline(refine=...) greedy: the first chunk carries the reference's refined text, and
+    the audio is that of greedy frames from the reference's audio prompt for it."""
+    from velocity import LLM, SamplingParams
+    from velocity.tts.pipeline import TTSPipeline, chattts_params, refine_params
+    from velocity.tts.streaming import AudioDecoder
+
+    key, text, prompt = refine_cases(refine_ref)[1]
+    pipe = TTSPipeline(demo, device="cpu")
+    n = len(refine_ref[f"generated_{key}"])
+    chunks = list(pipe.stream(text, decoder="codes", params=chattts_params(temperature=0, max_new_tokens=12),
+                              refine=refine_params(temperature=0, max_new_tokens=n), refine_prompt=prompt))
+    assert chunks[0].text == str(refine_ref[f"refined_{key}"]) and all(not c.text for c in chunks[1:])
+    frames = LLM(model=str(demo), device="cpu").generate(
+        [refine_ref[f"code_prompt_{key}"].tolist()], SamplingParams(temperature=0, top_p=0.7, top_k=20,
+                                                                     repetition_penalty=1.05, max_new_tokens=12))[0]
+    codes = torch.tensor([list(f) for f in frames.token_ids if 625 not in f]).T[None]
+    whole = AudioDecoder(load_dvae(demo), load_vocos(demo)).decode(codes)[0].numpy()
+    wav = np.concatenate([c.audio for c in chunks])
+    assert wav.shape == (512 * codes.shape[-1] - 256,) and snr_db(whole[:len(wav)], wav) >= 100

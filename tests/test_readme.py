@@ -15,12 +15,12 @@ from triton_server import ROOT
 
 pytestmark = pytest.mark.server
 README = (ROOT / "README.md").read_text()
-TRITON_TYPES = {"TYPE_STRING": "BYTES", "TYPE_FP32": "FP32", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64"}
+TRITON_TYPES = {"TYPE_STRING": "BYTES", "TYPE_FP32": "FP32", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64", "TYPE_BOOL": "BOOL"}
 
 
 def input_table() -> dict[str, str]:
     """README's table of inputs: name -> Triton type."""
-    return dict(re.findall(r"^\| `([A-Z_]+)` \| (BYTES|FP32|INT32|INT64) \|", README, re.M))
+    return dict(re.findall(r"^\| `([A-Z_]+)` \| (BYTES|FP32|INT32|INT64|BOOL) \|", README, re.M))
 
 
 def python_snippet() -> str:
@@ -43,9 +43,9 @@ def example_values() -> dict:
 
 
 def test_the_input_table_is_the_models_inputs():
-    config = (ROOT / "model_repository" / "tts" / "config.pbtxt").read_text()
+    config = (ROOT / "model_repository" / "tts" / "config.pbtxt").read_text().split("\noutput [")[0]
     inputs = dict(re.findall(r'\{ name: "([A-Z_]+)", data_type: (TYPE_\w+), dims: \[ 1, 1 \]', config))
-    assert input_table() == {k: TRITON_TYPES[v] for k, v in inputs.items() if k not in ("WAVEFORM", "CHUNK_INDEX")}
+    assert input_table() == {k: TRITON_TYPES[v] for k, v in inputs.items()}
 
 
 def run_snippet(code: str, server) -> np.ndarray:

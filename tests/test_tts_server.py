@@ -169,6 +169,10 @@ def test_sixteen_concurrent_streams(server):
     ({"TEXT": "hi", "SPEAKER_SAMPLE": wav_bytes(0)}, "SPEAKER_SAMPLE audio is empty"),
     ({"TEXT": "hi", "SPEAKER_SAMPLE": wav_bytes(1.0, amp=0.0)}, "SPEAKER_SAMPLE audio is silent"),
     ({"TEXT": "hi", "SPEAKER_SAMPLE": wav_bytes(21.0)}, r"21.00 s long; it must be 0.2-20 s"),
+    ({"TEXT": "hi", "REFINE_PROMPT": "[oral_2]"}, "REFINE_PROMPT is for text refine: send REFINE_TEXT true"),
+    ({"TEXT": "hi", "REFINE_TEXT": True, "REFINE_PROMPT": "be funny"}, "REFINE_PROMPT must hold only control tokens"),
+    ({"TEXT": "hi", "REFINE_TEXT": True, "REFINE_TOP_P": 2.0}, r"REFINE_TOP_P must be in \(0, 1\]"),
+    ({"TEXT": "hi", "REFINE_TEXT": True, "REFINE_MAX_NEW_TOKENS": 5000}, r"REFINE_MAX_NEW_TOKENS must be in \[1, 1024\]"),
 ])
 def test_bad_inputs_invalid_arg_then_good_request(server, bad, match):
     import re
@@ -486,3 +490,28 @@ def test_voice_cli_errors_say_what_is_wrong(server, tmp_path):
     p = subprocess.run([sys.executable, "-m", "client.voice", str(tmp_path / "quiet.wav"), "-o", str(tmp_path / "v.txt"),
                         "--weights", server.env["VELOCITY_WEIGHTS"]], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 1 and "quiet.wav audio is silent" in p.stderr and not (tmp_path / "v.txt").exists(), p.stderr
+
+
+def test_text_refine_through_the_server_equals_the_pipeline_and_returns_the_refined_text(server):
+    """REFINE_TEXT: the llm runs the text head on each sentence first, then speaks the refined text.
+    Greedy throughout: the same refined texts (on each sentence's first chunk, REFINED_TEXT) and
+    the same audio as TTSPipeline(refine=...); tts_offline joins the texts; without refine, other audio."""
+    from client.tts_client import stream_grpc
+    from velocity.tts.pipeline import TTSPipeline, chattts_params, refine_params
+    from velocity.tts.streaming import ChunkSchedule
+
+    values = {"TEXT": "First one. Second one.", "TEMPERATURE": 0.0, "MAX_NEW_TOKENS": 12, "REFINE_TEXT": True,
+              "REFINE_TEMPERATURE": 0.0, "REFINE_MAX_NEW_TOKENS": 10, "REFINE_PROMPT": "[oral_2][laugh_0][break_6]"}
+    texts: list = []
+    served = np.concatenate([a for _, a in stream_grpc(server.grpc_url, values, timeout=120, texts=texts)])
+    pipe = TTSPipeline(server.env["VELOCITY_WEIGHTS"], device="cpu", schedule=ChunkSchedule(4, 8, 144), lookahead=4,
+                       num_kv_blocks=64)
+    chunks = list(pipe.stream(values["TEXT"], params=chattts_params(temperature=0, max_new_tokens=12),
+                              refine=refine_params(temperature=0, max_new_tokens=10), refine_prompt=values["REFINE_PROMPT"]))
+    assert texts == [c.text for c in chunks if c.text] and len(texts) == 2, texts
+    assert_same_audio(served, np.concatenate([c.audio for c in chunks]))
+    res = grpcclient.InferenceServerClient(server.grpc_url).infer("tts_offline", make_inputs(grpcclient, values))
+    assert res.as_numpy("REFINED_TEXT").reshape(-1)[0].decode() == " ".join(texts)
+    np.testing.assert_array_equal(res.as_numpy("WAVEFORM").reshape(-1), served)
+    plain, err = stream_tts(server.grpc_url, {k: v for k, v in values.items() if not k.startswith("REFINE")})
+    assert err is None and not np.array_equal(np.concatenate([a for _, a in plain]), served)

@@ -72,6 +72,13 @@ class SamplingParams:
         return [float(t)] * k
 
 
+def refine_params(temperature: float = 0.7, top_p: float = 0.7, top_k: int = 20, repetition_penalty: float = 1.0,
+                  max_new_tokens: int = 384, seed: int | None = None) -> SamplingParams:
+    """The reference's (chattts==0.2.5) text-refine sampling defaults (its RefineTextParams)."""
+    return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, repetition_penalty=repetition_penalty,
+                          max_new_tokens=max_new_tokens, seed=seed)
+
+
 def chattts_params(temperature: float = 0.3, top_p: float = 0.7, top_k: int = 20, repetition_penalty: float = 1.05,
                    max_new_tokens: int = 2048, seed: int | None = None) -> SamplingParams:
     """The reference's (chattts==0.2.5) audio sampling defaults; the one place they are written."""

@@ -33,6 +33,9 @@ those weights in tests/fixtures/chattts_0.2.5/:
                   txt_smp: the sample string of voice clip 0, its transcript), with and
                   without a speaker: the prompt (text ids and the sample's frames), frames and
                   hidden states
+  refine.npz      near-greedy text refine (Chat._refine_text, temperature 1e-6) of two texts with
+                  two refine prompts: the refine prompt ids, the generated ids, the refined text
+                  (ids below [break_0], decoded) and the audio prompt ids made from it
   versions.json   the versions of the reference and its dependencies the fixtures come from
 
 It also writes checkpoints/reference-full (--full-folder): the full-size demo folder, loaded by
@@ -353,6 +356,36 @@ def cloned(folder: Path, sample: str) -> dict[str, np.ndarray]:
     return out
 
 
+REFINE_PROMPTS = ["", "[oral_2][laugh_0][break_6]"]     # the reference's default, and its README's
+REFINE_TOKENS = 40
+
+
+@torch.inference_mode()
+def refine(folder: Path) -> dict[str, np.ndarray]:
+    """Chat.infer's refine step (normalised text -> text head -> ids below [break_0] -> decoded
+    text), then the audio prompt the refined text makes (its _infer_code template)."""
+    import ChatTTS
+
+    chat = reference_chat(folder)
+    out: dict[str, np.ndarray] = {"texts": np.array(GREEDY_TEXTS[:2]), "prompts": np.array(REFINE_PROMPTS)}
+    for n, text in enumerate(GREEDY_TEXTS[:2]):
+        for m, prompt in enumerate(REFINE_PROMPTS):
+            params = ChatTTS.Chat.RefineTextParams(prompt=prompt, temperature=1e-6, max_new_token=REFINE_TOKENS,
+                                                   show_tqdm=False)
+            ids, _, _ = chat.tokenizer.encode(chat.speaker.decorate_text_prompts([text], prompt), chat.config.gpt.num_vq)
+            r = chat._refine_text([text], torch.device("cpu"), params)
+            kept = [i[i.less(chat.tokenizer.break_0_ids)] for i in r.ids]
+            refined = chat.tokenizer.decode(kept)[0]
+            code, _, _ = chat.tokenizer.encode(chat.speaker.decorate_code_prompts([refined], "[speed_5]", None, None),
+                                               chat.config.gpt.num_vq)
+            key = f"{n}_{m}"
+            out[f"refine_prompt_{key}"] = ids[0, :, 0].numpy()
+            out[f"generated_{key}"] = r.ids[0].numpy()
+            out[f"refined_{key}"] = np.array(refined)
+            out[f"code_prompt_{key}"] = code[0, :, 0].numpy()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(ROOT / "tests" / "fixtures" / "chattts_0.2.5"))
@@ -377,6 +410,7 @@ def main() -> None:
         voices = voice(mods)
         np.savez_compressed(out / "voice.npz", **voices)
         np.savez_compressed(out / "cloned.npz", **cloned(folder, str(voices["string_0"])))
+        np.savez_compressed(out / "refine.npz", **refine(folder))
     np.savez_compressed(out / "sampling.npz", **sampling())
     np.savez_compressed(out / "speakers.npz", **speakers())
     np.savez_compressed(out / "frontend.npz", **frontend())

@@ -8,6 +8,7 @@ an error, and what the vocoder reads back (and refuses, naming the input and its
     LAST         [1, 1] int32           1: the chunk ends its sentence (256 samples shorter)
     START        [1, 1] int32           frames of the stream's audio before the chunk (its deadline)
     CHUNK_INDEX  [1, 1] int32           the chunk's number in its stream, or a STREAM_* code < 0
+    TEXT         [1, 1] bytes           the refined text of the sentence the chunk begins (text refine), else ""
 
 Inside the ensemble the llm never answers with an error response: Triton 2.51's ensemble then
 may never retire the request (it stays "in flight", the server cannot unload `tts` and stopping
@@ -36,17 +37,22 @@ def _i32(v: int) -> np.ndarray:
     return np.array([[v]], np.int32)
 
 
+def text_tensor(text: str) -> np.ndarray:
+    """[1, 1] BYTES holding one UTF-8 string."""
+    return np.array([[text.encode()]], object)
+
+
 def chunk_outputs(c: CodeChunk) -> dict[str, np.ndarray]:
     """The llm's response tensors for one chunk."""
     return {"CODES": np.asarray(c.codes, np.int32).T[None], "CONTEXT": _i32(c.context), "LENGTH": _i32(c.length),
-            "CHUNK_INDEX": _i32(c.index), "LAST": _i32(int(c.last)), "START": _i32(c.start),
+            "CHUNK_INDEX": _i32(c.index), "LAST": _i32(int(c.last)), "START": _i32(c.start), "TEXT": text_tensor(c.text),
             "HIDDEN": NO_HIDDEN if c.hidden is None else np.stack(c.hidden).astype(np.float32, copy=False)[None]}
 
 
 def error_outputs(code: int, num_vq: int) -> dict[str, np.ndarray]:
     """The llm's last response of a stream that ends with a STREAM_* code."""
     return {"CODES": np.zeros((1, num_vq, 1), np.int32), "CONTEXT": _i32(0), "LENGTH": _i32(0),
-            "CHUNK_INDEX": _i32(code), "LAST": _i32(0), "START": _i32(0), "HIDDEN": NO_HIDDEN}
+            "CHUNK_INDEX": _i32(code), "LAST": _i32(0), "START": _i32(0), "HIDDEN": NO_HIDDEN, "TEXT": text_tensor("")}
 
 
 def stream_error(code: int, settings: Settings) -> tuple[str, bool]:
@@ -71,6 +77,7 @@ class ChunkIn:
     length: int
     last: bool
     start: int                        # frames before it (0 when not sent: due at once)
+    text: bytes = b""                 # TEXT (the refined text of its sentence), passed on
 
     @property
     def number(self) -> int:
@@ -89,10 +96,11 @@ def read_chunk(get) -> ChunkIn:
         v = get(name)
         return default if v is None or v.size == 0 else int(v.reshape(-1)[0])
 
-    hidden = get("HIDDEN")
+    hidden, text = get("HIDDEN"), get("TEXT")
     return ChunkIn(get("CHUNK_INDEX").copy(), get("CODES").astype(np.int64),
                    None if hidden is None or hidden.size == 0 else hidden.astype(np.float32),
-                   scalar("CONTEXT"), scalar("LENGTH"), bool(scalar("LAST")), scalar("START"))
+                   scalar("CONTEXT"), scalar("LENGTH"), bool(scalar("LAST")), scalar("START"),
+                   b"" if text is None or text.size == 0 else bytes(text.reshape(-1)[0]))
 
 
 def chunk_problem(c: ChunkIn, num_vq: int, num_codes: int, hidden_size: int) -> str | None:

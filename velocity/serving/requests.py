@@ -5,12 +5,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from velocity.sampling_params import SamplingParams, chattts_params
+from velocity.sampling_params import SamplingParams, chattts_params, refine_params
 from velocity.serving.settings import Settings
 from velocity.tts.speaker import sample_frames
 from velocity.tts.streaming import DECODERS
 
 PARAM_INPUTS = ("TEMPERATURE", "TOP_P", "TOP_K", "REPETITION_PENALTY", "MAX_NEW_TOKENS", "SEED")
+REFINE_MAX_NEW_TOKENS = 1024           # the text head's tokens per sentence (the reference's default: 384)
 
 
 def text_input(value: np.ndarray | None, name: str, required: bool, max_chars: int | None = None) -> str | None:
@@ -51,24 +52,60 @@ SAMPLING_INPUTS = {"TEMPERATURE": "temperature", "TOP_P": "top_p", "TOP_K": "top
                    "REPETITION_PENALTY": "repetition_penalty", "MAX_NEW_TOKENS": "max_new_tokens"}
 
 
-def sampling_inputs(get, settings: Settings) -> SamplingParams:
-    """get(name) -> np.ndarray | None. The optional sampling inputs over the reference's defaults."""
-    values: dict = {"max_new_tokens": settings.max_new_tokens}
+def sampling_inputs(get, settings: Settings, prefix: str = "", defaults=chattts_params,
+                    max_new_tokens: int | None = None) -> SamplingParams:
+    """get(name) -> np.ndarray | None. The optional sampling inputs (named with `prefix`: "" for
+    the audio's, "REFINE_" for text refine's) over the reference's defaults."""
+    limit = max_new_tokens or settings.max_new_tokens
+    values: dict = {"max_new_tokens": defaults().max_new_tokens if max_new_tokens else limit}
     for name, fld in SAMPLING_INPUTS.items():
-        v = _scalar(get(name), name, integer=fld in ("top_k", "max_new_tokens"))
+        v = _scalar(get(prefix + name), prefix + name, integer=fld in ("top_k", "max_new_tokens"))
         if v is not None:
             values[fld] = v
-    if not 1 <= values["max_new_tokens"] <= settings.max_new_tokens:
-        raise ValueError(f"MAX_NEW_TOKENS must be in [1, {settings.max_new_tokens}], got {values['max_new_tokens']}")
+    if not 1 <= values["max_new_tokens"] <= limit:
+        raise ValueError(f"{prefix}MAX_NEW_TOKENS must be in [1, {limit}], got {values['max_new_tokens']}")
     values["seed"] = seed_input(get, "SEED")
     try:
-        return chattts_params(**values)
+        return defaults(**values)
     except ValueError as e:
         msg = str(e)
         for name, fld in SAMPLING_INPUTS.items():
             if msg.startswith(fld + " "):          # the input is already known to be an integer
-                raise ValueError(name + msg[len(fld):].replace(" an integer ", " ")) from e
+                raise ValueError(prefix + name + msg[len(fld):].replace(" an integer ", " ")) from e
         raise
+
+
+def flag_input(value: np.ndarray | None, name: str) -> bool:
+    """An optional BOOL input (false when absent)."""
+    if value is None or value.size == 0:
+        return False
+    if value.size != 1 or value.dtype.kind not in "biu":
+        raise ValueError(f"{name} must be one BOOL, got {value.size} of {value.dtype}")
+    return bool(value.reshape(-1)[0])
+
+
+def params_arrays(p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """SamplingParams -> the wire's PARAMS_F [1, 3] and PARAMS_I [1, 3] (seed -1: none)."""
+    return (np.asarray([[p.temperature, p.top_p, p.repetition_penalty]], np.float32),
+            np.asarray([[p.top_k, p.max_new_tokens, -1 if p.seed is None else p.seed]], np.int64))
+
+
+def params_from_arrays(pf: np.ndarray, pi: np.ndarray, max_new_tokens: int, what: str = "PARAMS") -> SamplingParams:
+    """The wire's PARAMS_F/PARAMS_I (or REFINE_PARAMS_F/_I) -> SamplingParams, checked."""
+    pf, pi = pf.reshape(-1), pi.reshape(-1)
+    if pf.size != 3 or pi.size != 3 or pi.dtype.kind not in "iu":
+        raise ValueError(f"{what}_F must hold [temperature, top_p, repetition_penalty] and {what}_I "
+                         f"the integers [top_k, max_new_tokens, seed (-1: none)], got {pf.size} and {pi.size} values")
+    (temp, top_p, rep), (top_k, max_new, seed) = pf.tolist(), pi.tolist()
+    if not 1 <= max_new <= max_new_tokens:
+        raise ValueError(f"{what}_I[1] (max_new_tokens) must be in [1, {max_new_tokens}], got {max_new}")
+    if not -1 <= seed < 2**63:
+        raise ValueError(f"{what}_I[2] (seed) must be -1 (none) or in [0, 2^63), got {seed}")
+    try:
+        return SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, repetition_penalty=rep,
+                              max_new_tokens=max_new, seed=None if seed < 0 else seed)
+    except ValueError as e:
+        raise ValueError(f"{what}_F/{what}_I: {e}") from e
 
 
 def decoder_input(value: np.ndarray | None) -> str:
@@ -98,6 +135,9 @@ class TTSRequest:
     params: SamplingParams
     decoder: str = "hidden"
     sample: np.ndarray | None = None      # a voice sample's codes [num_vq, T] (SPEAKER_SAMPLE)
+    refine: SamplingParams | None = None  # text refine first (REFINE_TEXT), with these parameters
+    refine_prompts: list | None = None    # per sentence: the text head's prompt
+    code_prefix: list | None = None       # the audio prompt before a refined text
 
 
 def parse_tts_request(get, settings: Settings, frontend, voices) -> TTSRequest:
@@ -129,7 +169,18 @@ def parse_tts_request(get, settings: Settings, frontend, voices) -> TTSRequest:
     sentences, _ = frontend.encode(text, speaker=vec.size > 0, prompt=prompt, sample_text=sample_text)
     if not sentences:
         raise ValueError("TEXT has nothing to speak after normalisation")
-    return TTSRequest(sentences, vec, params, decoder, sample)
+    req = TTSRequest(sentences, vec, params, decoder, sample)
+    refine_prompt = text_input(get("REFINE_PROMPT"), "REFINE_PROMPT", required=False) or ""
+    if flag_input(get("REFINE_TEXT"), "REFINE_TEXT"):
+        req.refine = sampling_inputs(get, settings, "REFINE_", refine_params, max_new_tokens=REFINE_MAX_NEW_TOKENS)
+        try:
+            req.refine_prompts = [frontend.refine_prompt(s.text, refine_prompt) for s in sentences]
+        except ValueError as e:
+            raise ValueError(f"REFINE_{e}") from e       # "PROMPT must hold only control tokens ..."
+        req.code_prefix = frontend.code_prefix(vec.size > 0, prompt, sample_text)
+    elif refine_prompt:
+        raise ValueError("REFINE_PROMPT is for text refine: send REFINE_TEXT true with it")
+    return req
 
 
 def sample_inputs(get, voices) -> tuple[np.ndarray | None, str]:
@@ -177,10 +228,36 @@ def parse_triton_request(request, pb_utils, settings: Settings, frontend, voices
         return None, pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))
 
 
-def llm_inputs(get, max_new_tokens: int, num_vq: int) -> tuple[list[list], np.ndarray | None, SamplingParams]:
-    """The llm model's inputs (as text_frontend makes them) -> (sentences, speaker or None, params).
-    A voice sample's codes (SAMPLE_CODES, [num_vq * T] codebook-major) follow every sentence's
-    text as T audio frames.
+@dataclass
+class LLMInputs:
+    """The llm's checked inputs: sentences' audio prompts (a sample's frames appended), speaker,
+    sampling, and for text refine the text head's prompts, its sampling and the audio prefix."""
+    sentences: list
+    speaker: np.ndarray | None
+    params: SamplingParams
+    frames: list
+    refine_prompts: list | None = None
+    refine: SamplingParams | None = None
+    code_prefix: list | None = None
+
+
+def split_ids(ids: np.ndarray, lengths: np.ndarray, what: str) -> list[list[int]]:
+    """Concatenated token ids and their lengths -> one list per sentence; ValueError naming the
+    inputs (what: "TOKEN" for TOKEN_IDS and SENTENCE_LENGTHS, "REFINE" for REFINE_IDS/_LENGTHS)."""
+    names = ("TOKEN_IDS", "SENTENCE_LENGTHS") if what == "TOKEN" else (f"{what}_IDS", f"{what}_LENGTHS")
+    if ids.dtype.kind not in "iu" or lengths.dtype.kind not in "iu":
+        raise ValueError(f"{names[0]} and {names[1]} must be integers")
+    lengths = lengths.tolist()
+    if not lengths or min(lengths) < 1 or sum(lengths) != ids.size:
+        raise ValueError(f"{names[1]} must be positive and add up to the {ids.size} {names[0]}, "
+                         f"got {lengths[:8]}{'...' if len(lengths) > 8 else ''}")
+    bounds = np.cumsum([0] + lengths)
+    return [ids[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def llm_inputs(get, max_new_tokens: int, num_vq: int) -> LLMInputs:
+    """The llm model's inputs (as text_frontend makes them), checked. A voice sample's codes
+    (SAMPLE_CODES, [num_vq * T] codebook-major) follow every sentence's text as T audio frames.
 
     get(name) -> np.ndarray | None. Raises ValueError naming the input and its allowed range; the
     engine's own checks (token ids, speaker size, prompt length) run per sentence in the llm."""
@@ -190,35 +267,27 @@ def llm_inputs(get, max_new_tokens: int, num_vq: int) -> tuple[list[list], np.nd
             raise ValueError(f"{name} is required")
         return v.reshape(-1)
 
-    ids, lengths = need("TOKEN_IDS"), need("SENTENCE_LENGTHS")
-    if ids.dtype.kind not in "iu" or lengths.dtype.kind not in "iu":
-        raise ValueError("TOKEN_IDS and SENTENCE_LENGTHS must be integers")
-    lengths = lengths.tolist()
-    if not lengths or min(lengths) < 1 or sum(lengths) != ids.size:
-        raise ValueError(f"SENTENCE_LENGTHS must be positive and add up to the {ids.size} TOKEN_IDS, "
-                         f"got {lengths[:8]}{'...' if len(lengths) > 8 else ''}")
-    bounds = np.cumsum([0] + lengths)
-    sentences = [ids[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
+    sentences = split_ids(need("TOKEN_IDS"), need("SENTENCE_LENGTHS"), "TOKEN")
+    frames: list = []
     sample = get("SAMPLE_CODES")
     if sample is not None and sample.size:
         if sample.dtype.kind not in "iu" or sample.size % num_vq:
             raise ValueError(f"SAMPLE_CODES must be integers, {num_vq} per frame (codebook-major), "
                              f"got {sample.size} of {sample.dtype}")
         frames = sample_frames(sample.reshape(num_vq, -1))
-        sentences = [s + frames for s in sentences]
     spk = need("SPEAKER_VECTOR").astype(np.float32, copy=True)
-    pf, pi = need("PARAMS_F"), need("PARAMS_I")
-    if pf.size != 3 or pi.size != 3 or pi.dtype.kind not in "iu":
-        raise ValueError("PARAMS_F must hold [temperature, top_p, repetition_penalty] and PARAMS_I "
-                         f"the integers [top_k, max_new_tokens, seed (-1: none)], got {pf.size} and {pi.size} values")
-    (temp, top_p, rep), (top_k, max_new, seed) = pf.tolist(), pi.tolist()
-    if not 1 <= max_new <= max_new_tokens:
-        raise ValueError(f"PARAMS_I[1] (max_new_tokens) must be in [1, {max_new_tokens}], got {max_new}")
-    if not -1 <= seed < 2**63:
-        raise ValueError(f"PARAMS_I[2] (seed) must be -1 (none) or in [0, 2^63), got {seed}")
-    try:
-        params = SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, repetition_penalty=rep,
-                                max_new_tokens=max_new, seed=None if seed < 0 else seed)
-    except ValueError as e:
-        raise ValueError(f"PARAMS_F/PARAMS_I: {e}") from e
-    return sentences, (spk if spk.size else None), params
+    out = LLMInputs([s + frames for s in sentences], spk if spk.size else None,
+                    params_from_arrays(need("PARAMS_F"), need("PARAMS_I"), max_new_tokens), frames)
+    refine = get("REFINE_IDS")
+    if refine is not None and refine.size:
+        out.refine_prompts = split_ids(refine.reshape(-1), need("REFINE_LENGTHS"), "REFINE")
+        if len(out.refine_prompts) != len(sentences):
+            raise ValueError(f"REFINE_LENGTHS holds {len(out.refine_prompts)} sentences, SENTENCE_LENGTHS "
+                             f"{len(sentences)}")
+        out.refine = params_from_arrays(need("REFINE_PARAMS_F"), need("REFINE_PARAMS_I"), REFINE_MAX_NEW_TOKENS,
+                                        "REFINE_PARAMS")
+        prefix = need("CODE_PREFIX")
+        if prefix.dtype.kind not in "iu" or not prefix.size:
+            raise ValueError("CODE_PREFIX must hold the audio prompt's token ids before the text")
+        out.code_prefix = prefix.tolist()
+    return out

@@ -15,7 +15,7 @@ from velocity.serving.drain import Drain
 from velocity.serving.protocol import (STREAM_BUSY, STREAM_DRAINING, STREAM_FAILED, STREAM_SHUTTING_DOWN,
                                        chunk_outputs, error_outputs)
 from velocity.serving.settings import Settings
-from velocity.tts.streaming import FRAMES_PER_SECOND, FrameChunker, SentenceStream
+from velocity.tts.streaming import FRAMES_PER_SECOND, FrameChunker, Refine, SentenceStream
 
 log = logging.getLogger("velocity.llm")
 Send = Callable[[object, "dict | None", bool], None]       # (sender, outputs or None: only the flag, final)
@@ -25,11 +25,12 @@ class Stream:
     """One request: its sentences spoken in order with one speaker, ended exactly once."""
 
     def __init__(self, host: "Streams", sender, cancelled: Callable[[], bool], sentences: list, speaker, params,
-                 hidden: bool) -> None:
+                 hidden: bool, refine: Refine | None = None) -> None:
         self.host, self.sender, self.cancelled = host, sender, cancelled
         self.speaker, self.params, self.hidden = speaker, params, hidden
         s = host.settings
-        self.sentences = SentenceStream(sentences, FrameChunker(s.schedule, s.left_context, s.lookahead), host.end_code)
+        self.sentences = SentenceStream(sentences, FrameChunker(s.schedule, s.left_context, s.lookahead), host.end_code,
+                                        refine)
         self.rid = ""
         self.done = False
         self._lock = threading.Lock()
@@ -38,9 +39,11 @@ class Stream:
         self.first_chunk_at: float | None = None
 
     def start_sentence(self) -> None:
-        self.rid = f"{id(self)}-{self.sentences.sentence}"
-        self.host.engine.add_request(self.rid, self.sentences.prompt, self.params, self.on_output,
-                                     speaker=self.speaker, return_hidden=self.hidden)
+        self.rid = f"{id(self)}-{self.sentences.sentence}{'r' if self.sentences.refining else ''}"
+        audio = not self.sentences.refining         # else the text head's turn (text refine)
+        self.host.engine.add_request(self.rid, self.sentences.prompt, self.sentences.params(self.params),
+                                     self.on_output, head=self.sentences.head, speaker=self.speaker if audio else None,
+                                     return_hidden=self.hidden and audio)
 
     def stop(self, code: int) -> None:
         """From any thread: end this stream with a STREAM_* error code at its next output."""
@@ -117,9 +120,10 @@ class Streams:
         limit = self.settings.max_concurrent_requests
         return STREAM_BUSY if limit and len(self.live) >= limit else None
 
-    def start(self, sender, cancelled: Callable[[], bool], sentences: list, speaker, params, hidden: bool) -> None:
+    def start(self, sender, cancelled: Callable[[], bool], sentences: list, speaker, params, hidden: bool,
+              refine: Refine | None = None) -> None:
         """Start a checked request; it holds a slot until its final flag is sent."""
-        stream = Stream(self, sender, cancelled, sentences, speaker, params, hidden)
+        stream = Stream(self, sender, cancelled, sentences, speaker, params, hidden, refine)
         self.live[id(stream)] = stream
         try:
             stream.start_sentence()

@@ -10,6 +10,7 @@ from pathlib import Path
 from velocity.tts.homophones import Homophones
 from velocity.tts.normalizer import CONTROL, Normalized, Normalizer, split_sentences, split_text
 from velocity.tts.speaker import STATS_FILE, load_speaker_stats
+from velocity.tts.streaming import Refine
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ class TextFrontend:
             logger.warning("%s has no %s: random speakers (SPEAKER_SEED) come from a plain normal, not the "
                            "release's speaker statistics (scripts/download_weights.py fetches it)", folder, STATS_FILE)
         self.normalizer = Normalizer(replace=Homophones(self.tokenizer.get_vocab()))
+        vocab = self.tokenizer.get_vocab()
+        self.break_0, self.ptts = vocab.get("[break_0]"), vocab.get("[Ptts]")
 
     def normalize(self, text: str) -> Normalized:
         return self.normalizer.normalize(text)
@@ -46,6 +49,38 @@ class TextFrontend:
     def check_prompt(self, prompt: str) -> None:
         if CONTROL.sub("", prompt).strip():
             raise ValueError(f"PROMPT must hold only control tokens such as [speed_5] or [oral_2], got {prompt!r}")
+
+    # -- text refine (the reference's first pass: the GPT's text head adds [uv_break], [laugh], ...)
+    def refine_prompt(self, text: str, prompt: str = "") -> list[int]:
+        """A normalised piece -> the text head's prompt, [Sbreak]{text}[Pbreak]{prompt}."""
+        self.check_prompt(prompt)
+        return self.tokenizer.encode(f"[Sbreak]{text}[Pbreak]{prompt}", add_special_tokens=False)
+
+    def refined_text(self, ids: list[int]) -> str:
+        """The text head's ids -> the refined text: those below [break_0], decoded as the reference does."""
+        return self.tokenizer.decode([i for i in ids if self.break_0 is None or i < self.break_0])
+
+    def code_prefix(self, speaker: bool, prompt: str = DEFAULT_PROMPT, sample_text: str = "") -> list[int]:
+        """The audio prompt before the text: [Stts][spk_emb|empty_spk]{sample text}{prompt}."""
+        self.check_prompt(prompt)
+        return self.tokenizer.encode(f"[Stts]{'[spk_emb]' if speaker else '[empty_spk]'}{sample_text}{prompt}",
+                                     add_special_tokens=False)
+
+    def refined_prompt(self, prefix: list[int], refined: str) -> list[int]:
+        """The audio prompt of a refined text: the prefix (code_prefix), the text as the reference
+        takes it (template tokens removed, stripped, not normalised again), [Ptts]."""
+        for t in ("[Stts]", "[spk_emb]", "[empty_spk]"):
+            refined = refined.replace(t, "")
+        return prefix + self.tokenizer.encode(refined.strip(), add_special_tokens=False) + [self.ptts]
+
+    def refine_plan(self, prompts: list[list[int]], params, prefix: list[int], frames: list | None = None) -> Refine:
+        """Text refine with these text-head prompts (refine_prompt), and how the generated ids become
+        (the refined text, the audio prompt: prefix (code_prefix), refined text, [Ptts], a sample's frames)."""
+        def audio_prompt(ids: list[int]) -> tuple[str, list]:
+            text = self.refined_text(ids)
+            return text, self.refined_prompt(prefix, text) + (frames or [])
+
+        return Refine(prompts, params, audio_prompt)
 
     def encode(self, text: str, speaker: bool, prompt: str = DEFAULT_PROMPT,
                sample_text: str = "") -> tuple[list[Sentence], Normalized]:

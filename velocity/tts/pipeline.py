@@ -12,7 +12,7 @@ import torch
 
 from velocity.config import EngineConfig
 from velocity.engine.llm_engine import LLMEngine
-from velocity.sampling_params import SamplingParams, chattts_params  # noqa: F401 (chattts_params: re-exported)
+from velocity.sampling_params import SamplingParams, chattts_params, refine_params  # noqa: F401 (re-exported)
 from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.tts.frontend import DEFAULT_PROMPT, TextFrontend
 from velocity.tts.speaker import decode_sample, decode_speaker, random_speaker, sample_frames
@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 class Chunk:
     index: int
     audio: np.ndarray          # float32, 24 kHz
+    text: str = ""             # with refine: the refined text of the sentence this chunk begins
 
 
 @dataclass
@@ -83,22 +84,24 @@ class TTSPipeline:
 
     def stream(self, text: str, speaker: str | int | None = None, prompt: str = DEFAULT_PROMPT,
                params: SamplingParams | None = None, decoder: str = "hidden", sample: str | np.ndarray | None = None,
-               sample_text: str = "") -> Iterator[Chunk]:
+               sample_text: str = "", refine: SamplingParams | None = None, refine_prompt: str = "") -> Iterator[Chunk]:
         """Sentences in order, one speaker; audio chunks as soon as each is decodable."""
         for ev in self.stream_many([text], speaker, prompt, params, decoder=decoder, sample=sample,
-                                   sample_text=sample_text):
+                                   sample_text=sample_text, refine=refine, refine_prompt=refine_prompt):
             if ev.chunk is not None:
                 yield ev.chunk
 
     def stream_many(self, texts: list[str], speaker: str | int | None = None, prompt: str = DEFAULT_PROMPT,
                     params: SamplingParams | Callable[[int], SamplingParams] | None = None,
                     concurrency: int = 1, decoder: str = "hidden", sample: str | np.ndarray | None = None,
-                    sample_text: str = "") -> Iterator[Event]:
+                    sample_text: str = "", refine: SamplingParams | None = None, refine_prompt: str = "") -> Iterator[Event]:
         """Texts through one engine, at most `concurrency` at a time, each its sentences in order
         with one speaker; chunks are decoded in the step loop, a step's chunks of one length
         together (up to decode_batch). params: one for all, or a function of the text's index.
         decoder: "hidden" or "codes" (see the class). sample, sample_text: a voice sample (the
-        reference's spk_smp: its string or codes) and its transcript (txt_smp)."""
+        reference's spk_smp: its string or codes) and its transcript (txt_smp). refine: refine
+        each sentence's text first with these sampling parameters (`refine_params()`: the
+        reference's), the text head's prompt ending in `refine_prompt`."""
         if decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
         spk = self.speaker_vector(speaker)
@@ -113,7 +116,9 @@ class TTSPipeline:
             self._n += 1
             rid = f"pipeline-{self._n}"
             live[rid] = t
-            self.engine.add_request(rid, t.stream.prompt, t.params, speaker=spk, return_hidden=t.hidden)
+            audio = not t.stream.refining
+            self.engine.add_request(rid, t.stream.prompt, t.stream.params(t.params), head=t.stream.head,
+                                    speaker=spk if audio else None, return_hidden=t.hidden and audio)
 
         try:
             while todo or live:
@@ -126,7 +131,10 @@ class TTSPipeline:
                         logger.warning("ignored unknown tokens %s", report.unknown_tokens)
                     p = params(i) if callable(params) else params or chattts_params()
                     chunker = FrameChunker(self.schedule, left, left if self.lookahead is None else self.lookahead)
-                    t = _Text(i, SentenceStream([x.token_ids + frames for x in sentences], chunker, end_code), p,
+                    plan = None if refine is None else self.frontend.refine_plan(
+                        [self.frontend.refine_prompt(x.text, refine_prompt) for x in sentences], refine,
+                        self.frontend.code_prefix(spk is not None, prompt, sample_text), frames)
+                    t = _Text(i, SentenceStream([x.token_ids + frames for x in sentences], chunker, end_code, plan), p,
                               decoder == "hidden")
                     if not t.stream.done:
                         add(t)
@@ -148,7 +156,7 @@ class TTSPipeline:
                 audio = iter(self.decoder.decode_cut([c for _, c in ready if c], self.decode_batch))
                 for t, c in ready:
                     yield Event(t.index, "end") if c is None else \
-                        Event(t.index, "chunk", Chunk(c.index, next(audio)[0].cpu().numpy()))
+                        Event(t.index, "chunk", Chunk(c.index, next(audio)[0].cpu().numpy(), c.text))
         finally:                                    # closed early: free the engine's sequences
             for rid in live:
                 self.engine.abort(rid)

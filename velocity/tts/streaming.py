@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,6 +87,7 @@ class CodeChunk:
     hidden: list[np.ndarray] | None = None
     last: bool = False
     start: int = 0                 # frames of the stream's audio before this chunk (all its sentences)
+    text: str = ""                 # the refined text of the sentence this chunk begins (text refine)
 
 
 class FrameChunker:
@@ -148,22 +149,45 @@ class FrameChunker:
         return out
 
 
+@dataclass
+class Refine:
+    """Text refine before each sentence's audio, as the reference's first pass: the text head
+    continues `prompts[i]` with `params`; `audio_prompt(generated ids)` -> (the refined text, the
+    sentence's audio prompt)."""
+    prompts: list[list[int]]
+    params: object                              # SamplingParams
+    audio_prompt: Callable[[list[int]], tuple[str, list]]
+
+
 class SentenceStream:
     """One request's sentences, spoken in order as one stream of chunks: each sentence is one
-    engine request (`prompt`), its end frame is dropped, and it is its own utterance (its last
-    chunk marked). Serves the llm model and the in-process pipeline alike.
+    engine request (`prompt`, on `head`), its end frame is dropped, and it is its own utterance
+    (its last chunk marked). With `refine`, a text-head request comes first and its refined text
+    becomes the sentence's audio prompt. Serves the llm model and the in-process pipeline alike.
 
-        chunks = stream.feed(output)      # each engine output of the current sentence
-        if output.finished and not stream.done: start the next: stream.prompt
+        chunks = stream.feed(output)      # each engine output of the current request
+        if output.finished and not stream.done: start the next: stream.prompt, stream.head
     """
 
-    def __init__(self, sentences: list[list[int]], chunker: FrameChunker, end_code: int) -> None:
-        self.sentences, self.chunker, self.end_code = sentences, chunker, end_code
+    def __init__(self, sentences: list[list], chunker: FrameChunker, end_code: int,
+                 refine: Refine | None = None) -> None:
+        self.sentences, self.chunker, self.end_code, self.refine = list(sentences), chunker, end_code, refine
         self.sentence = 0
+        self.refining = refine is not None          # the current request is the text head's
+        self.generated: list[int] = []
+        self.text = ""                              # the refined text, until the sentence's first chunk takes it
 
     @property
-    def prompt(self) -> list[int]:
-        return self.sentences[self.sentence]
+    def prompt(self) -> list:
+        return self.refine.prompts[self.sentence] if self.refining else self.sentences[self.sentence]
+
+    @property
+    def head(self) -> str:
+        return "text" if self.refining else "audio"
+
+    def params(self, audio):
+        """The current request's sampling parameters, given the audio ones."""
+        return self.refine.params if self.refining else audio
 
     @property
     def done(self) -> bool:
@@ -171,13 +195,23 @@ class SentenceStream:
 
     def feed(self, out) -> list[CodeChunk]:
         """An engine output (velocity.engine.llm_engine.RequestOutput) -> the chunks now ready.
-        A sentence that ends ("stop" or "length") moves the stream to the next."""
+        A sentence that ends ("stop" or "length") moves the stream to the next; a refine that
+        ends moves it to the sentence's audio."""
+        if self.refining:
+            self.generated += out.new_token_ids
+            if out.finished and out.finish_reason in ("stop", "length"):
+                self.text, self.sentences[self.sentence] = self.refine.audio_prompt(self.generated)
+                self.refining, self.generated = False, []
+            return []
         keep = [i for i, f in enumerate(out.new_token_ids) if self.end_code not in f]
         chunks = self.chunker.push([out.new_token_ids[i] for i in keep],
                                    None if out.new_hidden is None else out.new_hidden[keep])
         if out.finished and out.finish_reason in ("stop", "length"):
             chunks += self.chunker.finish()
             self.sentence += 1
+            self.refining = self.refine is not None and not self.done
+        if chunks and self.text:              # all chunks of earlier sentences went out at their end
+            chunks[0].text, self.text = self.text, ""
         return chunks
 
 

@@ -19,6 +19,7 @@ from velocity.serving.protocol import error_outputs
 from velocity.serving.requests import decoder_input, input_reader, llm_inputs
 from velocity.serving.settings import Settings
 from velocity.serving.stream import Streams
+from velocity.tts.frontend import TextFrontend
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 log = logging.getLogger("velocity.llm")
@@ -54,6 +55,7 @@ class TritonPythonModel:
                 self.cores = CoreBoard(board_path(s.run_dir))
                 self.lender = ThreadLender(self.cores, own, s.threads_lent(own), torch.set_num_threads)
             self.engine = AsyncLLMEngine(s.engine_config(), before_step=self.lender)
+            self.frontend = TextFrontend(s.weights)          # the tokenizer, for text refine
         except Exception as e:
             raise pb_utils.TritonModelException(f"llm: cannot start the engine on {s.weights}: {e}") from e
         self.streams = Streams(self.engine, s, make_metrics(pb_utils, "llm", LLM), send, self.lender)
@@ -70,7 +72,7 @@ class TritonPythonModel:
             send(request.get_response_sender(), error_outputs(refusal, self.streams.num_vq), final=True)
             return
         try:
-            sentences, speaker, params, hidden = self._parse(request)
+            sentences, speaker, params, hidden, refine = self._parse(request)
         except ValueError as e:                  # what the caller sent
             send_failure(request.get_response_sender(), str(e), pb_utils.TritonError.INVALID_ARG)
             return
@@ -79,26 +81,32 @@ class TritonPythonModel:
             send_failure(request.get_response_sender(), f"llm: internal error ({e}); see the server log",
                          pb_utils.TritonError.INTERNAL)
             return
-        self.streams.start(request.get_response_sender(), request.is_cancelled, sentences, speaker, params, hidden)
+        self.streams.start(request.get_response_sender(), request.is_cancelled, sentences, speaker, params, hidden,
+                           refine)
 
-    def _parse(self, request) -> tuple[list, object, SamplingParams, bool]:
-        """The request's sentences, speaker, sampling and whether it takes the Decoder path,
-        checked as the engine will check them."""
+    def _parse(self, request) -> tuple[list, object, SamplingParams, bool, object]:
+        """The request's sentences, speaker, sampling, whether it takes the Decoder path and its
+        text refine (or None), checked as the engine will check them."""
         get = input_reader(request, pb_utils)
-        sentences, spk, params = llm_inputs(get, self.settings.max_new_tokens, self.streams.num_vq)
+        inputs = llm_inputs(get, self.settings.max_new_tokens, self.streams.num_vq)
+        sentences, spk, params = inputs.sentences, inputs.speaker, inputs.params
         engine = self.engine.engine
         for i, ids in enumerate(sentences):
             try:
                 engine.validate(ids, params)
+                if inputs.refine is not None:
+                    engine.validate(inputs.refine_prompts[i], inputs.refine, head="text")
             except ValueError as e:
                 raise ValueError(f"TOKEN_IDS, sentence {i}: {e}") from e
+        refine = None if inputs.refine is None else self.frontend.refine_plan(
+            inputs.refine_prompts, inputs.refine, inputs.code_prefix, inputs.frames)
         speaker = None
         if spk is not None:
             try:               # checked and normalised once: every sentence reuses it
                 speaker = engine.worker.model.check_speaker(torch.from_numpy(spk))
             except ValueError as e:
                 raise ValueError(f"SPEAKER_VECTOR: {e}") from e
-        return sentences, speaker, params, decoder_input(get("DECODER")) == "hidden"
+        return sentences, speaker, params, decoder_input(get("DECODER")) == "hidden", refine
 
     def finalize(self) -> None:
         self.streams.close()                 # in-flight requests end with the final flag

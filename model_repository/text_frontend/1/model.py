@@ -2,7 +2,7 @@
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from velocity.serving.requests import frontend_from_env, parse_triton_request
+from velocity.serving.requests import frontend_from_env, params_arrays, parse_triton_request
 
 
 class TritonPythonModel:
@@ -20,9 +20,14 @@ class TritonPythonModel:
         sample = np.zeros((0,), np.int32) if req.sample is None else req.sample.astype(np.int32).reshape(-1)
         ids = np.concatenate([np.asarray(s.token_ids, np.int32) for s in sentences])[None]
         lengths = np.asarray([len(s.token_ids) for s in sentences], np.int32)[None]
-        pf = np.asarray([[params.temperature, params.top_p, params.repetition_penalty]], np.float32)
-        pi = np.asarray([[params.top_k, params.max_new_tokens, -1 if params.seed is None else params.seed]], np.int64)
+        pf, pi = params_arrays(params)
+        refine = req.refine_prompts or []
+        rf, ri = params_arrays(req.refine or params)
         return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("REFINE_IDS", np.asarray([t for p in refine for t in p], np.int32)[None]),
+            pb_utils.Tensor("REFINE_LENGTHS", np.asarray([len(p) for p in refine], np.int32)[None]),
+            pb_utils.Tensor("REFINE_PARAMS_F", rf), pb_utils.Tensor("REFINE_PARAMS_I", ri),
+            pb_utils.Tensor("CODE_PREFIX", np.asarray(req.code_prefix or [], np.int32)[None]),
             pb_utils.Tensor("TOKEN_IDS", ids), pb_utils.Tensor("SENTENCE_LENGTHS", lengths),
             pb_utils.Tensor("SPEAKER_VECTOR", vec[None]), pb_utils.Tensor("PARAMS_F", pf),
             pb_utils.Tensor("PARAMS_I", pi), pb_utils.Tensor("DECODER", np.array([[req.decoder.encode()]], object)),

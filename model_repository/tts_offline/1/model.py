@@ -5,7 +5,8 @@ import triton_python_backend_utils as pb_utils
 from velocity.serving.requests import frontend_from_env, parse_triton_request
 
 INPUTS = ["TEXT", "PROMPT", "SPEAKER", "SPEAKER_SEED", "TEMPERATURE", "TOP_P", "TOP_K", "REPETITION_PENALTY", "MAX_NEW_TOKENS", "SEED",
-          "DECODER", "SPEAKER_SAMPLE", "SAMPLE_TEXT"]
+          "DECODER", "SPEAKER_SAMPLE", "SAMPLE_TEXT", "REFINE_TEXT", "REFINE_PROMPT", "REFINE_TEMPERATURE", "REFINE_TOP_P",
+          "REFINE_TOP_K", "REFINE_REPETITION_PENALTY", "REFINE_MAX_NEW_TOKENS"]
 
 
 class TritonPythonModel:
@@ -22,9 +23,9 @@ class TritonPythonModel:
         _, error = parse_triton_request(request, pb_utils, self.settings, self.frontend, self.voices)
         if error is not None:
             return error
-        bls = pb_utils.InferenceRequest(model_name="tts", requested_output_names=["WAVEFORM", "CHUNK_INDEX"],
-                                        inputs=inputs)
-        chunks = {}
+        bls = pb_utils.InferenceRequest(model_name="tts", requested_output_names=["WAVEFORM", "CHUNK_INDEX",
+                                                                                  "REFINED_TEXT"], inputs=inputs)
+        chunks, texts = {}, {}
         for resp in bls.exec(decoupled=True):
             if resp.has_error():
                 return pb_utils.InferenceResponse(error=resp.error())
@@ -33,5 +34,9 @@ class TritonPythonModel:
                 continue
             idx = int(pb_utils.get_output_tensor_by_name(resp, "CHUNK_INDEX").as_numpy().reshape(-1)[0])
             chunks[idx] = wav.as_numpy().reshape(-1)
+            text = pb_utils.get_output_tensor_by_name(resp, "REFINED_TEXT")
+            texts[idx] = b"" if text is None else bytes(text.as_numpy().reshape(-1)[0])
         audio = np.concatenate([chunks[i] for i in sorted(chunks)]) if chunks else np.zeros(0, np.float32)
-        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("WAVEFORM", audio[None].astype(np.float32))])
+        refined = b" ".join(texts[i] for i in sorted(texts) if texts[i])        # each sentence's, in order
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("WAVEFORM", audio[None].astype(np.float32)),
+                                                          pb_utils.Tensor("REFINED_TEXT", np.array([[refined]], object))])

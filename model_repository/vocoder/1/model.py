@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
@@ -124,7 +125,8 @@ class TritonPythonModel:
         m["decode"].increment(done - start)
         m["late"].increment(sum(max(0.0, done - d) for d in deadlines))
         return [pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("WAVEFORM", a), pb_utils.Tensor("CHUNK_INDEX", j.chunk.index)]) for j, a in zip(jobs, audio)]
+            pb_utils.Tensor("WAVEFORM", a), pb_utils.Tensor("CHUNK_INDEX", j.chunk.index),
+            pb_utils.Tensor("TEXT", np.array([[j.chunk.text]], object))]) for j, a in zip(jobs, audio)]
 
     def finalize(self) -> None:
         """Decode what is queued, then stop."""
