@@ -30,7 +30,7 @@ log = logging.getLogger("velocity-tts-client")
 
 # Input name -> (Triton datatype, numpy dtype)
 INPUTS = {"TEXT": ("BYTES", object), "PROMPT": ("BYTES", object), "SPEAKER": ("BYTES", object),
-          "SPEAKER_SEED": ("INT64", np.int64),
+          "SPEAKER_SEED": ("INT64", np.int64), "VOICE": ("BYTES", object),
           "TEMPERATURE": ("FP32", np.float32), "TOP_P": ("FP32", np.float32), "TOP_K": ("INT32", np.int32),
           "REPETITION_PENALTY": ("FP32", np.float32), "MAX_NEW_TOKENS": ("INT32", np.int32),
           "SEED": ("INT64", np.int64), "DECODER": ("BYTES", object),
@@ -232,6 +232,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     spk = ap.add_mutually_exclusive_group()
     spk.add_argument("--speaker", help="a speaker string from the ChatTTS release")
     spk.add_argument("--speaker-seed", type=int, help="a random speaker made by the server from this seed")
+    spk.add_argument("--voice", help="a named voice (--list-voices); none: the server's default voice")
+    ap.add_argument("--list-voices", action="store_true", help="print the server's voices and exit")
     ap.add_argument("--sample", help="clone this voice: a recording (WAV, FLAC, Ogg; the server encodes it) "
                                      "or a file holding a sample string (velocity-tts-voice)")
     ap.add_argument("--sample-text", help="what the --sample recording says")
@@ -253,6 +255,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="WAV samples: pcm16 (default; what every player and Python's wave module read) "
                          "or float (32-bit, the server's exact output)")
     args = ap.parse_args(argv)
+    if args.list_voices:
+        return args
     if (args.text is None) == (args.file is None):
         ap.error("give the text as an argument or with --file (one of them)")
     return args
@@ -298,9 +302,33 @@ def check_out(path: str) -> None:
         raise ValueError(f"cannot write {path}: it is a folder")
 
 
+def list_voices(url: str) -> dict:
+    """The server's voices (the `voices` model): {"default": name, "voices": [{"name", "kind", ...}]}."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(url)
+    check_ready(client, "voices", url)
+    try:
+        res = client.infer("voices", [])
+    except InferenceServerException as e:
+        raise ServerError(e.message()) from e
+    return json.loads(res.as_numpy("VOICES").reshape(-1)[0])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.list_voices:
+        try:
+            listing = list_voices(args.url or "localhost:8001")
+        except ServerError as e:
+            log.error("error: %s", e)
+            return 1
+        for v in listing["voices"]:
+            mark = " (default)" if v["name"] == listing["default"] else ""
+            print(f"{v['name']}{mark}\t{v['kind']}\t{v['source']}\t{v['sample_text']}".rstrip())
+        return 0
     try:
         text = read_text(args)
         sample = read_sample(args.sample, args.http)
@@ -308,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         log.error("error: %s", e)
         return 2
-    values = {"TEXT": text, "SPEAKER": args.speaker, "SPEAKER_SEED": args.speaker_seed, "PROMPT": args.prompt,
+    values = {"TEXT": text, "SPEAKER": args.speaker, "SPEAKER_SEED": args.speaker_seed, "VOICE": args.voice, "PROMPT": args.prompt,
               "TEMPERATURE": args.temperature, "TOP_P": args.top_p, "TOP_K": args.top_k,
               "REPETITION_PENALTY": args.repetition_penalty, "MAX_NEW_TOKENS": args.max_new_tokens,
               "SEED": args.seed, "DECODER": args.decoder, "SPEAKER_SAMPLE": sample, "SAMPLE_TEXT": args.sample_text,

@@ -15,12 +15,15 @@ def main(argv: list[str] | None = None) -> int:
     from velocity.serving.settings import Settings
     from velocity.tts.speaker import encode_sample
     from velocity.tts.voice_sample import SAMPLE_RATE, VoiceEncoder, read_audio
+    from velocity.tts.voices import VOICES_FILE, add_voice
 
     ap = argparse.ArgumentParser(prog="velocity-tts-voice", description=__doc__.split("\n")[0])
     ap.add_argument("audio", help="the recording: WAV, FLAC, Ogg or AIFF, any rate (resampled to 24 kHz)")
     ap.add_argument("transcript", nargs="?", default="", help="what the recording says (send it as SAMPLE_TEXT)")
     ap.add_argument("-o", "--output", help="write the sample string to this file (default: print it)")
     ap.add_argument("--weights", default=None, help="the ChatTTS release folder (default: VELOCITY_WEIGHTS)")
+    ap.add_argument("--add", metavar="NAME", help="add it as a named voice (VOICE=NAME) to the voices file")
+    ap.add_argument("--voices", help="the voices file for --add (default: VELOCITY_VOICES, else <weights>/voices.json)")
     args = ap.parse_args(argv)
     settings = Settings.from_env()
     try:
@@ -30,9 +33,15 @@ def main(argv: list[str] | None = None) -> int:
         sample = encode_sample(codes)
         if args.output:
             Path(args.output).write_text(sample + "\n", encoding="utf-8")
+        if args.add:
+            book = Path(args.voices or settings.voices or Path(args.weights or settings.weights) / VOICES_FILE)
+            add_voice(book, args.add, sample=sample, sample_text=args.transcript)
+            print(f"added voice {args.add!r} to {book}; the server loads it at its next start", file=sys.stderr)
     except (OSError, ValueError) as e:
         print(f"velocity-tts-voice: {e}", file=sys.stderr)
         return 1
+    if args.add and not args.output:
+        return 0
     if not args.output:
         print(sample)
         return 0

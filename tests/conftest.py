@@ -27,6 +27,21 @@ def start_triton(tmp_path: Path) -> Iterator[Callable[..., TritonServer]]:
         s.stop()
 
 
+def add_sample_voice(ckpt, name: str = "clone", text: str = "the sample text") -> str:
+    """voices.json beside the weights, holding one voice made from a seeded recording: its sample string."""
+    import numpy as np
+
+    from velocity.tts.speaker import encode_sample
+    from velocity.tts.voice_sample import VoiceEncoder
+    from velocity.tts.voices import add_voice
+
+    t = np.arange(24000) / 24000
+    wave = (0.3 * np.sin(2 * np.pi * (150 + 100 * t) * t)).astype(np.float32)
+    sample = encode_sample(VoiceEncoder(ckpt).encode(wave))
+    add_voice(ckpt / "voices.json", name, sample=sample, sample_text=text)
+    return sample
+
+
 @pytest.fixture(scope="session")
 def tts_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     """model_repository/ on the tiny demo checkpoint (frames per sentence capped at 200, small
@@ -35,6 +50,7 @@ def tts_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServe
 
     d = tmp_path_factory.mktemp("tts")
     ckpt = write_checkpoint(d / "tiny", "tiny", seed=0)
+    add_sample_voice(ckpt)
     s = TritonServer(repo=ROOT / "model_repository", log_path=d / "server.log",
                      env={"VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_KV_CACHE_BYTES": str(32 << 20),
                           "VELOCITY_MAX_NEW_TOKENS": "200", "VELOCITY_CHUNK_FIRST": "4",

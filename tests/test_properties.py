@@ -7,7 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from velocity.serving.requests import PARAM_INPUTS, parse_tts_request
+from velocity.serving.requests import PARAM_INPUTS
+from velocity.serving.tts_request import TTSFront, parse_tts_request
+from velocity.tts.voices import Voices
 from velocity.serving.settings import Settings
 from velocity.demo.checkpoint import write_checkpoint
 from velocity.tts.frontend import TextFrontend
@@ -69,7 +71,8 @@ def test_request_validation_raises_only_value_errors(frontend, text, prompt, spe
         return np.asarray(v)
 
     try:
-        req = parse_tts_request(get, Settings(max_text_chars=200, max_new_tokens=500), frontend, None)
+        req = parse_tts_request(get, TTSFront(Settings(max_text_chars=200, max_new_tokens=500), frontend, None,
+                                              Voices("/nonexistent", frontend.speaker_dim, frontend.speaker_stats)))
     except ValueError as e:
         assert str(e)      # a message for the client
         return

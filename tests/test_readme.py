@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -35,11 +36,22 @@ def curl_commands() -> list[tuple[str, dict]]:
     return [(path, json.loads(body)) for body, path in found]
 
 
-def example_values() -> dict:
+def example_values(weights: Path) -> dict:
+    """A value for each input (SPEAKER_SAMPLE: the voices file's sample that conftest writes)."""
     from velocity.tts.speaker import encode_speaker, random_speaker
+    sample = json.loads((weights / "voices.json").read_text())["clone"]["sample"]
     return {"TEXT": "Hello world.", "PROMPT": "[speed_3]", "SPEAKER": encode_speaker(random_speaker(1, 64)),
             "SPEAKER_SEED": 5, "TEMPERATURE": 0.5, "TOP_P": 0.9, "TOP_K": 10, "REPETITION_PENALTY": 1.1,
-            "MAX_NEW_TOKENS": 16, "SEED": 7, "DECODER": "codes"}
+            "MAX_NEW_TOKENS": 16, "SEED": 7, "DECODER": "codes", "VOICE": "basil", "SPEAKER_SAMPLE": sample,
+            "SAMPLE_TEXT": "the sample text", "REFINE_TEXT": True, "REFINE_PROMPT": "[oral_2]",
+            "REFINE_TEMPERATURE": 0.5, "REFINE_TOP_P": 0.9, "REFINE_TOP_K": 10, "REFINE_REPETITION_PENALTY": 1.1,
+            "REFINE_MAX_NEW_TOKENS": 8}
+
+
+# inputs that mean something only with another: (its partner, the partner's Triton type)
+PARTNERS = {"SAMPLE_TEXT": ("SPEAKER_SAMPLE", "BYTES"), **{n: ("REFINE_TEXT", "BOOL") for n in (
+    "REFINE_PROMPT", "REFINE_TEMPERATURE", "REFINE_TOP_P", "REFINE_TOP_K", "REFINE_REPETITION_PENALTY",
+    "REFINE_MAX_NEW_TOKENS")}}
 
 
 def test_the_input_table_is_the_models_inputs():
@@ -63,12 +75,15 @@ def test_the_python_snippet(tts_server):
     assert audio.dtype == np.float32 and len(audio) > 0 and len(audio) % 512 == 256   # one sentence: 512 T - 256
     assert np.array_equal(run_snippet(code, tts_server), audio)          # SEED 7: the same audio again
     line = next(x for x in code.splitlines() if x.startswith("inputs = ["))
-    values = example_values()
+    values = example_values(Path(tts_server.env["VELOCITY_WEIGHTS"]))
     for name, dtype in input_table().items():
         if name == "TEXT":
             continue
-        one = f'inputs = [inp("TEXT", "Hello world.", "BYTES"), inp({name!r}, {values[name]!r}, {dtype!r})]'
-        got = run_snippet(code.replace(line, one), tts_server)
+        one = f'inputs = [inp("TEXT", "Hello world.", "BYTES"), inp({name!r}, {values[name]!r}, {dtype!r})'
+        if name in PARTNERS:
+            partner, ptype = PARTNERS[name]
+            one += f', inp({partner!r}, {values[partner]!r}, {ptype!r})'
+        got = run_snippet(code.replace(line, one + "]"), tts_server)
         assert len(got) > 0 and len(got) % 512 == 256, name
 
 

@@ -21,6 +21,7 @@ from client.tts_client import ServerError, array_inputs, make_inputs, stream_grp
 from client.tts_client import main as client_main
 from triton_server import ROOT, assert_same_audio, free_port, wait_for
 from velocity.demo.checkpoint import write_checkpoint
+from velocity.tts.voices import BUILTIN, DEFAULT_VOICE
 
 pytestmark = pytest.mark.server
 
@@ -41,6 +42,8 @@ def server(tts_server):
 
 
 GOOD = {"TEXT": "Hello world. 你好，世界。", "SEED": 7, "MAX_NEW_TOKENS": 24, "TEMPERATURE": 0.8}
+# a request that names no voice speaks in the default voice: a seeded draw (TTSPipeline's speaker=seed)
+DEFAULT_VOICE_SEED = BUILTIN[DEFAULT_VOICE]
 
 
 def wav_bytes(seconds: float, rate: int = 16000, amp: float = 0.3, fmt: str = "WAV") -> bytes:
@@ -97,7 +100,7 @@ def test_served_audio_equals_the_in_process_pipeline_for_both_decoders(server, d
     served = np.concatenate([a for _, a in chunks])
     pipe = TTSPipeline(server.env["VELOCITY_WEIGHTS"], device="cpu", schedule=ChunkSchedule(4, 8, 144), lookahead=4,
                        num_kv_blocks=64)
-    local = pipe.synthesize(GOOD["TEXT"], decoder=decoder, params=chattts_params(
+    local = pipe.synthesize(GOOD["TEXT"], decoder=decoder, speaker=DEFAULT_VOICE_SEED, params=chattts_params(
         temperature=GOOD["TEMPERATURE"], seed=GOOD["SEED"], max_new_tokens=GOOD["MAX_NEW_TOKENS"]))
     assert served.shape == local.shape and len(local) % 512 == 0          # two sentences
     noise = ((served - local) ** 2).sum()
@@ -506,7 +509,7 @@ def test_text_refine_through_the_server_equals_the_pipeline_and_returns_the_refi
     served = np.concatenate([a for _, a in stream_grpc(server.grpc_url, values, timeout=120, texts=texts)])
     pipe = TTSPipeline(server.env["VELOCITY_WEIGHTS"], device="cpu", schedule=ChunkSchedule(4, 8, 144), lookahead=4,
                        num_kv_blocks=64)
-    chunks = list(pipe.stream(values["TEXT"], params=chattts_params(temperature=0, max_new_tokens=12),
+    chunks = list(pipe.stream(values["TEXT"], speaker=DEFAULT_VOICE_SEED, params=chattts_params(temperature=0, max_new_tokens=12),
                               refine=refine_params(temperature=0, max_new_tokens=10), refine_prompt=values["REFINE_PROMPT"]))
     assert texts == [c.text for c in chunks if c.text] and len(texts) == 2, texts
     assert_same_audio(served, np.concatenate([c.audio for c in chunks]))
@@ -515,3 +518,60 @@ def test_text_refine_through_the_server_equals_the_pipeline_and_returns_the_refi
     np.testing.assert_array_equal(res.as_numpy("WAVEFORM").reshape(-1), served)
     plain, err = stream_tts(server.grpc_url, {k: v for k, v in values.items() if not k.startswith("REFINE")})
     assert err is None and not np.array_equal(np.concatenate([a for _, a in plain]), served)
+
+
+def test_named_voices_the_default_voice_and_the_voices_list(server, tmp_path):
+    """VOICE picks a built-in voice (a seeded draw: SPEAKER_SEED of its seed gives the same audio);
+    no voice at all is the default voice; the voices model lists them; bad VOICE is INVALID_ARG
+    naming the voices; the client prints the list."""
+    from client.tts_client import list_voices
+
+    base = {"TEXT": "One voice for all. Every sentence.", "SEED": 2, "MAX_NEW_TOKENS": 12}
+    named, err = stream_tts(server.grpc_url, {**base, "VOICE": "basil"})
+    assert err is None, err
+    seeded, _ = stream_tts(server.grpc_url, {**base, "SPEAKER_SEED": BUILTIN["basil"]})
+    assert_same_audio(np.concatenate([a for _, a in named]), np.concatenate([a for _, a in seeded]))
+    default, _ = stream_tts(server.grpc_url, base)
+    amber, _ = stream_tts(server.grpc_url, {**base, "VOICE": DEFAULT_VOICE})
+    assert_same_audio(np.concatenate([a for _, a in default]), np.concatenate([a for _, a in amber]))
+    assert not np.array_equal(np.concatenate([a for _, a in default]), np.concatenate([a for _, a in named]))
+    listing = list_voices(server.grpc_url)
+    assert listing["default"] == DEFAULT_VOICE and {v["name"] for v in listing["voices"]} >= set(BUILTIN)
+    _, err = stream_tts(server.grpc_url, {**base, "VOICE": "nobody"})
+    assert err and "VOICE 'nobody' is not a voice here; voices: amber, basil" in err, err
+    _, err = stream_tts(server.grpc_url, {**base, "VOICE": "basil", "SPEAKER_SEED": 3})
+    assert err and "VOICE names a whole voice: send it without SPEAKER_SEED" in err, err
+    p = run_cli("--list-voices", "--url", server.grpc_url)
+    assert p.returncode == 0 and "amber (default)\tspeaker\tbuilt-in" in p.stdout, p.stdout + p.stderr
+
+
+def test_a_voice_from_the_voices_file_is_its_sample_and_transcript(server):
+    """voices.json beside the weights (conftest: "clone", a sample string and its transcript):
+    VOICE "clone" speaks as SPEAKER_SAMPLE + SAMPLE_TEXT of that entry."""
+    import json
+
+    entry = json.loads((Path(server.env["VELOCITY_WEIGHTS"]) / "voices.json").read_text())["clone"]
+    base = {"TEXT": "Cloned by name.", "SEED": 4, "MAX_NEW_TOKENS": 12}
+    by_name, err = stream_tts(server.grpc_url, {**base, "VOICE": "clone"})
+    assert err is None, err
+    by_sample, _ = stream_tts(server.grpc_url, {**base, "SPEAKER_SAMPLE": entry["sample"],
+                                                "SAMPLE_TEXT": entry["sample_text"]})
+    assert_same_audio(np.concatenate([a for _, a in by_name]), np.concatenate([a for _, a in by_sample]))
+    from client.tts_client import list_voices
+    clone = [v for v in list_voices(server.grpc_url)["voices"] if v["name"] == "clone"]
+    assert clone and clone[0]["kind"] == "sample" and clone[0]["sample_text"] == "the sample text"
+
+
+def test_voice_cli_adds_a_named_voice_to_a_voices_file(server, tmp_path):
+    """velocity-tts-voice --add NAME --voices FILE: the entry the server would load (its sample
+    string equals the one -o writes for the same recording)."""
+    import json
+
+    (tmp_path / "me.wav").write_bytes(wav_bytes(1.0))
+    book = tmp_path / "book.json"
+    p = subprocess.run([sys.executable, "-m", "client.voice", str(tmp_path / "me.wav"), "hello there", "--add", "me",
+                        "--voices", str(book), "-o", str(tmp_path / "me.txt"), "--weights", server.env["VELOCITY_WEIGHTS"]],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 0 and "added voice 'me'" in p.stderr, p.stderr
+    entry = json.loads(book.read_text())["me"]
+    assert entry == {"sample": (tmp_path / "me.txt").read_text().strip(), "sample_text": "hello there"}

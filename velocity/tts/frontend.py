@@ -1,7 +1,6 @@
 """Text front end: normalise, split into sentences, build the prompt, tokenize with the release's tokenizer."""
 from __future__ import annotations
 
-import json
 import logging
 import re
 from dataclasses import dataclass
@@ -9,7 +8,7 @@ from pathlib import Path
 
 from velocity.tts.homophones import Homophones
 from velocity.tts.normalizer import CONTROL, Normalized, Normalizer, split_sentences, split_text
-from velocity.tts.speaker import STATS_FILE, load_speaker_stats
+from velocity.tts.speaker import STATS_FILE, load_speaker_stats, speaker_dim
 from velocity.tts.streaming import Refine
 
 logger = logging.getLogger(__name__)
@@ -33,8 +32,7 @@ class TextFrontend:
         if not (path / "tokenizer.json").is_file():
             raise FileNotFoundError(f"{path / 'tokenizer.json'}: tokenizer file missing")
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        cfg = Path(folder) / "asset" / "gpt" / "config.json"
-        self.speaker_dim = json.loads(cfg.read_text(encoding="utf-8")).get("hidden_size", 768) if cfg.is_file() else 768
+        self.speaker_dim = speaker_dim(folder)
         self.speaker_stats = load_speaker_stats(folder, self.speaker_dim)   # for random speakers
         if self.speaker_stats is None:
             logger.warning("%s has no %s: random speakers (SPEAKER_SEED) come from a plain normal, not the "

@@ -2,6 +2,7 @@
 base16384) and random speakers drawn from the release's speaker statistics."""
 from __future__ import annotations
 
+import json
 import logging
 import lzma
 import re
@@ -88,6 +89,12 @@ def sample_frames(codes) -> list[tuple[int, ...]]:
     """A voice sample's codes [num_vq, T] -> the T audio frames the reference appends to every
     prompt after its text (the engine embeds each as the sum of its codes' embeddings)."""
     return [tuple(int(c) for c in frame) for frame in codes.T]
+
+
+def speaker_dim(folder: str | Path) -> int:
+    """A speaker vector's size: the GPT's hidden size (asset/gpt/config.json; the release's 768)."""
+    cfg = Path(folder) / "asset" / "gpt" / "config.json"
+    return json.loads(cfg.read_text(encoding="utf-8")).get("hidden_size", 768) if cfg.is_file() else 768
 
 
 def load_speaker_stats(folder: str | Path, dim: int) -> np.ndarray | None:

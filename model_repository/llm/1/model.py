@@ -16,7 +16,8 @@ from velocity.engine.worker import resolve_device
 from velocity.serving.core_board import CoreBoard, ThreadLender, board_path
 from velocity.serving.metrics import LLM, make_metrics
 from velocity.serving.protocol import error_outputs
-from velocity.serving.requests import decoder_input, input_reader, llm_inputs
+from velocity.serving.llm_request import llm_inputs
+from velocity.serving.requests import decoder_input, input_reader
 from velocity.serving.settings import Settings
 from velocity.serving.stream import Streams
 from velocity.tts.frontend import TextFrontend

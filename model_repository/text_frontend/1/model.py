@@ -2,18 +2,19 @@
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from velocity.serving.requests import frontend_from_env, params_arrays, parse_triton_request
+from velocity.serving.requests import params_arrays
+from velocity.serving.tts_request import TTSFront, parse_triton_request
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        self.settings, self.frontend, self.voices = frontend_from_env("text_frontend", pb_utils)
+        self.front = TTSFront.from_env("text_frontend", pb_utils)
 
     def execute(self, requests: list) -> list:
         return [self._one(r) for r in requests]
 
     def _one(self, request):
-        req, error = parse_triton_request(request, pb_utils, self.settings, self.frontend, self.voices)
+        req, error = parse_triton_request(request, pb_utils, self.front)
         if error is not None:
             return error
         sentences, vec, params = req.sentences, req.speaker, req.params

@@ -1,26 +1,25 @@
 """Triton adapter: the `tts` stream through BLS, chunks joined in CHUNK_INDEX order."""
+import json
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from velocity.serving.requests import frontend_from_env, parse_triton_request
-
-INPUTS = ["TEXT", "PROMPT", "SPEAKER", "SPEAKER_SEED", "TEMPERATURE", "TOP_P", "TOP_K", "REPETITION_PENALTY", "MAX_NEW_TOKENS", "SEED",
-          "DECODER", "SPEAKER_SAMPLE", "SAMPLE_TEXT", "REFINE_TEXT", "REFINE_PROMPT", "REFINE_TEMPERATURE", "REFINE_TOP_P",
-          "REFINE_TOP_K", "REFINE_REPETITION_PENALTY", "REFINE_MAX_NEW_TOKENS"]
+from velocity.serving.tts_request import TTSFront, parse_triton_request
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        self.settings, self.frontend, self.voices = frontend_from_env("tts_offline", pb_utils)
+        self.front = TTSFront.from_env("tts_offline", pb_utils)
+        self.inputs = [i["name"] for i in json.loads(args["model_config"])["input"]]   # passed on to `tts`
 
     def execute(self, requests: list) -> list:
         return [self._one(r) for r in requests]
 
     def _one(self, request):
-        inputs = [t for n in INPUTS if (t := pb_utils.get_input_tensor_by_name(request, n)) is not None]
+        inputs = [t for n in self.inputs if (t := pb_utils.get_input_tensor_by_name(request, n)) is not None]
         # Validate here too: an error from inside the ensemble loses its code (INVALID_ARG would
         # reach the client as INTERNAL). The front end is cheap next to generation.
-        _, error = parse_triton_request(request, pb_utils, self.settings, self.frontend, self.voices)
+        _, error = parse_triton_request(request, pb_utils, self.front)
         if error is not None:
             return error
         bls = pb_utils.InferenceRequest(model_name="tts", requested_output_names=["WAVEFORM", "CHUNK_INDEX",

@@ -1,0 +1,36 @@
+"""Triton adapter: the named voices (velocity.tts.voices), listed as JSON."""
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from velocity.serving.requests import input_reader, text_input
+from velocity.serving.settings import Settings
+from velocity.tts.speaker import load_speaker_stats, speaker_dim
+from velocity.tts.voices import Voices
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        s = Settings.from_env()
+        s.configure_logging()
+        try:
+            dim = speaker_dim(s.weights)
+            self.voices = Voices(s.weights, dim, load_speaker_stats(s.weights, dim), s.voices, s.default_voice)
+        except Exception as e:
+            raise pb_utils.TritonModelException(f"voices: cannot load the voices of {s.weights}: {e}") from e
+
+    def execute(self, requests: list) -> list:
+        return [self._one(r) for r in requests]
+
+    def _one(self, request):
+        try:
+            name = (text_input(input_reader(request, pb_utils)("NAME"), "NAME", required=False) or "").strip()
+            listing = self.voices.listing()
+            if name:
+                self.voices.get(name)                    # ValueError listing the names
+                listing["voices"] = [v for v in listing["voices"] if v["name"] == name]
+        except ValueError as e:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("VOICES", np.array([json.dumps(listing).encode()], object))])

@@ -1,0 +1,75 @@
+"""The llm model's inputs, as text_frontend makes them, checked (a direct caller's mistakes named)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from velocity.sampling_params import SamplingParams
+from velocity.serving.requests import REFINE_MAX_NEW_TOKENS, params_from_arrays
+from velocity.tts.speaker import sample_frames
+
+
+@dataclass
+class LLMInputs:
+    """The llm's checked inputs: sentences' audio prompts (a sample's frames appended), speaker,
+    sampling, and for text refine the text head's prompts, its sampling and the audio prefix."""
+    sentences: list
+    speaker: np.ndarray | None
+    params: SamplingParams
+    frames: list
+    refine_prompts: list | None = None
+    refine: SamplingParams | None = None
+    code_prefix: list | None = None
+
+
+def split_ids(ids: np.ndarray, lengths: np.ndarray, what: str) -> list[list[int]]:
+    """Concatenated token ids and their lengths -> one list per sentence; ValueError naming the
+    inputs (what: "TOKEN" for TOKEN_IDS and SENTENCE_LENGTHS, "REFINE" for REFINE_IDS/_LENGTHS)."""
+    names = ("TOKEN_IDS", "SENTENCE_LENGTHS") if what == "TOKEN" else (f"{what}_IDS", f"{what}_LENGTHS")
+    if ids.dtype.kind not in "iu" or lengths.dtype.kind not in "iu":
+        raise ValueError(f"{names[0]} and {names[1]} must be integers")
+    lengths = lengths.tolist()
+    if not lengths or min(lengths) < 1 or sum(lengths) != ids.size:
+        raise ValueError(f"{names[1]} must be positive and add up to the {ids.size} {names[0]}, "
+                         f"got {lengths[:8]}{'...' if len(lengths) > 8 else ''}")
+    bounds = np.cumsum([0] + lengths)
+    return [ids[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def llm_inputs(get, max_new_tokens: int, num_vq: int) -> LLMInputs:
+    """The llm model's inputs (as text_frontend makes them), checked. A voice sample's codes
+    (SAMPLE_CODES, [num_vq * T] codebook-major) follow every sentence's text as T audio frames.
+
+    get(name) -> np.ndarray | None. Raises ValueError naming the input and its allowed range; the
+    engine's own checks (token ids, speaker size, prompt length) run per sentence in the llm."""
+    def need(name: str) -> np.ndarray:
+        v = get(name)
+        if v is None:
+            raise ValueError(f"{name} is required")
+        return v.reshape(-1)
+
+    sentences = split_ids(need("TOKEN_IDS"), need("SENTENCE_LENGTHS"), "TOKEN")
+    frames: list = []
+    sample = get("SAMPLE_CODES")
+    if sample is not None and sample.size:
+        if sample.dtype.kind not in "iu" or sample.size % num_vq:
+            raise ValueError(f"SAMPLE_CODES must be integers, {num_vq} per frame (codebook-major), "
+                             f"got {sample.size} of {sample.dtype}")
+        frames = sample_frames(sample.reshape(num_vq, -1))
+    spk = need("SPEAKER_VECTOR").astype(np.float32, copy=True)
+    out = LLMInputs([s + frames for s in sentences], spk if spk.size else None,
+                    params_from_arrays(need("PARAMS_F"), need("PARAMS_I"), max_new_tokens), frames)
+    refine = get("REFINE_IDS")
+    if refine is not None and refine.size:
+        out.refine_prompts = split_ids(refine.reshape(-1), need("REFINE_LENGTHS"), "REFINE")
+        if len(out.refine_prompts) != len(sentences):
+            raise ValueError(f"REFINE_LENGTHS holds {len(out.refine_prompts)} sentences, SENTENCE_LENGTHS "
+                             f"{len(sentences)}")
+        out.refine = params_from_arrays(need("REFINE_PARAMS_F"), need("REFINE_PARAMS_I"), REFINE_MAX_NEW_TOKENS,
+                                        "REFINE_PARAMS")
+        prefix = need("CODE_PREFIX")
+        if prefix.dtype.kind not in "iu" or not prefix.size:
+            raise ValueError("CODE_PREFIX must hold the audio prompt's token ids before the text")
+        out.code_prefix = prefix.tolist()
+    return out

@@ -1,0 +1,153 @@
+"""A TTS request as text_frontend and tts_offline read it: text, voice (speaker, random seed,
+sample, or a named voice; the default voice otherwise), sampling, decode path and text refine."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from velocity.sampling_params import SamplingParams, refine_params
+from velocity.serving.requests import (REFINE_MAX_NEW_TOKENS, SAMPLING_INPUTS, decoder_input, flag_input,
+                                       input_reader, sampling_inputs, seed_input, text_input)
+from velocity.serving.settings import Settings
+
+
+@dataclass
+class TTSRequest:
+    """A checked TTS request: its sentences' token ids, speaker vector (empty: none), sampling,
+    decode path ("hidden" | "codes")."""
+    sentences: list
+    speaker: np.ndarray
+    params: SamplingParams
+    decoder: str = "hidden"
+    sample: np.ndarray | None = None      # a voice sample's codes [num_vq, T] (SPEAKER_SAMPLE)
+    refine: SamplingParams | None = None  # text refine first (REFINE_TEXT), with these parameters
+    refine_prompts: list | None = None    # per sentence: the text head's prompt
+    code_prefix: list | None = None       # the audio prompt before a refined text
+
+
+@dataclass
+class TTSFront:
+    """What reading a TTS request needs: the settings, the text front end, the voice encoder (the
+    DVAE's encoder side, for SPEAKER_SAMPLE recordings; None: samples as strings only) and the voices."""
+    settings: Settings
+    text: object                   # velocity.tts.frontend.TextFrontend
+    encoder: object | None         # velocity.tts.voice_sample.VoiceEncoder
+    voices: object                 # velocity.tts.voices.Voices
+
+    @classmethod
+    def from_env(cls, model: str, pb_utils) -> "TTSFront":
+        """For a Triton model's initialize (TritonModelException saying what could not load)."""
+        from velocity.tts.frontend import TextFrontend
+        from velocity.tts.voice_sample import VoiceEncoder
+        from velocity.tts.voices import Voices
+
+        s = Settings.from_env()
+        s.configure_logging()
+        try:
+            text = TextFrontend(s.weights)
+            return cls(s, text, VoiceEncoder(s.weights, s.max_sample_seconds),
+                       Voices(s.weights, text.speaker_dim, text.speaker_stats, s.voices, s.default_voice))
+        except Exception as e:
+            raise pb_utils.TritonModelException(f"{model}: cannot load {s.weights}: {e}") from e
+
+
+def parse_tts_request(get, front: TTSFront) -> TTSRequest:
+    """get(name) -> np.ndarray | None for TEXT, PROMPT, the voice (SPEAKER, SPEAKER_SEED,
+    SPEAKER_SAMPLE with SAMPLE_TEXT, or VOICE), DECODER, the sampling inputs and text refine's.
+
+    Raises ValueError naming the bad input and its allowed range (INVALID_ARG for Triton).
+    """
+    from velocity.tts.frontend import DEFAULT_PROMPT
+
+    settings, frontend = front.settings, front.text
+    text = text_input(get("TEXT"), "TEXT", required=True, max_chars=settings.max_text_chars)
+    prompt = text_input(get("PROMPT"), "PROMPT", required=False) or DEFAULT_PROMPT
+    params = sampling_inputs(get, settings)
+    decoder = decoder_input(get("DECODER"))
+    vec, sample, sample_text = voice_inputs(get, front)
+    sentences, _ = frontend.encode(text, speaker=vec.size > 0, prompt=prompt, sample_text=sample_text)
+    if not sentences:
+        raise ValueError("TEXT has nothing to speak after normalisation")
+    req = TTSRequest(sentences, vec, params, decoder, sample)
+    refine_prompt = text_input(get("REFINE_PROMPT"), "REFINE_PROMPT", required=False) or ""
+    if flag_input(get("REFINE_TEXT"), "REFINE_TEXT"):
+        req.refine = sampling_inputs(get, settings, "REFINE_", refine_params, max_new_tokens=REFINE_MAX_NEW_TOKENS)
+        try:
+            req.refine_prompts = [frontend.refine_prompt(s.text, refine_prompt) for s in sentences]
+        except ValueError as e:
+            raise ValueError(f"REFINE_{e}") from e       # "PROMPT must hold only control tokens ..."
+        req.code_prefix = frontend.code_prefix(vec.size > 0, prompt, sample_text)
+    else:
+        for name in ("REFINE_PROMPT", *("REFINE_" + n for n in SAMPLING_INPUTS)):
+            if get(name) is not None and get(name).size:
+                raise ValueError(f"{name} is for text refine: send REFINE_TEXT true with it")
+    return req
+
+
+def voice_inputs(get, front: TTSFront) -> tuple[np.ndarray, np.ndarray | None, str]:
+    """The request's voice -> (speaker vector, empty for none; a sample's codes or None; its
+    transcript). One of SPEAKER, SPEAKER_SEED, SPEAKER_SAMPLE (+ SAMPLE_TEXT) or VOICE; none of
+    them: the default voice."""
+    from velocity.tts.speaker import SpeakerError, decode_speaker, random_speaker
+
+    frontend = front.text
+    speaker = (text_input(get("SPEAKER"), "SPEAKER", required=False) or "").strip()
+    speaker_seed = seed_input(get, "SPEAKER_SEED")
+    voice = (text_input(get("VOICE"), "VOICE", required=False) or "").strip()
+    sample, sample_text = sample_inputs(get, front.encoder)
+    given = [n for n, v in (("SPEAKER", speaker), ("SPEAKER_SEED", speaker_seed is not None),
+                            ("SPEAKER_SAMPLE", sample is not None), ("VOICE", voice)) if v]
+    if voice and len(given) > 1:
+        raise ValueError(f"VOICE names a whole voice: send it without {' and '.join(g for g in given if g != 'VOICE')}")
+    if speaker and speaker_seed is not None:
+        raise ValueError("give SPEAKER or SPEAKER_SEED, not both")
+    vec = np.zeros(0, np.float32)
+    if speaker_seed is not None:
+        vec = random_speaker(speaker_seed, frontend.speaker_dim, frontend.speaker_stats)
+    elif speaker:
+        try:
+            vec = decode_speaker(speaker, frontend.speaker_dim)
+        except SpeakerError as e:
+            raise ValueError(f"SPEAKER is not a valid speaker string: {e}") from e
+    if given or not front.voices.default:
+        if voice:
+            return voice_of(front, front.voices.get(voice))
+        return vec, sample, sample_text
+    return voice_of(front, front.voices.get(front.voices.default))
+
+
+def voice_of(front: TTSFront, v) -> tuple[np.ndarray, np.ndarray | None, str]:
+    """A named voice (velocity.tts.voices.Voice) -> (speaker vector or empty, sample codes or None, transcript)."""
+    vec = np.zeros(0, np.float32) if v.speaker is None else v.speaker
+    if not v.sample:
+        return vec, None, ""
+    if front.encoder is None:
+        raise ValueError(f"VOICE {v.name!r} is a voice sample, which this model cannot read")
+    try:
+        return vec, front.encoder.sample_codes(v.sample, f"VOICE {v.name!r}"), v.sample_text
+    except ValueError as e:
+        raise ValueError(f"VOICE {v.name!r} ({v.source}): {e}") from e
+
+
+def sample_inputs(get, encoder) -> tuple[np.ndarray | None, str]:
+    """SPEAKER_SAMPLE (a sample string, or a WAV/FLAC/Ogg file's bytes) and SAMPLE_TEXT (its
+    transcript) -> (codes [num_vq, T] or None, the transcript)."""
+    raw = get("SPEAKER_SAMPLE")
+    sample_text = text_input(get("SAMPLE_TEXT"), "SAMPLE_TEXT", required=False, max_chars=500) or ""
+    if raw is None or raw.size == 0 or not raw.reshape(-1)[0]:
+        if sample_text:
+            raise ValueError("SAMPLE_TEXT is the transcript of SPEAKER_SAMPLE: send it with one")
+        return None, ""
+    if raw.size != 1 or raw.dtype != object:
+        raise ValueError(f"SPEAKER_SAMPLE must be one BYTES value, got {raw.size} of {raw.dtype}")
+    return encoder.sample_codes(raw.reshape(-1)[0]), sample_text
+
+
+def parse_triton_request(request, pb_utils, front: TTSFront) -> tuple[TTSRequest | None, object]:
+    """-> (the checked request, None), or (None, an INVALID_ARG error response)."""
+    get = input_reader(request, pb_utils)
+    try:
+        return parse_tts_request(get, front), None
+    except ValueError as e:
+        return None, pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))

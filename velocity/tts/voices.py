@@ -1,0 +1,119 @@
+"""Named voices: a small built-in set drawn from the release's speaker statistics with fixed seeds,
+plus the operator's own from a voices file (`voices.json` beside the weights, or VELOCITY_VOICES: a
+file or a folder of them). An entry is a speaker string, or a voice sample with its transcript:
+
+    {"narrator": "<speaker string>",
+     "me": {"sample": "<velocity-tts-voice string>", "sample_text": "what the recording says"}}
+
+A request picks one with VOICE; one that names no voice at all gets the default voice, so every
+sentence of it speaks in one voice (with [empty_spk] the GPT picks a voice per sentence).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from velocity.tts.speaker import SpeakerError, decode_speaker, encode_speaker, random_speaker
+
+log = logging.getLogger(__name__)
+
+# name -> the seed of its draw from the release's speaker statistics (torch.manual_seed(seed), as
+# the reference's sample_random_speaker); what they sound like depends on the weights
+BUILTIN = {"amber": 1001, "basil": 1002, "cedar": 1003, "dune": 1004, "ember": 1005, "fern": 1006}
+DEFAULT_VOICE = "amber"
+VOICES_FILE = "voices.json"
+
+
+@dataclass(frozen=True)
+class Voice:
+    """A named voice: a speaker vector, or a sample (string) with its transcript, or both."""
+    name: str
+    speaker: np.ndarray | None = None
+    sample: str | None = None
+    sample_text: str = ""
+    source: str = "built-in"
+
+    @property
+    def kind(self) -> str:
+        return "sample" if self.sample else "speaker"
+
+
+def builtin_voices(dim: int, stats: np.ndarray | None) -> dict[str, Voice]:
+    """The built-in set: each a seeded draw from the speaker statistics (a plain normal without them)."""
+    return {name: Voice(name, random_speaker(seed, dim, stats)) for name, seed in BUILTIN.items()}
+
+
+def voice_files(path: Path) -> list[Path]:
+    """A voices file, or the *.json files of a folder, in name order."""
+    if path.is_dir():
+        return sorted(path.glob("*.json"))
+    return [path] if path.is_file() else []
+
+
+def read_voices(path: Path, dim: int) -> dict[str, Voice]:
+    """One voices file -> its voices; ValueError naming the file and the entry that is wrong."""
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a readable JSON voices file ({e})") from e
+    if not isinstance(entries, dict):
+        raise ValueError(f"{path}: must hold a JSON object of name -> voice")
+    out = {}
+    for name, entry in entries.items():
+        where = f"{path}: voice {name!r}"
+        if isinstance(entry, str):
+            entry = {"speaker": entry}
+        if not isinstance(entry, dict) or not ({"speaker", "sample"} & set(entry)):
+            raise ValueError(f"{where}: give a speaker string, or an object with \"speaker\" and/or \"sample\"")
+        try:
+            spk = decode_speaker(entry["speaker"], dim) if entry.get("speaker") else None
+        except SpeakerError as e:
+            raise ValueError(f"{where}: {e}") from e
+        out[name] = Voice(name, spk, entry.get("sample") or None, str(entry.get("sample_text", "")), str(path))
+    return out
+
+
+def add_voice(path: Path, name: str, sample: str | None = None, sample_text: str = "",
+              speaker: np.ndarray | None = None) -> None:
+    """Add (or replace) a voice in a voices file, creating it if need be."""
+    entries = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    entry: dict = {}
+    if speaker is not None:
+        entry["speaker"] = encode_speaker(speaker)
+    if sample:
+        entry |= {"sample": sample, "sample_text": sample_text}
+    entries[name] = entry
+    path.write_text(json.dumps(entries, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+
+
+class Voices:
+    """The voices a server offers, by name, and the default for requests that name none."""
+
+    def __init__(self, folder: str | Path, dim: int, stats: np.ndarray | None, path: str = "",
+                 default: str = DEFAULT_VOICE) -> None:
+        self.voices = builtin_voices(dim, stats)
+        source = Path(path) if path else Path(folder) / VOICES_FILE
+        if path and not source.exists():
+            raise ValueError(f"VELOCITY_VOICES={path}: no such file or folder")
+        for f in voice_files(source):
+            self.voices |= read_voices(f, dim)
+        if default and default not in self.voices:
+            raise ValueError(f"the default voice {default!r} is not one of {sorted(self.voices)}")
+        self.default = default
+        log.info("%d voices (%s), default %s", len(self.voices), ", ".join(sorted(self.voices)), default or "none")
+
+    def get(self, name: str) -> Voice:
+        """ValueError naming the voices there are, for a name that is not one."""
+        if name not in self.voices:
+            raise ValueError(f"VOICE {name!r} is not a voice here; voices: {', '.join(sorted(self.voices))}")
+        return self.voices[name]
+
+    def listing(self) -> dict:
+        """What the `voices` model answers: the default and each voice's name, kind and source."""
+        return {"default": self.default,
+                "voices": [{"name": v.name, "kind": v.kind, "source": v.source, "sample_text": v.sample_text}
+                           for v in sorted(self.voices.values(), key=lambda v: v.name)]}
