@@ -28,7 +28,20 @@ from client.tts_client import ServerError, array_inputs, metric, stream_grpc
 
 TEXTS = bench_texts()
 BAD = [{"TEXT": "   "}, {"TOP_P": 2.0}, {"MAX_NEW_TOKENS": 0}, {"SPEAKER": "not a speaker"}, {"TEMPERATURE": -1.0},
-       {"TOP_K": -5}, {"PROMPT": "free text"}]
+       {"TOP_K": -5}, {"PROMPT": "free text"}, {"VOICE": "nobody"}, {"SPEAKER_SAMPLE": "not a sample"},
+       {"SAMPLE_TEXT": "a transcript alone"}, {"REFINE_PROMPT": "[oral_2]"}, {"REFINE_TEXT": True, "REFINE_TOP_P": 2.0},
+       {"SPEAKER_SAMPLE": b"RIFF\x00\x00not audio"}]
+
+
+def voice_values(r: random.Random) -> dict:
+    """A good request's voice and refine: the default voice, a named one, a seed, a voice sample
+    (a sample string of random codes), sometimes with text refine first."""
+    from velocity.tts.speaker import encode_sample
+
+    voice = r.choice([{}, {"VOICE": "basil"}, {"SPEAKER_SEED": r.randrange(1 << 20)},
+                      {"SPEAKER_SAMPLE": encode_sample(np.array([[r.randrange(625) for _ in range(12)]
+                                                                 for _ in range(4)])), "SAMPLE_TEXT": "a sample"}])
+    return voice | ({"REFINE_TEXT": True, "REFINE_MAX_NEW_TOKENS": 8} if r.random() < 0.25 else {})
 RSS_MARGIN = (1.2, 64 << 20)       # end <= 1.2 x after warm-up + 64 MiB
 
 
@@ -110,9 +123,12 @@ def tree_rss(pid: int) -> int:
 
 def one(url: str, r: random.Random, max_new: int, stats: Counter, problems: list, texts: list[str]) -> None:
     """One random request: good (55%), cancelled after its first chunk (25%), bad (12%) or a
-    malformed direct call to the llm model (8%)."""
+    malformed direct call to the llm model (8%); good and cancelled ones with a random voice
+    (default, named, seeded or a sample) and some with text refine."""
     kind = r.choices(["good", "cancel", "bad", "bad llm"], [0.55, 0.25, 0.12, 0.08])[0]
     values = {"TEXT": r.choice(texts), "MAX_NEW_TOKENS": max_new, "SEED": r.randrange(1 << 20)}
+    if kind in ("good", "cancel"):
+        values |= voice_values(r)
     if kind == "bad llm":
         chunks, error = call_llm(url, r.choice(BAD_LLM))
         if error is None or chunks or error.startswith("error chunk"):   # not an INVALID_ARG response
@@ -142,6 +158,8 @@ def one(url: str, r: random.Random, max_new: int, stats: Counter, problems: list
     if not chunks or idx != list(range(len(idx))) or sum(len(a) for _, a in chunks) % 256:   # 512 T - 256 a sentence
         problems.append(f"incomplete audio: chunks {idx}")
     stats["good complete"] += 1
+    for name, what in (("SPEAKER_SAMPLE", "with a sample"), ("VOICE", "with a named voice"), ("REFINE_TEXT", "refined")):
+        stats[what] += name in values
 
 
 def soak(url: str, metrics_url: str, seconds: float, pid: int | None = None, concurrency: int = 4,

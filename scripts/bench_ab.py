@@ -11,7 +11,8 @@ here moves speeds 2x within minutes). This runs the arms in short rounds, altern
 arm. Arms: `triton` (the server as it runs), `triton-nolend` (the server with the llm kept on its
 own threads: this script holds a vocoder busy mark on the server's core board,
 velocity.serving.core_board), `other` (a second server, --other-url: another build or other
-settings, e.g. VELOCITY_RESPONSE_THREAD=0) and `in-process` (the same requests through velocity
+settings, e.g. VELOCITY_RESPONSE_THREAD=0), `triton-refine` (the same server, the requests with
+REFINE_TEXT: the text head refines each sentence first) and `in-process` (the same requests through velocity
 and the decoder in this process, no Triton; needs --weights). Server arms also report the
 engine's mean step time (velocity_engine_step_seconds_total / _steps_total). `arm@c` runs that arm at concurrency c instead of
 --concurrency, so `triton@1,triton@32` is the throughput ratio of 32 streams to one. Writes JSON
@@ -36,7 +37,7 @@ from client.tts_client import fetch_metrics, parse_metric  # noqa: E402
 from velocity.serving.core_board import CoreBoard, find_boards  # noqa: E402
 
 log = logging.getLogger("bench_ab")
-ARMS = ("triton", "triton-nolend", "other", "in-process")
+ARMS = ("triton", "triton-nolend", "triton-refine", "other", "in-process")
 
 
 def engine_counters(metrics_url: str) -> tuple[float, float] | None:
@@ -69,6 +70,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2, help="requests per arm per round (at least --concurrency)")
     ap.add_argument("--max-new-tokens", type=int, default=120)
     ap.add_argument("--weights", help="checkpoint for the in-process arm")
+    ap.add_argument("--refine-max-new-tokens", type=int, default=384,
+                    help="the triton-refine arm's REFINE_MAX_NEW_TOKENS (384: the reference's default)")
     ap.add_argument("--other-url", help="the `other` arm's server (gRPC address)")
     ap.add_argument("--other-metrics-url", help="its metrics (default: its host, port 8002)")
     ap.add_argument("--board", help="the server's core board file (default: the only one found)")
@@ -106,8 +109,10 @@ def main() -> None:
         url, murl = urls.get(kind[arm], (args.url, metrics_url))
         hold = board.busy() if kind[arm] == "triton-nolend" else contextlib.nullcontext()
         before = engine_counters(murl)
+        refine = {"REFINE_TEXT": True, "REFINE_MAX_NEW_TOKENS": args.refine_max_new_tokens} \
+            if kind[arm] == "triton-refine" else {}
         with hold:
-            out = run_level(url, texts, conc[arm], n[arm], values, bar, murl)
+            out = run_level(url, texts, conc[arm], n[arm], values | refine, bar, murl)
         time.sleep(0.6)                                                 # the llm exports its counters 4x a second
         after = engine_counters(murl)
         if before and after and after[0] > before[0]:

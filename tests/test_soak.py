@@ -1,5 +1,5 @@
-"""A bounded soak (90 s in CI; `python -m client.soak` runs it for longer): concurrent streams,
-cancellations and bad requests against one server, then idle KV cache, no running sequences,
+"""A bounded soak (90 s in CI; `python -m client.soak` runs it for longer): concurrent streams
+(voices named, seeded and sampled, some with text refine), cancellations and bad requests against one server, then idle KV cache, no running sequences,
 resident memory back within the stated margin, every good request's audio complete. The
 vocoder batches chunks on this server (VELOCITY_VOCODER_BATCH=4, the GPU's default is 32)."""
 from __future__ import annotations
@@ -84,5 +84,5 @@ def test_soak(server):
                concurrency=4, max_new=40,
                texts=[t for t in TEXTS if t.isascii()])   # the tiny demo vocabulary lacks most Chinese characters
     assert rep["ok"], f"{rep}\n{server.log()[-3000:]}"
-    assert min(rep["requests"].get(k, 0) for k in ("good complete", "cancelled", "bad rejected",
-                                                          "bad llm rejected")) > 0, rep
+    assert min(rep["requests"].get(k, 0) for k in ("good complete", "cancelled", "bad rejected", "bad llm rejected",
+                                                          "with a sample", "with a named voice", "refined")) > 0, rep

@@ -244,8 +244,10 @@ def test_non_utf8_text_is_rejected(server):
 def llm_inputs(url: str, values: dict) -> list:
     """The llm model's inputs for a TTS request, made by text_frontend."""
     fe = grpcclient.InferenceServerClient(url).infer("text_frontend", make_inputs(grpcclient, values))
-    return array_inputs(grpcclient, {name: fe.as_numpy(name) for name in
-                                     ("TOKEN_IDS", "SENTENCE_LENGTHS", "SPEAKER_VECTOR", "PARAMS_F", "PARAMS_I")})
+    names = ["TOKEN_IDS", "SENTENCE_LENGTHS", "SPEAKER_VECTOR", "PARAMS_F", "PARAMS_I"]
+    if values.get("REFINE_TEXT"):
+        names += ["REFINE_IDS", "REFINE_LENGTHS", "REFINE_PARAMS_F", "REFINE_PARAMS_I", "CODE_PREFIX"]
+    return array_inputs(grpcclient, {name: fe.as_numpy(name) for name in names})
 
 
 def test_metrics_and_cancelling_a_stream_to_llm_frees_its_blocks(server):
@@ -575,3 +577,27 @@ def test_voice_cli_adds_a_named_voice_to_a_voices_file(server, tmp_path):
     assert p.returncode == 0 and "added voice 'me'" in p.stderr, p.stderr
     entry = json.loads(book.read_text())["me"]
     assert entry == {"sample": (tmp_path / "me.txt").read_text().strip(), "sample_text": "hello there"}
+
+
+def test_a_refine_is_cancelled_like_the_rest(server):
+    """A direct llm stream cancelled while its text head still refines (a long REFINE_MAX_NEW_TOKENS):
+    the refine is aborted, its blocks are freed, no audio frame is generated."""
+    import time
+
+    assert wait_for(lambda: server.metric("velocity_kv_blocks_used") == 0 and server.metric("velocity_kv_blocks_free") > 0)
+    idle_free = server.metric("velocity_kv_blocks_free")
+    inputs = llm_inputs(server.grpc_url, {"TEXT": "Refine me for a long time.", "MAX_NEW_TOKENS": 40,
+                                          "REFINE_TEXT": True, "REFINE_MAX_NEW_TOKENS": 1024, "REFINE_TOP_K": 0,
+                                          "REFINE_TEMPERATURE": 1.0})
+    assert any(i.name() == "REFINE_IDS" for i in inputs)
+    frames_before = server.metric("velocity_frames_generated_total")
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    g.start_stream(callback=lambda result, error: None)
+    g.async_stream_infer("llm", inputs, enable_empty_final_response=True)
+    assert wait_for(lambda: server.metric("velocity_running_sequences") == 1, timeout=60)
+    time.sleep(0.3)
+    g.stop_stream(cancel_requests=True)
+    assert wait_for(lambda: server.metric("velocity_kv_blocks_used") == 0 and
+                    server.metric("velocity_running_sequences") == 0, timeout=60)
+    assert server.metric("velocity_kv_blocks_free") == idle_free
+    assert server.metric("velocity_frames_generated_total") == frames_before
