@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from client.tts_client import SAMPLE_RATE, ServerError, fetch_metrics, parse_metric, stream_grpc, synthesize
+from client.triton import ServerError, fetch_metrics, parse_metric, stream_grpc
+from client.tts_client import SAMPLE_RATE, synthesize
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = Path(__file__).with_name("texts.txt")

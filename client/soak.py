@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from client.bench import bench_texts
-from client.tts_client import ServerError, array_inputs, metric, stream_grpc
+from client.triton import ServerError, array_inputs, metric, stream_grpc
 
 TEXTS = bench_texts()
 BAD = [{"TEXT": "   "}, {"TOP_P": 2.0}, {"MAX_NEW_TOKENS": 0}, {"SPEAKER": "not a speaker"}, {"TEMPERATURE": -1.0},

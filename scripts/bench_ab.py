@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from client.bench import ROOT, InProcess, bench_texts, metrics_url_of, run_level  # noqa: E402
-from client.tts_client import fetch_metrics, parse_metric  # noqa: E402
+from client.triton import fetch_metrics, parse_metric  # noqa: E402
 from velocity.serving.core_board import CoreBoard, find_boards  # noqa: E402
 
 log = logging.getLogger("bench_ab")

@@ -22,7 +22,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from client.soak import BAD_LLM, call_llm
-from client.tts_client import ServerError, stream_grpc
+from client.triton import ServerError, stream_grpc
 from test_tts_server import llm_inputs
 from triton_server import ROOT, alive, wait_for
 from velocity.serving.protocol import STREAM_SHUTTING_DOWN, stream_error

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from client.tts_client import ServerError, stream_grpc
+from client.triton import ServerError, stream_grpc
 from triton_server import ROOT, TritonServer, assert_same_audio, wait_for
 from velocity.demo.checkpoint import write_checkpoint
 

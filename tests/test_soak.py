@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from client.soak import TEXTS, soak
-from client.tts_client import array_inputs
+from client.triton import array_inputs
 from triton_server import ROOT, TritonServer, wait_for
 from velocity.demo.checkpoint import write_checkpoint
 

@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from client.tts_client import ServerError, array_inputs, make_inputs, stream_grpc
+from client.triton import ServerError, array_inputs, make_inputs, stream_grpc
 from client.tts_client import main as client_main
 from triton_server import ROOT, assert_same_audio, free_port, wait_for
 from velocity.demo.checkpoint import write_checkpoint
@@ -501,7 +501,7 @@ def test_text_refine_through_the_server_equals_the_pipeline_and_returns_the_refi
     """REFINE_TEXT: the llm runs the text head on each sentence first, then speaks the refined text.
     Greedy throughout: the same refined texts (on each sentence's first chunk, REFINED_TEXT) and
     the same audio as TTSPipeline(refine=...); tts_offline joins the texts; without refine, other audio."""
-    from client.tts_client import stream_grpc
+    from client.triton import stream_grpc
     from velocity.tts.pipeline import TTSPipeline, chattts_params, refine_params
     from velocity.tts.streaming import ChunkSchedule
 
@@ -526,7 +526,7 @@ def test_named_voices_the_default_voice_and_the_voices_list(server, tmp_path):
     """VOICE picks a built-in voice (a seeded draw: SPEAKER_SEED of its seed gives the same audio);
     no voice at all is the default voice; the voices model lists them; bad VOICE is INVALID_ARG
     naming the voices; the client prints the list."""
-    from client.tts_client import list_voices
+    from client.triton import list_voices
 
     base = {"TEXT": "One voice for all. Every sentence.", "SEED": 2, "MAX_NEW_TOKENS": 12}
     named, err = stream_tts(server.grpc_url, {**base, "VOICE": "basil"})
@@ -559,7 +559,7 @@ def test_a_voice_from_the_voices_file_is_its_sample_and_transcript(server):
     by_sample, _ = stream_tts(server.grpc_url, {**base, "SPEAKER_SAMPLE": entry["sample"],
                                                 "SAMPLE_TEXT": entry["sample_text"]})
     assert_same_audio(np.concatenate([a for _, a in by_name]), np.concatenate([a for _, a in by_sample]))
-    from client.tts_client import list_voices
+    from client.triton import list_voices
     clone = [v for v in list_voices(server.grpc_url)["voices"] if v["name"] == "clone"]
     assert clone and clone[0]["kind"] == "sample" and clone[0]["sample_text"] == "the sample text"
 

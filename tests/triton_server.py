@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from client.soak import descendants
-from client.tts_client import fetch_metrics, parse_metric
+from client.triton import fetch_metrics, parse_metric
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = ROOT / "scripts" / "serve.sh"
@@ -127,7 +127,7 @@ class TritonServer:
         return self.log_path.read_text(errors="replace")[-20000:]
 
     def metric(self, name: str) -> float:
-        """One sample from the metrics port (see client.tts_client.parse_metric)."""
+        """One sample from the metrics port (see client.triton.parse_metric)."""
         return parse_metric(self.metrics(), name)
 
     def metrics(self) -> str:

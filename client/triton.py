@@ -1,0 +1,161 @@
+"""Talking to the server: the `tts` inputs as tritonclient tensors, a gRPC stream, HTTP
+generate_stream, `tts_offline`, the `voices` list and the metrics port. Used by the CLI
+(client/tts_client.py), the benchmarks and the tests."""
+from __future__ import annotations
+
+import http.client
+import json
+import queue
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import numpy as np
+
+# Input name -> (Triton datatype, numpy dtype)
+INPUTS = {"TEXT": ("BYTES", object), "PROMPT": ("BYTES", object), "SPEAKER": ("BYTES", object),
+          "SPEAKER_SEED": ("INT64", np.int64), "VOICE": ("BYTES", object),
+          "TEMPERATURE": ("FP32", np.float32), "TOP_P": ("FP32", np.float32), "TOP_K": ("INT32", np.int32),
+          "REPETITION_PENALTY": ("FP32", np.float32), "MAX_NEW_TOKENS": ("INT32", np.int32),
+          "SEED": ("INT64", np.int64), "DECODER": ("BYTES", object),
+          "SPEAKER_SAMPLE": ("BYTES", object), "SAMPLE_TEXT": ("BYTES", object),
+          "REFINE_TEXT": ("BOOL", np.bool_), "REFINE_PROMPT": ("BYTES", object),
+          "REFINE_TEMPERATURE": ("FP32", np.float32), "REFINE_TOP_P": ("FP32", np.float32),
+          "REFINE_TOP_K": ("INT32", np.int32), "REFINE_REPETITION_PENALTY": ("FP32", np.float32),
+          "REFINE_MAX_NEW_TOKENS": ("INT32", np.int32)}
+AUDIO_MAGIC = (b"RIFF", b"fLaC", b"OggS", b"FORM")     # WAV, FLAC, Ogg, AIFF (as the server tells them apart)
+
+
+class ServerError(RuntimeError):
+    """The server is unreachable, the model not ready, or the request failed."""
+
+
+def make_inputs(module, values: dict) -> list:
+    """tritonclient InferInputs, each [1, 1], for the given TTS inputs (None values left out)."""
+    return array_inputs(module, {name: np.array([[v.encode() if isinstance(v, str) else v]], dtype=INPUTS[name][1])
+                                 for name, v in values.items() if v is not None})
+
+
+def array_inputs(module, arrays: dict[str, np.ndarray]) -> list:
+    """tritonclient InferInputs (module: tritonclient.grpc or .http) holding these arrays, their
+    Triton datatype from the numpy one."""
+    from tritonclient.utils import np_to_triton_dtype
+
+    out = []
+    for name, arr in arrays.items():
+        t = module.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+        t.set_data_from_numpy(arr)
+        out.append(t)
+    return out
+
+
+def check_ready(client, model: str, where: str) -> None:
+    try:
+        live = client.is_server_live()
+    except Exception as e:
+        raise ServerError(f"no Triton server at {where} ({e}); start one with `make serve`") from e
+    if not live or not client.is_model_ready(model):
+        raise ServerError(f"model '{model}' is not ready on {where}; see the server log (make serve)")
+
+
+def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True,
+                texts: list | None = None) -> Iterator[tuple[int, np.ndarray]]:
+    """Yield (chunk index, audio) as the `tts` ensemble streams them over one gRPC stream; with
+    text refine each sentence's refined text is appended to `texts` as its first chunk comes."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    if check:
+        check_ready(client, "tts", url)
+    got: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    ended = False        # the server ended the request (final flag or error): nothing to cancel
+    try:
+        client.async_stream_infer("tts", make_inputs(grpcclient, values), enable_empty_final_response=True)
+        while True:
+            result, error = got.get(timeout=timeout)
+            if error is not None:
+                ended = True
+                raise ServerError(str(error))
+            wav = result.as_numpy("WAVEFORM")
+            ended = result.get_response().parameters["triton_final_response"].bool_param
+            if wav is not None:     # the final flag comes on the last chunk or on an empty response
+                refined = result.as_numpy("REFINED_TEXT")
+                if texts is not None and refined is not None and refined.reshape(-1)[0]:
+                    texts.append(refined.reshape(-1)[0].decode())
+                yield int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0]), wav.reshape(-1)
+            if ended:
+                return
+    finally:
+        client.stop_stream(cancel_requests=not ended)    # cancel only a stream left early
+        client.close()
+
+
+def stream_http(url: str, values: dict, timeout: float = 600) -> Iterator[tuple[int, np.ndarray]]:
+    """Yield (chunk index, audio) from POST /v2/models/tts/generate_stream (server-sent events)."""
+    body = json.dumps({k: v for k, v in values.items() if v is not None}).encode()
+    req = urllib.request.Request(f"http://{url}/v2/models/tts/generate_stream", data=body,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            for line in r:
+                if not line.startswith(b"data: "):
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    raise ServerError(event["error"])
+                if "WAVEFORM" in event:
+                    yield int(np.ravel(event["CHUNK_INDEX"])[0]), np.asarray(event["WAVEFORM"], np.float32).reshape(-1)
+    except urllib.error.HTTPError as e:
+        raise ServerError(f"HTTP {e.code}: {e.read().decode(errors='replace')}") from e
+    except urllib.error.URLError as e:
+        raise ServerError(f"no Triton server at http://{url} ({e.reason}); start one with `make serve`") from e
+    except (http.client.HTTPException, ConnectionError, json.JSONDecodeError) as e:
+        raise ServerError(f"http://{url} does not answer as Triton's HTTP endpoint ({type(e).__name__}: {e}); "
+                          "is that the gRPC port? HTTP listens on 8000 by default") from e
+
+
+def offline_grpc(url: str, values: dict) -> Iterator[tuple[int, np.ndarray]]:
+    """The whole waveform from `tts_offline` in one response, as a single chunk."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(url)
+    check_ready(client, "tts_offline", url)
+    try:
+        res = client.infer("tts_offline", make_inputs(grpcclient, values))
+    except InferenceServerException as e:
+        raise ServerError(e.message()) from e
+    yield 0, res.as_numpy("WAVEFORM").reshape(-1)
+
+
+def list_voices(url: str) -> dict:
+    """The server's voices (the `voices` model): {"default": name, "voices": [{"name", "kind", ...}]}."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(url)
+    check_ready(client, "voices", url)
+    try:
+        res = client.infer("voices", [])
+    except InferenceServerException as e:
+        raise ServerError(e.message()) from e
+    return json.loads(res.as_numpy("VOICES").reshape(-1)[0])
+
+
+def fetch_metrics(metrics_url: str) -> str:
+    """The server's Prometheus text (the metrics port, e.g. http://localhost:8002/metrics)."""
+    with urllib.request.urlopen(metrics_url, timeout=5) as r:
+        return r.read().decode()
+
+
+def parse_metric(text: str, name: str) -> float:
+    """The value of the first sample of `name` in Prometheus text."""
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(f"{name} not in the metrics:\n{text[:3000]}")
+
+
+def metric(metrics_url: str, name: str) -> float:
+    return parse_metric(fetch_metrics(metrics_url), name)
