@@ -58,6 +58,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
+from text_fixtures import frontend, speakers  # noqa: E402  (beside this script)
+from voice_fixtures import cloned, refine, voice  # noqa: E402
 
 SIZE, SEED = "tiny", 0        # the demo folder the fixtures are recorded on (tests rebuild it)
 FRAMES = 40                   # GPT frames decoded (0.85 s of audio)
@@ -136,34 +138,6 @@ def audio(folder: Path, mods: dict) -> dict[str, np.ndarray]:
     return out
 
 
-def sample_waves() -> list[np.ndarray]:
-    """Seeded 24 kHz test clips (a chirp in noise; 2 s, and an odd 1.3 s)."""
-    rng, out = np.random.default_rng(77), []
-    for seconds, f0 in ((2.0, 180.0), (1.3, 260.0)):
-        t = np.arange(int(24000 * seconds)) / 24000
-        wave = 0.3 * np.sin(2 * np.pi * (f0 + 150 * t) * t) + 0.05 * rng.standard_normal(t.shape)
-        out.append(wave.astype(np.float32))
-    return out
-
-
-@torch.inference_mode()
-def voice(mods: dict) -> dict[str, np.ndarray]:
-    """What Chat.sample_audio_speaker does with each clip: mel, codes and the sample string."""
-    import torchaudio
-    from ChatTTS.model.speaker import Speaker
-
-    dvae, out = mods["asset/DVAE.safetensors"], {}
-    for i, wave in enumerate(sample_waves()):
-        out[f"wave_{i}"] = wave
-        out[f"mel_{i}"] = dvae.preprocessor_mel(torch.from_numpy(wave.copy())).numpy()
-        codes = dvae.sample_audio(wave.copy())                    # = Chat.sample_audio_speaker before encoding
-        out[f"codes_{i}"] = codes.numpy()
-        out[f"string_{i}"] = np.array(Speaker.encode_prompt(codes))
-    # the filter bank torchaudio builds for the reference's MelSpectrogram(24000, 1024, 256, 100)
-    out["torchaudio_fb"] = torchaudio.functional.melscale_fbanks(513, 0.0, 12000.0, 100, 24000).numpy()
-    return out
-
-
 # (temperature, top_P, top_K, repetition_penalty, min_new_token): the reference's defaults first
 SAMPLING_CASES = [(0.3, 0.7, 20, 1.05, 0), (0.7, 0.95, 5, 1.3, 0), (1.0, 0.5, None, 1.0, 0),
                   (0.3, 1.0, 50, 1.05, 0), (0.3, 0.7, 20, 1.05, 100), (1.5, 0.3, 2, 1.05, 0)]
@@ -195,82 +169,6 @@ def sampling() -> dict[str, np.ndarray]:
             x[:, V - 1] = -torch.inf
         out[f"filtered_{n}"] = x.reshape(B, K, V).numpy()
     return out
-
-
-@torch.inference_mode()
-def speakers() -> dict[str, np.ndarray]:
-    """What Speaker.apply writes at the [spk_emb] position, for speaker strings of several scales
-    and one the reference samples itself (sample_random_speaker's way)."""
-    from ChatTTS.config import Config
-    from ChatTTS.model.speaker import Speaker
-
-    from velocity.tts.speaker import encode_speaker
-
-    c = Config()
-    spk = Speaker(c.gpt.hidden_size, c.spk_stat)
-    rng = np.random.default_rng(7)
-    torch.manual_seed(7)
-    strings = [encode_speaker(rng.standard_normal(c.gpt.hidden_size) * s) for s in (1.0, 0.003, 40.0)]
-    strings.append(spk.sample_random())
-    rows = []
-    for s in strings:
-        emb = torch.zeros(1, 3, c.gpt.hidden_size)
-        ids = torch.tensor([[[1] * 4, [5] * 4, [2] * 4]])            # 5 plays [spk_emb]'s id
-        rows.append(spk.apply(emb, s, ids, 5, torch.device("cpu"))[0, 1].numpy().copy())
-    # random speakers from given statistics (seeded here, not the release's): the reference's
-    # Speaker built on them, torch.manual_seed(seed), then its draw
-    import pybase16384 as b14
-    g = np.random.default_rng(11)
-    dim = c.gpt.hidden_size
-    stats = np.stack([0.5 + g.random(dim), 0.3 * g.standard_normal(dim)]).astype(np.float16)
-    seeded = Speaker(dim, b14.encode_to_string(stats.tobytes()))
-    seeds = [0, 1, 7, 123456789, 2**62 + 3]
-    draws = []
-    for seed in seeds:
-        torch.manual_seed(seed)
-        draws.append(seeded._sample_random().numpy().copy())
-    return {"strings": np.array(strings), "rows": np.stack(rows), "stats": stats, "seeds": np.array(seeds, np.int64),
-            "random": np.stack(draws)}
-
-
-# Texts whose every character the reference defines (no digits: it drops them, we read them):
-# punctuation, apostrophes, question marks, brackets, both languages, mixed, split points
-FRONTEND_TEXTS = [
-    "Really? Yes! It's fine.", "Hello: world; one (two) <three> four-five.", "Don't stop. Keep going, please.",
-    "What is this? I do not know!", "salt and pepper, “quoted” words — dash", "e.g. this. And that.",
-    "你好，世界！今天天气很好。", "真的吗？是的！", "注意：安全第一；请（小心）。", "他说「你好」，我说《再见》。",
-    "我们一起去吧。明天见。", "Hello 你好，世界。", "你好 hello world again", "第一行\n第二行！\n",
-    "我喜欢apple和banana。", "A-B-C, 一、二、三。",
-]
-FRONTEND_VOCAB = 21178       # the full demo's vocabulary: every CJK ideograph U+4E00-U+9FA5
-
-
-def frontend() -> dict[str, np.ndarray]:
-    """The reference's text path for each text: infer()'s split, Normalizer (text normalisation and
-    homophones), decorate_code_prompts, its tokenizer; the prompt ids of every piece (no speaker,
-    [speed_5]). On the full demo's tokenizer, written by our writer."""
-    import re
-
-    import ChatTTS
-    from ChatTTS.model.speaker import Speaker
-    from ChatTTS.model.tokenizer import Tokenizer
-
-    from velocity.demo.checkpoint import write_tokenizer
-
-    chat = ChatTTS.Chat()
-    ids, pieces = [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        write_tokenizer(Path(tmp), FRONTEND_VOCAB)
-        tok = Tokenizer(tmp)
-        for text in FRONTEND_TEXTS:
-            parts = text.split("\n") if "\n" in text else re.split(r"(?<=。)|(?<=\.\s)", text)   # Chat.infer's split
-            parts = [chat.normalizer(p, True, True) for p in parts if p]
-            prompts = Speaker.decorate_code_prompts(parts, "[speed_5]", None, None)
-            for p in prompts:
-                ids.append(tok.encode([p], 4)[0][0, :, 0].numpy())
-            pieces.append(len(prompts))
-    return {"texts": np.array(FRONTEND_TEXTS), "pieces": np.array(pieces), "lengths": np.array([len(i) for i in ids]),
-            "ids": np.concatenate(ids), "vocab": np.array(FRONTEND_VOCAB)}
 
 
 GREEDY_TEXTS = ["hello world", "this is a test of the engine", "the quick brown fox jumps over the lazy dog"]
@@ -327,65 +225,6 @@ def greedy(folder: Path) -> dict[str, np.ndarray]:
     return out
 
 
-SAMPLE_TEXT = "this is the voice sample"
-
-
-@torch.inference_mode()
-def cloned(folder: Path, sample: str) -> dict[str, np.ndarray]:
-    """Chat._infer_code with spk_smp (a sample string) and txt_smp, as greedy() does without."""
-    import ChatTTS
-
-    from velocity.tts.speaker import encode_speaker
-
-    chat = reference_chat(folder)
-    speaker = encode_speaker(np.random.default_rng(3).standard_normal(chat.config.gpt.hidden_size))
-    out: dict[str, np.ndarray] = {"texts": np.array(GREEDY_TEXTS[:2]), "speaker": np.array(speaker),
-                                  "sample": np.array(sample), "sample_text": np.array(SAMPLE_TEXT)}
-    for n, text in enumerate(GREEDY_TEXTS[:2]):
-        for spk in (None, speaker):
-            params = ChatTTS.Chat.InferCodeParams(temperature=1e-6, max_new_token=GREEDY_FRAMES, spk_emb=spk,
-                                                  spk_smp=sample, txt_smp=SAMPLE_TEXT, show_tqdm=False)
-            ids, _, _ = chat.tokenizer.encode(
-                chat.speaker.decorate_code_prompts([text], params.prompt, SAMPLE_TEXT, spk), chat.config.gpt.num_vq,
-                prompt=chat.speaker.decode_prompt(sample))
-            r = list(chat._infer_code([text], False, torch.device("cpu"), True, params))[-1]
-            key = f"{n}_{'spk' if spk else 'none'}"
-            out[f"prompt_{key}"] = ids[0].numpy()                # [L, num_vq]: text rows repeat the id
-            out[f"frames_{key}"] = r.ids[0].numpy()
-            out[f"hidden_{key}"] = r.hiddens[0].numpy()
-    return out
-
-
-REFINE_PROMPTS = ["", "[oral_2][laugh_0][break_6]"]     # the reference's default, and its README's
-REFINE_TOKENS = 40
-
-
-@torch.inference_mode()
-def refine(folder: Path) -> dict[str, np.ndarray]:
-    """Chat.infer's refine step (normalised text -> text head -> ids below [break_0] -> decoded
-    text), then the audio prompt the refined text makes (its _infer_code template)."""
-    import ChatTTS
-
-    chat = reference_chat(folder)
-    out: dict[str, np.ndarray] = {"texts": np.array(GREEDY_TEXTS[:2]), "prompts": np.array(REFINE_PROMPTS)}
-    for n, text in enumerate(GREEDY_TEXTS[:2]):
-        for m, prompt in enumerate(REFINE_PROMPTS):
-            params = ChatTTS.Chat.RefineTextParams(prompt=prompt, temperature=1e-6, max_new_token=REFINE_TOKENS,
-                                                   show_tqdm=False)
-            ids, _, _ = chat.tokenizer.encode(chat.speaker.decorate_text_prompts([text], prompt), chat.config.gpt.num_vq)
-            r = chat._refine_text([text], torch.device("cpu"), params)
-            kept = [i[i.less(chat.tokenizer.break_0_ids)] for i in r.ids]
-            refined = chat.tokenizer.decode(kept)[0]
-            code, _, _ = chat.tokenizer.encode(chat.speaker.decorate_code_prompts([refined], "[speed_5]", None, None),
-                                               chat.config.gpt.num_vq)
-            key = f"{n}_{m}"
-            out[f"refine_prompt_{key}"] = ids[0, :, 0].numpy()
-            out[f"generated_{key}"] = r.ids[0].numpy()
-            out[f"refined_{key}"] = np.array(refined)
-            out[f"code_prompt_{key}"] = code[0, :, 0].numpy()
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(ROOT / "tests" / "fixtures" / "chattts_0.2.5"))
@@ -409,8 +248,9 @@ def main() -> None:
         np.savez_compressed(out / "greedy.npz", **greedy(folder))
         voices = voice(mods)
         np.savez_compressed(out / "voice.npz", **voices)
-        np.savez_compressed(out / "cloned.npz", **cloned(folder, str(voices["string_0"])))
-        np.savez_compressed(out / "refine.npz", **refine(folder))
+        chat = reference_chat(folder)
+        np.savez_compressed(out / "cloned.npz", **cloned(chat, str(voices["string_0"]), GREEDY_TEXTS[:2], GREEDY_FRAMES))
+        np.savez_compressed(out / "refine.npz", **refine(chat, GREEDY_TEXTS[:2]))
     np.savez_compressed(out / "sampling.npz", **sampling())
     np.savez_compressed(out / "speakers.npz", **speakers())
     np.savez_compressed(out / "frontend.npz", **frontend())
