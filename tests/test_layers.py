@@ -5,6 +5,7 @@
     2  velocity.engine    sequences, blocks, scheduling, workers, sampling; velocity.llm over it
     3  velocity.tts       text front end, speakers, streaming decode, pipeline; velocity.demo
     4  velocity.serving   settings, validation and the pieces the Triton models share
+    5  velocity.gateway   the OpenAI-compatible API in front of the server
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import sys
 from triton_server import ROOT
 
 RANKS = {"velocity.config": 0, "velocity.sampling_params": 0, "velocity.release": 0, "velocity.model": 1,
-         "velocity.engine": 2, "velocity.llm": 2, "velocity.tts": 3, "velocity.demo": 3, "velocity.serving": 4}
+         "velocity.engine": 2, "velocity.llm": 2, "velocity.tts": 3, "velocity.demo": 3, "velocity.serving": 4,
+         "velocity.gateway": 5}
 
 
 def rank(module: str) -> int:

@@ -1,0 +1,140 @@
+"""The OpenAI-compatible speech API (velocity.gateway) in front of a real server, with the
+official `openai` client: every format decodes (PyAV) to the audio `tts` streams, streamed and
+not; SSE events; errors in OpenAI's shape."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+
+import numpy as np
+import pytest
+
+from client.triton import stream_grpc
+from triton_server import ROOT, free_port, wait_for
+
+pytestmark = pytest.mark.server
+# decoded duration against the samples streamed: mp3 and aac add their encoder's priming and
+# last-frame padding (LAME ~1105 samples + a frame; AAC 1024 + a frame), at most 0.15 s here
+SLACK_S = {"mp3": 0.15, "aac": 0.15, "opus": 0.025, "flac": 0.0, "wav": 0.0, "pcm": 0.0}
+
+
+@pytest.fixture(scope="module")
+def gateway(tts_server):
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-m", "velocity.gateway.app", "--triton", tts_server.grpc_url,
+                          "--host", "127.0.0.1", "--port", str(port)], cwd=ROOT, start_new_session=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def healthy() -> bool:
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200
+        except OSError:
+            return False
+
+    assert wait_for(healthy, 60), p.stdout.read1().decode() if p.poll() is not None else "gateway not healthy"
+    yield f"http://127.0.0.1:{port}"
+    os.killpg(p.pid, signal.SIGTERM)
+    p.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def openai_client(gateway):
+    import openai
+    return openai.OpenAI(base_url=gateway + "/v1", api_key="unused", max_retries=0)
+
+
+def decoded_seconds(data: bytes, fmt: str) -> float:
+    if fmt == "pcm":
+        return len(data) / 2 / 24000
+    import av
+    c = av.open(io.BytesIO(data))
+    n = sum(f.samples for f in c.decode(audio=0))
+    return n / c.streams.audio[0].rate
+
+
+REQ = {"input": "Hello from the gateway.", "seed": 3, "temperature": 0.5}
+
+
+def served_seconds(tts_server, voice: str = "amber") -> float:
+    audio = np.concatenate([a for _, a in stream_grpc(tts_server.grpc_url, {"TEXT": REQ["input"], "SEED": 3,
+                                                                           "TEMPERATURE": 0.5, "VOICE": voice,
+                                                                           "PROMPT": "[speed_5]"}, timeout=120)])
+    return len(audio) / 24000
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac", "wav", "pcm"])
+def test_every_format_decodes_to_the_streamed_audio(openai_client, tts_server, fmt):
+    want = served_seconds(tts_server)
+    data = openai_client.audio.speech.create(model="tts-1", voice="amber", response_format=fmt, **{
+        "input": REQ["input"], "extra_body": {"seed": 3, "temperature": 0.5}}).read()
+    got = decoded_seconds(data, fmt)
+    assert want - 0.001 <= got <= want + SLACK_S[fmt] + 0.001, (fmt, got, want)
+    if fmt == "wav":
+        assert data[:4] == b"RIFF" and data[4:8] == b"\xff\xff\xff\xff"      # streamed: size unknown
+
+
+def test_streamed_response_arrives_in_pieces_and_equals_the_whole(openai_client):
+    kw = dict(model="chattts", voice="basil", input="One. Two. Three.", response_format="pcm",
+              extra_body={"seed": 1})
+    whole = openai_client.audio.speech.create(**kw).read()
+    with openai_client.audio.speech.with_streaming_response.create(**kw) as r:
+        parts = [p for p in r.iter_bytes() if p]
+    assert len(parts) > 1 and b"".join(parts) == whole
+
+
+def test_sse_events(gateway):
+    body = json.dumps({"model": "tts-1", "voice": "amber", "input": "Events.", "response_format": "pcm",
+                       "stream_format": "sse", "seed": 2}).encode()
+    req = urllib.request.Request(gateway + "/v1/audio/speech", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        events = [json.loads(line[6:]) for line in r.read().decode().splitlines() if line.startswith("data: ")]
+    assert events[-1]["type"] == "speech.audio.done" and all(e["type"] == "speech.audio.delta" for e in events[:-1])
+    pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    assert len(pcm) > 0 and len(pcm) % 2 == 0
+
+
+@pytest.mark.parametrize("kw,status,param,match", [
+    (dict(voice="nobody"), 400, "voice", "voice 'nobody' is not a voice here; voices: amber, basil"),
+    (dict(response_format="ogg"), 400, "response_format", "response_format must be one of mp3, opus"),
+    (dict(speed=5.0), 400, "speed", r"speed must be a number in \[0.25, 4.0\]"),
+    (dict(model="gpt-4"), 400, "model", "model must be one of tts-1, tts-1-hd, chattts"),
+    (dict(input="x" * 2001), 400, "input", "TEXT has 2001 characters; the limit is 2000"),
+    (dict(extra_body={"temperature": -1}), 400, "temperature", "TEMPERATURE must be >= 0"),
+])
+def test_errors_have_openais_shape(openai_client, kw, status, param, match):
+    import re
+
+    import openai
+    args = dict(model="tts-1", voice="amber", input="Hi.", response_format="wav") | kw
+    with pytest.raises(openai.APIStatusError) as e:
+        openai_client.audio.speech.create(**args).read()
+    err = e.value.body if isinstance(e.value.body, dict) and "message" in e.value.body else e.value.body["error"]
+    assert e.value.status_code == status and err["param"] == param and re.search(match, err["message"]), err
+
+
+def test_models_voices_and_health(gateway, openai_client):
+    assert {m.id for m in openai_client.models.list()} == {"tts-1", "tts-1-hd", "chattts"}
+    voices = json.loads(urllib.request.urlopen(gateway + "/v1/audio/voices", timeout=10).read())
+    assert voices["default"] == "amber" and {"amber", "basil", "clone"} <= set(voices["voices"])
+    assert urllib.request.urlopen(gateway + "/health", timeout=10).status == 200
+
+
+def test_the_readmes_gateway_examples(gateway, tmp_path):
+    """The README's curl body and openai snippet, as written (the port and the file moved)."""
+    import re
+    readme = (ROOT / "README.md").read_text()
+    body = re.search(r"curl -s localhost:8080/v1/audio/speech [^']*-d '(.*?)' > hello.mp3", readme, re.S)[1]
+    req = urllib.request.Request(gateway + "/v1/audio/speech", data=body.encode(),
+                                 headers={"Content-Type": "application/json"})
+    assert decoded_seconds(urllib.request.urlopen(req, timeout=120).read(), "mp3") > 0.1
+    part = readme.split("With the official `openai` package")[1].split("Fields:")[0]
+    code = "\n".join(line[4:] for line in part.splitlines() if line.startswith("    "))
+    code = code.replace("http://localhost:8080", gateway).replace('"hello.wav"', repr(str(tmp_path / "hello.wav")))
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=tmp_path)
+    assert decoded_seconds((tmp_path / "hello.wav").read_bytes(), "wav") > 0.1

@@ -1,0 +1,243 @@
+"""An OpenAI-compatible speech API in front of the Triton server: `POST /v1/audio/speech` streams
+the `tts` ensemble's chunks, encoded as they arrive, one gRPC stream per request, many at once.
+
+    velocity-tts-gateway --triton localhost:8001 --port 8080
+
+Also `GET /v1/models`, `GET /v1/audio/voices` (the server's `voices` model) and `GET /health`
+(200 only while Triton's `tts` is ready). Errors have OpenAI's shape, {"error": {"message",
+"type", "param", "code"}}: 400 for what the request got wrong, 503 with Retry-After when the
+server is busy or draining, 502 when Triton cannot be reached.
+"""
+import argparse
+import base64
+import json
+import logging
+import math
+from collections.abc import AsyncIterator
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from velocity.gateway.encode import FORMATS, Encoder
+
+log = logging.getLogger("velocity.gateway")
+MODELS = ("tts-1", "tts-1-hd", "chattts")
+SAMPLE_RATE = 24000                  # the release's, what `tts` streams
+RETRYABLE = ("server busy", "shutting down")
+
+
+class ApiError(Exception):
+    """An error response in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict:
+        kind = "invalid_request_error" if self.status == 400 else "server_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+def speed_prompt(speed: float) -> str:
+    """OpenAI's speed (0.25-4.0, 1 = normal) -> ChatTTS's [speed_N] (0-9, 5 = normal):
+    N = round(5 + 2 log2(speed)), so 0.25 -> 1, 0.5 -> 3, 1 -> 5, 2 -> 7, 4 -> 9."""
+    return f"[speed_{min(9, max(0, round(5 + 2 * math.log2(speed))))}]"
+
+
+def triton_values(body: dict, voices: list[str]) -> tuple[dict, str, str]:
+    """The request body -> (the `tts` inputs, response_format, stream_format); ApiError 400 naming
+    the field and its allowed values."""
+    def need(name: str, kind, allowed: str):
+        v = body.get(name)
+        if v is None or not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:
+            raise ApiError(400, f"{name} is required: {allowed}", name)
+        return v
+
+    model = need("model", str, f"one of {', '.join(MODELS)}")
+    if model not in MODELS:
+        raise ApiError(400, f"model must be one of {', '.join(MODELS)}, got {model!r}", "model")
+    text = need("input", str, "the text to speak")
+    voice = need("voice", str, f"a voice ({', '.join(voices)}) or a speaker string")
+    fmt = body.get("response_format", "mp3")
+    if fmt not in FORMATS:
+        raise ApiError(400, f"response_format must be one of {', '.join(FORMATS)}, got {fmt!r}", "response_format")
+    stream_format = body.get("stream_format", "audio")
+    if stream_format not in ("audio", "sse"):
+        raise ApiError(400, f'stream_format must be "audio" or "sse", got {stream_format!r}', "stream_format")
+    speed = body.get("speed", 1.0)
+    if not isinstance(speed, (int, float)) or isinstance(speed, bool) or not 0.25 <= speed <= 4.0:
+        raise ApiError(400, f"speed must be a number in [0.25, 4.0], got {speed!r}", "speed")
+    values: dict = {"TEXT": text, "PROMPT": speed_prompt(float(speed))}
+    if voice in voices:
+        values["VOICE"] = voice
+    elif len(voice) > 32:                     # a speaker string (the release's are ~300 characters)
+        values["SPEAKER"] = voice
+    else:
+        raise ApiError(400, f"voice {voice!r} is not a voice here; voices: {', '.join(voices)} "
+                            "(or pass a speaker string)", "voice")
+    # our extras: (body field, tts input, type)
+    for field, name, kind in (("seed", "SEED", int), ("temperature", "TEMPERATURE", float), ("top_p", "TOP_P", float),
+                              ("top_k", "TOP_K", int), ("refine", "REFINE_TEXT", bool),
+                              ("speaker_sample", "SPEAKER_SAMPLE", str), ("sample_text", "SAMPLE_TEXT", str)):
+        if field in body and body[field] is not None:
+            v = body[field]
+            ok = isinstance(v, bool) if kind is bool else isinstance(v, kind) and not isinstance(v, bool) or \
+                kind is float and isinstance(v, int) and not isinstance(v, bool)
+            if not ok:
+                raise ApiError(400, f"{field} must be {kind.__name__}, got {v!r}", field)
+            values[name] = v
+    return values, fmt, stream_format
+
+
+def triton_error(message: str) -> ApiError:
+    """A `tts` stream's error -> 503 (retry: busy, draining), 500 (our fault) or 400 (the request's)."""
+    if any(m in message for m in RETRYABLE):
+        return ApiError(503, message, code="server_busy")
+    if "generation failed" in message or "internal error" in message:
+        return ApiError(500, message, code="internal_error")
+    param = next((f for f, n in (("input", "TEXT"), ("voice", "VOICE"), ("voice", "SPEAKER"), ("speed", "PROMPT"),
+                                 ("speaker_sample", "SPEAKER_SAMPLE"), ("sample_text", "SAMPLE_TEXT"),
+                                 ("temperature", "TEMPERATURE"), ("top_p", "TOP_P"), ("top_k", "TOP_K"),
+                                 ("seed", "SEED")) if n in message), None)
+    return ApiError(400, message, param)
+
+
+class Gateway:
+    """The Triton side: one aio gRPC client, a stream per request."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._client = None
+
+    @property
+    def client(self):
+        if self._client is None:
+            import tritonclient.grpc.aio as grpcclient
+            self._client = grpcclient.InferenceServerClient(self.url)
+        return self._client
+
+    async def ready(self) -> bool:
+        try:
+            return await self.client.is_model_ready("tts")
+        except Exception:
+            return False
+
+    async def voices(self) -> dict:
+        from tritonclient.utils import InferenceServerException
+        try:
+            res = await self.client.infer("voices", [])
+        except InferenceServerException as e:
+            raise ApiError(502, f"the Triton server at {self.url} did not answer ({e.message()})") from e
+        return json.loads(res.as_numpy("VOICES").reshape(-1)[0])
+
+    async def chunks(self, values: dict) -> AsyncIterator[np.ndarray]:
+        """The request's audio chunks in order; ApiError for an error before or during the stream.
+        Leaving early (the client hung up) cancels the Triton stream."""
+        import tritonclient.grpc.aio as grpcclient
+
+        from velocity.gateway.inputs import make_inputs
+
+        async def requests():
+            yield {"model_name": "tts", "inputs": make_inputs(grpcclient, values), "enable_empty_final_response": True}
+
+        stream = self.client.stream_infer(requests())
+        pending: dict[int, np.ndarray] = {}
+        nxt = 0
+        try:
+            async for result, error in stream:
+                if error is not None:
+                    raise triton_error(str(error))
+                wav = result.as_numpy("WAVEFORM")
+                if wav is not None:
+                    pending[int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0])] = wav.reshape(-1)
+                    while nxt in pending:
+                        yield pending.pop(nxt)
+                        nxt += 1
+                if result.get_response().parameters["triton_final_response"].bool_param:
+                    return
+        except ApiError:
+            raise
+        except Exception as e:                      # the connection, not the request
+            raise ApiError(502, f"the Triton server at {self.url} failed: {e}") from e
+        finally:
+            stream.cancel()
+
+
+def create_app(triton_url: str) -> FastAPI:
+    """The ASGI app (FastAPI)."""
+    app = FastAPI(title="velocity-tts", docs_url=None, redoc_url=None)
+    gw = Gateway(triton_url)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError):
+        headers = {"Retry-After": "1"} if e.status == 503 else None
+        return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+    @app.get("/health")
+    async def health():
+        ok = await gw.ready()
+        return JSONResponse({"status": "ok" if ok else "unavailable"}, status_code=200 if ok else 503)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "velocity-tts"} for m in MODELS]}
+
+    @app.get("/v1/audio/voices")
+    async def voices():
+        listing = await gw.voices()
+        return {"default": listing["default"], "voices": [v["name"] for v in listing["voices"]],
+                "details": listing["voices"]}
+
+    @app.post("/v1/audio/speech")
+    async def speech(request: Request):
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"the body must be JSON ({e})") from e
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body must be a JSON object")
+        names = [v["name"] for v in (await gw.voices())["voices"]]
+        values, fmt, stream_format = triton_values(body, names)
+        chunks = gw.chunks(values)
+        first = await anext(chunks, None)              # errors before the first byte are real HTTP errors
+        enc = Encoder(fmt, SAMPLE_RATE)
+
+        async def audio():
+            try:
+                if first is not None:
+                    yield enc.push(first)
+                async for chunk in chunks:
+                    yield enc.push(chunk)
+                yield enc.finish()
+            finally:
+                await chunks.aclose()
+
+        async def sse():
+            async for data in audio():
+                if data:
+                    yield f"data: {json.dumps({'type': 'speech.audio.delta', 'audio': base64.b64encode(data).decode()})}\n\n"
+            yield f"data: {json.dumps({'type': 'speech.audio.done'})}\n\n"
+
+        if stream_format == "sse":
+            return StreamingResponse(sse(), media_type="text/event-stream")
+        return StreamingResponse(audio(), media_type=FORMATS[fmt])
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    """velocity-tts-gateway: the OpenAI-compatible speech API."""
+    import uvicorn
+
+    ap = argparse.ArgumentParser(prog="velocity-tts-gateway", description=main.__doc__)
+    ap.add_argument("--triton", default="localhost:8001", help="the Triton server's gRPC address")
+    ap.add_argument("--host", default="0.0.0.0")
+    ap.add_argument("--port", type=int, default=8080)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[gateway] %(levelname)s %(message)s")
+    uvicorn.run(create_app(args.triton), host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
