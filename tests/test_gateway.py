@@ -138,3 +138,28 @@ def test_the_readmes_gateway_examples(gateway, tmp_path):
     code = code.replace("http://localhost:8080", gateway).replace('"hello.wav"', repr(str(tmp_path / "hello.wav")))
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=tmp_path)
     assert decoded_seconds((tmp_path / "hello.wav").read_bytes(), "wav") > 0.1
+
+
+def test_a_client_that_hangs_up_mid_stream_frees_its_blocks(gateway, tts_server):
+    """The gateway cancels its Triton stream when the HTTP client goes; Triton 2.51 does not pass
+    a cancel through the ensemble, so the llm runs on to MAX_NEW_TOKENS (the server's 200 here)
+    and then frees everything: no block stays in use, nothing runs."""
+    import http.client
+    assert wait_for(lambda: tts_server.metric("velocity_kv_blocks_used") == 0)
+    idle_free = tts_server.metric("velocity_kv_blocks_free")
+    host, port = gateway.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    conn.request("POST", "/v1/audio/speech", body=json.dumps({"model": "tts-1", "voice": "amber", "input": "A long one.",
+                                                              "response_format": "pcm", "seed": 1}),
+                 headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    assert r.status == 200 and r.read(1024)             # audio flows
+    conn.sock.close()                                    # hang up mid-stream
+    assert wait_for(lambda: tts_server.metric("velocity_kv_blocks_used") == 0 and
+                    tts_server.metric("velocity_running_sequences") == 0, timeout=120)
+    assert tts_server.metric("velocity_kv_blocks_free") == idle_free
+    again = urllib.request.urlopen(urllib.request.Request(
+        gateway + "/v1/audio/speech", data=json.dumps({"model": "tts-1", "voice": "amber", "input": "Still here.",
+                                                       "response_format": "pcm"}).encode(),
+        headers={"Content-Type": "application/json"}), timeout=120).read()
+    assert len(again) > 0
