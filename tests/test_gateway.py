@@ -163,3 +163,30 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_blocks(gateway, tts_server)
                                                        "response_format": "pcm"}).encode(),
         headers={"Content-Type": "application/json"}), timeout=120).read()
     assert len(again) > 0
+
+
+def test_api_keys_body_limit_and_cors(tmp_path):
+    """No server needed: the guard answers before Triton is asked."""
+    from fastapi.testclient import TestClient
+
+    from velocity.gateway.app import create_app
+    from velocity.serving.settings import Settings
+
+    (tmp_path / "keys").write_text("from-file\n\n")
+    app = create_app("127.0.0.1:1", Settings(gateway_api_keys="k1, k2", gateway_api_keys_file=str(tmp_path / "keys"),
+                                             gateway_max_body_bytes=100, gateway_cors_origins="https://a.example"))
+    c = TestClient(app)
+    r = c.get("/v1/models")
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert c.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    for key in ("k1", "k2", "from-file"):
+        assert c.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    r = c.post("/v1/audio/speech", content=b"x" * 200, headers={"Authorization": "Bearer k1"})
+    assert r.status_code == 413 and "the limit is 100" in r.json()["error"]["message"]
+    pre = c.options("/v1/models", headers={"Origin": "https://a.example", "Access-Control-Request-Method": "GET"})
+    assert pre.headers.get("access-control-allow-origin") == "https://a.example"
+    assert c.get("/health").status_code == 503                      # no Triton at 127.0.0.1:1
+    open_app = TestClient(create_app("127.0.0.1:1", Settings()))
+    assert open_app.get("/v1/models").status_code == 200             # no keys: open
+    assert "access-control-allow-origin" not in open_app.get(
+        "/v1/models", headers={"Origin": "https://a.example"}).headers  # CORS off by default

@@ -35,7 +35,7 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
     def body(self) -> dict:
-        kind = "invalid_request_error" if self.status == 400 else "server_error"
+        kind = "invalid_request_error" if self.status in (400, 401, 413) else "server_error"
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
 
@@ -164,10 +164,44 @@ class Gateway:
             stream.cancel()
 
 
-def create_app(triton_url: str) -> FastAPI:
-    """The ASGI app (FastAPI)."""
+def api_keys(settings) -> set[str]:
+    """The keys a request may bear (VELOCITY_GATEWAY_API_KEYS and _FILE); none: the API is open."""
+    from pathlib import Path
+
+    keys = {k.strip() for k in settings.gateway_api_keys.split(",") if k.strip()}
+    if settings.gateway_api_keys_file:
+        keys |= {k.strip() for k in Path(settings.gateway_api_keys_file).read_text().splitlines() if k.strip()}
+    return keys
+
+
+def create_app(triton_url: str, settings=None) -> FastAPI:
+    """The ASGI app (FastAPI). settings: velocity.serving.settings.Settings (default: from the environment)."""
+    from velocity.serving.settings import Settings
+
+    settings = settings or Settings.from_env()
+    keys, limit = api_keys(settings), settings.gateway_max_body_bytes
     app = FastAPI(title="velocity-tts", docs_url=None, redoc_url=None)
     gw = Gateway(triton_url)
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        """API keys (Authorization: Bearer) on /v1, and the body size limit."""
+        if keys and request.url.path.startswith("/v1/"):
+            auth = request.headers.get("authorization", "")
+            if not auth.startswith("Bearer ") or auth[7:].strip() not in keys:
+                return JSONResponse(ApiError(401, "a valid API key is required: Authorization: Bearer <key>",
+                                             code="invalid_api_key").body(), status_code=401)
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > limit:
+            return JSONResponse(ApiError(413, f"the request body is {size} bytes; the limit is {limit} "
+                                              "(VELOCITY_GATEWAY_MAX_BODY_BYTES)").body(), status_code=413)
+        return await call_next(request)
+
+    # added after the guard, so outside it: preflights (no key) are answered by CORS
+    if settings.gateway_cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+        app.add_middleware(CORSMiddleware, allow_origins=settings.gateway_cors_origins.split(","),
+                           allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"])
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):

@@ -47,6 +47,11 @@ class Settings:
     # steps (as before 2026-11-23), kept for A/B runs (docs/benchmarks.md)
     response_thread: int = 1                 # VELOCITY_RESPONSE_THREAD
     log_level: str = "INFO"                  # VELOCITY_LOG_LEVEL: velocity's lines in the server log
+    # the OpenAI-compatible gateway (velocity-tts-gateway)
+    gateway_api_keys: str = ""               # VELOCITY_GATEWAY_API_KEYS: comma-separated keys ("": open)
+    gateway_api_keys_file: str = ""          # VELOCITY_GATEWAY_API_KEYS_FILE: one key per line
+    gateway_max_body_bytes: int = 4 << 20    # VELOCITY_GATEWAY_MAX_BODY_BYTES: larger requests get 413
+    gateway_cors_origins: str = ""           # VELOCITY_GATEWAY_CORS_ORIGINS: comma-separated ("": no CORS)
 
     @classmethod
     def from_env(cls) -> "Settings":
