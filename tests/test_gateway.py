@@ -190,3 +190,14 @@ def test_api_keys_body_limit_and_cors(tmp_path):
     assert open_app.get("/v1/models").status_code == 200             # no keys: open
     assert "access-control-allow-origin" not in open_app.get(
         "/v1/models", headers={"Origin": "https://a.example"}).headers  # CORS off by default
+
+
+def test_gateway_metrics_count_requests_and_time_to_first_byte(gateway, openai_client):
+    import openai
+    openai_client.audio.speech.create(model="tts-1", voice="amber", input="Count me.", response_format="flac").read()
+    with pytest.raises(openai.BadRequestError):
+        openai_client.audio.speech.create(model="tts-1", voice="nobody", input="Hi.", response_format="flac").read()
+    text = urllib.request.urlopen(gateway + "/metrics", timeout=10).read().decode()
+    assert 'velocity_gateway_requests_total{format="flac",status="200"}' in text
+    assert 'velocity_gateway_requests_total{format="flac",status="400"}' in text
+    assert 'velocity_gateway_time_to_first_byte_seconds_count{format="flac"}' in text

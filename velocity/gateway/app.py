@@ -13,6 +13,7 @@ import base64
 import json
 import logging
 import math
+import time
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -164,6 +165,25 @@ class Gateway:
             stream.cancel()
 
 
+class GatewayMetrics:
+    """The gateway's Prometheus series (its own registry): time to the first audio byte, and
+    requests by format and HTTP status."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        self.registry = CollectorRegistry()
+        self.first_byte = Histogram("velocity_gateway_time_to_first_byte_seconds",
+                                    "Request arrival to its first audio chunk from Triton", ["format"],
+                                    buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5, 10), registry=self.registry)
+        self.requests = Counter("velocity_gateway_requests", "Speech requests, by format and HTTP status",
+                                ["format", "status"], registry=self.registry)
+
+    def render(self) -> bytes:
+        from prometheus_client import generate_latest
+        return generate_latest(self.registry)
+
+
 def api_keys(settings) -> set[str]:
     """The keys a request may bear (VELOCITY_GATEWAY_API_KEYS and _FILE); none: the API is open."""
     from pathlib import Path
@@ -182,6 +202,7 @@ def create_app(triton_url: str, settings=None) -> FastAPI:
     keys, limit = api_keys(settings), settings.gateway_max_body_bytes
     app = FastAPI(title="velocity-tts", docs_url=None, redoc_url=None)
     gw = Gateway(triton_url)
+    metrics = GatewayMetrics()
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
@@ -213,6 +234,11 @@ def create_app(triton_url: str, settings=None) -> FastAPI:
         ok = await gw.ready()
         return JSONResponse({"status": "ok" if ok else "unavailable"}, status_code=200 if ok else 503)
 
+    @app.get("/metrics")
+    async def prometheus():
+        from fastapi.responses import Response
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "velocity-tts"} for m in MODELS]}
@@ -232,9 +258,17 @@ def create_app(triton_url: str, settings=None) -> FastAPI:
         if not isinstance(body, dict):
             raise ApiError(400, "the body must be a JSON object")
         names = [v["name"] for v in (await gw.voices())["voices"]]
-        values, fmt, stream_format = triton_values(body, names)
-        chunks = gw.chunks(values)
-        first = await anext(chunks, None)              # errors before the first byte are real HTTP errors
+        fmt = body.get("response_format", "mp3") if isinstance(body.get("response_format", "mp3"), str) else "?"
+        t0 = time.perf_counter()
+        try:
+            values, fmt, stream_format = triton_values(body, names)
+            chunks = gw.chunks(values)
+            first = await anext(chunks, None)          # errors before the first byte are real HTTP errors
+        except ApiError as e:
+            metrics.requests.labels(fmt if fmt in FORMATS else "other", str(e.status)).inc()
+            raise
+        metrics.first_byte.labels(fmt).observe(time.perf_counter() - t0)
+        metrics.requests.labels(fmt, "200").inc()
         enc = Encoder(fmt, SAMPLE_RATE)
 
         async def audio():
