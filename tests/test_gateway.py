@@ -157,7 +157,8 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_blocks(gateway, tts_server)
     conn.sock.close()                                    # hang up mid-stream
     assert wait_for(lambda: tts_server.metric("velocity_kv_blocks_used") == 0 and
                     tts_server.metric("velocity_running_sequences") == 0, timeout=120)
-    assert tts_server.metric("velocity_kv_blocks_free") == idle_free
+    # every block back (the gauges are a snapshot 4x a second: wait for the count itself)
+    assert wait_for(lambda: tts_server.metric("velocity_kv_blocks_free") == idle_free, timeout=60), tts_server.metric("velocity_kv_blocks_free")
     again = urllib.request.urlopen(urllib.request.Request(
         gateway + "/v1/audio/speech", data=json.dumps({"model": "tts-1", "voice": "amber", "input": "Still here.",
                                                        "response_format": "pcm"}).encode(),

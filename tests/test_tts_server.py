@@ -272,7 +272,8 @@ def test_metrics_and_cancelling_a_stream_to_llm_frees_its_blocks(server):
     g.stop_stream(cancel_requests=True)
     assert wait_for(lambda: server.metric("velocity_kv_blocks_used") == 0 and
                     server.metric("velocity_running_sequences") == 0)
-    assert server.metric("velocity_kv_blocks_free") == idle_free
+    # every block back (the gauges are a snapshot 4x a second: wait for the count itself)
+    assert wait_for(lambda: server.metric("velocity_kv_blocks_free") == idle_free, timeout=60), server.metric("velocity_kv_blocks_free")
     # aborted early: far fewer than the 200 frames it was allowed
     assert server.metric("velocity_frames_generated_total") - frames_before < 150
 
@@ -294,7 +295,8 @@ def test_cancelling_through_the_ensemble_finishes_within_max_new_tokens_and_leak
     g.stop_stream(cancel_requests=True)
     assert wait_for(lambda: server.metric("velocity_kv_blocks_used") == 0 and
                     server.metric("velocity_running_sequences") == 0, timeout=120)
-    assert server.metric("velocity_kv_blocks_free") == idle_free
+    # every block back (the gauges are a snapshot 4x a second: wait for the count itself)
+    assert wait_for(lambda: server.metric("velocity_kv_blocks_free") == idle_free, timeout=60), server.metric("velocity_kv_blocks_free")
     assert server.metric("velocity_frames_generated_total") - frames_before <= 40
     ok, err2 = stream_tts(server.grpc_url, {"TEXT": "still serving.", "MAX_NEW_TOKENS": 8, "SEED": 1})
     assert err2 is None and ok
@@ -406,7 +408,8 @@ def test_a_client_that_disconnects_without_cancelling_gets_its_blocks_freed(serv
         p.wait()
     assert wait_for(lambda: server.metric("velocity_kv_blocks_used") == 0 and
                     server.metric("velocity_running_sequences") == 0, timeout=120)
-    assert server.metric("velocity_kv_blocks_free") == idle_free
+    # every block back (the gauges are a snapshot 4x a second: wait for the count itself)
+    assert wait_for(lambda: server.metric("velocity_kv_blocks_free") == idle_free, timeout=60), server.metric("velocity_kv_blocks_free")
     assert server.metric("velocity_frames_generated_total") - frames_before < 150
 
 
@@ -599,5 +602,6 @@ def test_a_refine_is_cancelled_like_the_rest(server):
     g.stop_stream(cancel_requests=True)
     assert wait_for(lambda: server.metric("velocity_kv_blocks_used") == 0 and
                     server.metric("velocity_running_sequences") == 0, timeout=60)
-    assert server.metric("velocity_kv_blocks_free") == idle_free
+    # every block back (the gauges are a snapshot 4x a second: wait for the count itself)
+    assert wait_for(lambda: server.metric("velocity_kv_blocks_free") == idle_free, timeout=60), server.metric("velocity_kv_blocks_free")
     assert server.metric("velocity_frames_generated_total") == frames_before
