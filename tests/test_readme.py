@@ -32,7 +32,7 @@ def python_snippet() -> str:
 
 def curl_commands() -> list[tuple[str, dict]]:
     """(path, JSON body) of each `curl ... -d '<body>' localhost:8000/<path>` in the README."""
-    found = re.findall(r"curl [^']*-d '(.*?)'[\s\\]*localhost:8000(/\S+)", README, re.S)
+    found = re.findall(r"curl [^']*-d '([^']*)'[\s\\]*localhost:8000(/\S+)", README)
     return [(path, json.loads(body)) for body, path in found]
 
 
