@@ -79,7 +79,8 @@ def triton_values(body: dict, voices: list[str]) -> tuple[dict, str, str]:
                             "(or pass a speaker string)", "voice")
     # our extras: (body field, tts input, type)
     for field, name, kind in (("seed", "SEED", int), ("temperature", "TEMPERATURE", float), ("top_p", "TOP_P", float),
-                              ("top_k", "TOP_K", int), ("refine", "REFINE_TEXT", bool),
+                              ("top_k", "TOP_K", int), ("max_new_tokens", "MAX_NEW_TOKENS", int),
+                              ("refine", "REFINE_TEXT", bool),
                               ("speaker_sample", "SPEAKER_SAMPLE", str), ("sample_text", "SAMPLE_TEXT", str)):
         if field in body and body[field] is not None:
             v = body[field]
