@@ -176,7 +176,15 @@ def test_api_keys_body_limit_and_cors(tmp_path):
     (tmp_path / "keys").write_text("from-file\n\n")
     app = create_app("127.0.0.1:1", Settings(gateway_api_keys="k1, k2", gateway_api_keys_file=str(tmp_path / "keys"),
                                              gateway_max_body_bytes=100, gateway_cors_origins="https://a.example"))
-    c = TestClient(app)
+    with TestClient(app) as c:           # the context runs the app's lifespan: its gRPC channel is closed
+        check_guard(c)
+    with TestClient(create_app("127.0.0.1:1", Settings())) as open_app:
+        assert open_app.get("/v1/models").status_code == 200         # no keys: open
+        assert "access-control-allow-origin" not in open_app.get(
+            "/v1/models", headers={"Origin": "https://a.example"}).headers  # CORS off by default
+
+
+def check_guard(c) -> None:
     r = c.get("/v1/models")
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     assert c.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
@@ -187,10 +195,6 @@ def test_api_keys_body_limit_and_cors(tmp_path):
     pre = c.options("/v1/models", headers={"Origin": "https://a.example", "Access-Control-Request-Method": "GET"})
     assert pre.headers.get("access-control-allow-origin") == "https://a.example"
     assert c.get("/health").status_code == 503                      # no Triton at 127.0.0.1:1
-    open_app = TestClient(create_app("127.0.0.1:1", Settings()))
-    assert open_app.get("/v1/models").status_code == 200             # no keys: open
-    assert "access-control-allow-origin" not in open_app.get(
-        "/v1/models", headers={"Origin": "https://a.example"}).headers  # CORS off by default
 
 
 def test_gateway_metrics_count_requests_and_time_to_first_byte(gateway, openai_client):

@@ -10,6 +10,7 @@ server is busy or draining, 502 when Triton cannot be reached.
 """
 import argparse
 import base64
+import contextlib
 import json
 import logging
 import math
@@ -119,6 +120,12 @@ class Gateway:
             self._client = grpcclient.InferenceServerClient(self.url)
         return self._client
 
+    async def close(self) -> None:
+        """Close the gRPC channel (an aio channel left to interpreter exit can crash it)."""
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
     async def ready(self) -> bool:
         try:
             return await self.client.is_model_ready("tts")
@@ -201,8 +208,14 @@ def create_app(triton_url: str, settings=None) -> FastAPI:
 
     settings = settings or Settings.from_env()
     keys, limit = api_keys(settings), settings.gateway_max_body_bytes
-    app = FastAPI(title="velocity-tts", docs_url=None, redoc_url=None)
     gw = Gateway(triton_url)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await gw.close()
+
+    app = FastAPI(title="velocity-tts", docs_url=None, redoc_url=None, lifespan=lifespan)
     metrics = GatewayMetrics()
 
     @app.middleware("http")
