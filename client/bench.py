@@ -21,6 +21,7 @@ import statistics
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -101,11 +102,9 @@ def vocoder_diff(before: dict | None, after: dict | None) -> dict | None:
                                  for k in VOCODER_COUNTERS[1:]}}
 
 
-def run_level(url: str, texts: list[str], concurrency: int, n_requests: int, values: dict, bar,
-              metrics_url: str = "") -> dict:
-    """n_requests over `concurrency` worker threads, each request its own gRPC stream."""
-    results, errors, lock = [], [], threading.Lock()
-    todo = iter(range(n_requests))
+def run_concurrently(n: int, concurrency: int, job: Callable[[int], None]) -> None:
+    """job(0), ..., job(n - 1) on `concurrency` worker threads, each taking the next index."""
+    lock, todo = threading.Lock(), iter(range(n))
 
     def worker() -> None:
         while True:
@@ -113,22 +112,33 @@ def run_level(url: str, texts: list[str], concurrency: int, n_requests: int, val
                 i = next(todo, None)
             if i is None:
                 return
-            try:
-                r = synthesize(stream_grpc(url, {**values, "TEXT": texts[i % len(texts)], "SEED": i}, check=False))
-                with lock:
-                    results.append(r)
-            except (ServerError, Exception) as e:    # count it, keep the sweep going
-                with lock:
-                    errors.append(str(e)[:300])
-            bar.update(1)
+            job(i)
 
-    before, voc_before = server_stats(url), vocoder_counters(metrics_url)
-    t0 = time.perf_counter()
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+
+
+def run_level(url: str, texts: list[str], concurrency: int, n_requests: int, values: dict, bar,
+              metrics_url: str = "") -> dict:
+    """n_requests over `concurrency` worker threads, each request its own gRPC stream."""
+    results, errors, lock = [], [], threading.Lock()
+
+    def one(i: int) -> None:
+        try:
+            r = synthesize(stream_grpc(url, {**values, "TEXT": texts[i % len(texts)], "SEED": i}, check=False))
+            with lock:
+                results.append(r)
+        except (ServerError, Exception) as e:    # count it, keep the sweep going
+            with lock:
+                errors.append(str(e)[:300])
+        bar.update(1)
+
+    before, voc_before = server_stats(url), vocoder_counters(metrics_url)
+    t0 = time.perf_counter()
+    run_concurrently(n_requests, concurrency, one)
     wall = time.perf_counter() - t0
     audio = sum(r.seconds for r in results)
     return {

@@ -18,7 +18,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -27,7 +26,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from client.bench import bench_texts  # noqa: E402
+from client.bench import bench_texts, run_concurrently  # noqa: E402
 from client.triton import stream_grpc  # noqa: E402
 
 log = logging.getLogger("bench_gateway")
@@ -58,23 +57,8 @@ def first_gateway(base: str, text: str, seed: int, max_new: int) -> float:
 
 def level(fn, target: str, texts: list[str], c: int, n: int, max_new: int) -> list[float]:
     """n requests, c at a time -> their times to first audio."""
-    out, lock, todo = [], threading.Lock(), iter(range(n))
-
-    def worker() -> None:
-        while True:
-            with lock:
-                i = next(todo, None)
-            if i is None:
-                return
-            v = fn(target, texts[i % len(texts)], i, max_new)
-            with lock:
-                out.append(v)
-
-    threads = [threading.Thread(target=worker) for _ in range(c)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    out: list[float] = []
+    run_concurrently(n, c, lambda i: out.append(fn(target, texts[i % len(texts)], i, max_new)))   # append is atomic
     return out
 
 
