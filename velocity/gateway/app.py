@@ -47,12 +47,19 @@ def speed_prompt(speed: float) -> str:
     return f"[speed_{min(9, max(0, round(5 + 2 * math.log2(speed))))}]"
 
 
+def of_type(v, kind: type) -> bool:
+    """A JSON value is of this kind (bool, int, str; float takes an int too); a bool is no number."""
+    if isinstance(v, bool):
+        return kind is bool
+    return isinstance(v, (int, float) if kind is float else kind)
+
+
 def triton_values(body: dict, voices: list[str]) -> tuple[dict, str, str]:
     """The request body -> (the `tts` inputs, response_format, stream_format); ApiError 400 naming
     the field and its allowed values."""
     def need(name: str, kind, allowed: str):
         v = body.get(name)
-        if v is None or not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:
+        if v is None or not of_type(v, kind):
             raise ApiError(400, f"{name} is required: {allowed}", name)
         return v
 
@@ -68,7 +75,7 @@ def triton_values(body: dict, voices: list[str]) -> tuple[dict, str, str]:
     if stream_format not in ("audio", "sse"):
         raise ApiError(400, f'stream_format must be "audio" or "sse", got {stream_format!r}', "stream_format")
     speed = body.get("speed", 1.0)
-    if not isinstance(speed, (int, float)) or isinstance(speed, bool) or not 0.25 <= speed <= 4.0:
+    if not of_type(speed, float) or not 0.25 <= speed <= 4.0:
         raise ApiError(400, f"speed must be a number in [0.25, 4.0], got {speed!r}", "speed")
     values: dict = {"TEXT": text, "PROMPT": speed_prompt(float(speed))}
     if voice in voices:
@@ -85,9 +92,7 @@ def triton_values(body: dict, voices: list[str]) -> tuple[dict, str, str]:
                               ("speaker_sample", "SPEAKER_SAMPLE", str), ("sample_text", "SAMPLE_TEXT", str)):
         if field in body and body[field] is not None:
             v = body[field]
-            ok = isinstance(v, bool) if kind is bool else isinstance(v, kind) and not isinstance(v, bool) or \
-                kind is float and isinstance(v, int) and not isinstance(v, bool)
-            if not ok:
+            if not of_type(v, kind):
                 raise ApiError(400, f"{field} must be {kind.__name__}, got {v!r}", field)
             values[name] = v
     return values, fmt, stream_format
@@ -112,6 +117,7 @@ class Gateway:
     def __init__(self, url: str) -> None:
         self.url = url
         self._client = None
+        self._names: list[str] | None = None
 
     @property
     def client(self):
@@ -139,6 +145,13 @@ class Gateway:
         except InferenceServerException as e:
             raise ApiError(502, f"the Triton server at {self.url} did not answer ({e.message()})") from e
         return json.loads(res.as_numpy("VOICES").reshape(-1)[0])
+
+    async def voice_names(self, fresh: bool = False) -> list[str]:
+        """The server's voice names: asked once, and again when a request names one not among
+        them (the voices change only when the server restarts)."""
+        if fresh or self._names is None:
+            self._names = [v["name"] for v in (await self.voices())["voices"]]
+        return self._names
 
     async def chunks(self, values: dict) -> AsyncIterator[np.ndarray]:
         """The request's audio chunks in order; ApiError for an error before or during the stream.
@@ -271,15 +284,18 @@ def create_app(triton_url: str, settings=None) -> FastAPI:
             raise ApiError(400, f"the body must be JSON ({e})") from e
         if not isinstance(body, dict):
             raise ApiError(400, "the body must be a JSON object")
-        names = [v["name"] for v in (await gw.voices())["voices"]]
-        fmt = body.get("response_format", "mp3") if isinstance(body.get("response_format", "mp3"), str) else "?"
+        names = await gw.voice_names()
+        if body.get("voice") not in names:             # a voice added since, or a speaker string
+            names = await gw.voice_names(fresh=True)
+        fmt = body.get("response_format", "mp3")
+        label = fmt if isinstance(fmt, str) and fmt in FORMATS else "other"
         t0 = time.perf_counter()
         try:
             values, fmt, stream_format = triton_values(body, names)
             chunks = gw.chunks(values)
             first = await anext(chunks, None)          # errors before the first byte are real HTTP errors
         except ApiError as e:
-            metrics.requests.labels(fmt if fmt in FORMATS else "other", str(e.status)).inc()
+            metrics.requests.labels(label, str(e.status)).inc()
             raise
         metrics.first_byte.labels(fmt).observe(time.perf_counter() - t0)
         metrics.requests.labels(fmt, "200").inc()
