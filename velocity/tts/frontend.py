@@ -37,8 +37,8 @@ class TextFrontend:
         if self.speaker_stats is None:
             logger.warning("%s has no %s: random speakers (SPEAKER_SEED) come from a plain normal, not the "
                            "release's speaker statistics (scripts/download_weights.py fetches it)", folder, STATS_FILE)
-        self.normalizer = Normalizer(replace=Homophones(self.tokenizer.get_vocab()))
         vocab = self.tokenizer.get_vocab()
+        self.normalizer = Normalizer(replace=Homophones(vocab))
         self.break_0, self.ptts = vocab.get("[break_0]"), vocab.get("[Ptts]")
 
     def normalize(self, text: str) -> Normalized:
@@ -58,11 +58,15 @@ class TextFrontend:
         """The text head's ids -> the refined text: those below [break_0], decoded as the reference does."""
         return self.tokenizer.decode([i for i in ids if self.break_0 is None or i < self.break_0])
 
+    @staticmethod
+    def prefix_text(speaker: bool, prompt: str, sample_text: str) -> str:
+        """The audio prompt's template before the text: [Stts][spk_emb|empty_spk]{sample text}{prompt}."""
+        return f"[Stts]{'[spk_emb]' if speaker else '[empty_spk]'}{sample_text}{prompt}"
+
     def code_prefix(self, speaker: bool, prompt: str = DEFAULT_PROMPT, sample_text: str = "") -> list[int]:
-        """The audio prompt before the text: [Stts][spk_emb|empty_spk]{sample text}{prompt}."""
+        """The audio prompt's ids before the text (prefix_text)."""
         self.check_prompt(prompt)
-        return self.tokenizer.encode(f"[Stts]{'[spk_emb]' if speaker else '[empty_spk]'}{sample_text}{prompt}",
-                                     add_special_tokens=False)
+        return self.tokenizer.encode(self.prefix_text(speaker, prompt, sample_text), add_special_tokens=False)
 
     def refined_prompt(self, prefix: list[int], refined: str) -> list[int]:
         """The audio prompt of a refined text: the prefix (code_prefix), the text as the reference
@@ -87,13 +91,13 @@ class TextFrontend:
         cut again if longer than 120 characters. sample_text: a voice sample's transcript, which
         goes into every prompt as the reference puts its txt_smp (as given, not normalised)."""
         self.check_prompt(prompt)
-        spk = "[spk_emb]" if speaker else "[empty_spk]"
+        prefix = self.prefix_text(speaker, prompt, sample_text)
         out, norms = [], [self.normalize(piece) for piece in split_text(text)]
         for norm in norms:
             for s in split_sentences(norm.text):
                 if not re.sub(CONTROL.pattern, "", s).strip(" ，。、,."):
                     continue                      # nothing left to speak
-                ids = self.tokenizer.encode(f"[Stts]{spk}{sample_text}{prompt}{s}[Ptts]", add_special_tokens=False)
+                ids = self.tokenizer.encode(f"{prefix}{s}[Ptts]", add_special_tokens=False)
                 out.append(Sentence(s, ids))
         report = Normalized(" ".join(n.text for n in norms), norms[0].lang if norms else "en",
                             sum(n.removed for n in norms), [t for n in norms for t in n.unknown_tokens])
