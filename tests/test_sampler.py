@@ -210,3 +210,15 @@ def test_noise_generator_is_splitmix64_and_exponential():
     assert abs(e.mean() - 1) < 0.01 and abs(e.var() - 1) < 0.02
     assert abs(float((e > 1).double().mean()) - math.exp(-1)) < 0.004
     assert torch.equal(exponential_noise(keys[:5], 4, 626)[..., :32], exponential_noise(keys[:5], 4, 32))
+
+
+def test_an_unseeded_rows_first_token_is_never_a_stop_beside_greedy_rows():
+    """ChatTTS style: an unseeded sampled row's first token cannot be a stop token (the reference
+    draws such a frame again), whichever rows around it are greedy; a greedy row still may stop."""
+    logits = torch.full((4, 1, 6), -5.0)
+    logits[:, 0, 5] = 5.0                               # the stop token is by far the likeliest
+    seqs = [seq(SamplingParams(temperature=0)), seq(SamplingParams(temperature=1.0, top_k=3)),
+            seq(SamplingParams(temperature=0)), seq(SamplingParams(temperature=1.0, top_k=3))]
+    for _ in range(20):
+        out = sample(Sampler(), logits, seqs, {5}, style="chattts")
+        assert out[0] == 5 and out[2] == 5 and out[1] != 5 and out[3] != 5, out

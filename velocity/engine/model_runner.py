@@ -63,18 +63,18 @@ def sampling_batch(seqs: list[Sequence], K: int, V: int, stop_ids: set[int], sty
     def stops(s: Sequence) -> list[int]:
         return [t for t in (set() if s.params.ignore_eos else stop_ids) | set(s.params.stop_token_ids) if t < V]
 
-    def stop_mask(first_too: bool) -> torch.Tensor | None:
-        masked = [(i, stops(s)) for i, s in enumerate(seqs) if len(s.output_token_ids) < s.params.min_new_tokens
+    def stop_mask(some: list[Sequence], first_too: bool) -> torch.Tensor | None:
+        masked = [(i, stops(s)) for i, s in enumerate(some) if len(s.output_token_ids) < s.params.min_new_tokens
                   or (first_too and not s.output_token_ids and s.params.seed is None)]
         if not any(stop for _, stop in masked):
             return None
-        mask = torch.zeros(len(seqs), V, dtype=torch.bool)
+        mask = torch.zeros(len(some), V, dtype=torch.bool)
         for i, stop in masked:
             mask[i, stop] = True
         return mask.to(device)
 
-    batch.stop_mask = stop_mask(False)
-    batch.first_stop_mask = stop_mask(True) if chattts and rows else None
+    batch.stop_mask = stop_mask(seqs, False)
+    batch.first_stop_mask = stop_mask([seqs[i] for i in rows], True) if chattts and rows else None
     pen = [i for i, s in enumerate(seqs) if s.params.repetition_penalty != 1.0]
     if pen:
         hists, once = [], []

@@ -102,7 +102,7 @@ class SamplingBatch:
     filtered: bool                             # some row has top-k or top-p on (transformers style)
     keys: np.ndarray                           # [R] uint64 noise keys (`noise_key`, `random_key`)
     stop_mask: torch.Tensor | None = None      # [B, V] bool: the stop tokens of rows under min_new_tokens
-    first_stop_mask: torch.Tensor | None = None   # [B, V] ChatTTS: also an unseeded row's first token
+    first_stop_mask: torch.Tensor | None = None   # [R, V] ChatTTS, the sampled rows: also an unseeded first token
     penalty_rows: torch.Tensor | None = None   # [P] rows with a repetition penalty
     penalty_ids: torch.Tensor | None = None    # [P, K, L] long: each row's history, padded with V
     penalty_once: torch.Tensor | None = None   # [P] bool: transformers' rule, each earlier token once
@@ -168,8 +168,7 @@ class Sampler:
             x, ids = chattts_candidates(x.reshape(-1, V), b.top_k.repeat_interleave(K),
                                         b.top_p.repeat_interleave(K), c)
             x, ids = x.view(R, K, c), ids.view(R, K, c)
-            first = b.first_stop_mask
-            x = self.mask_stops(x, None if first is None else first if R == B else first[b.rows], ids)
+            x = self.mask_stops(x, b.first_stop_mask, ids)
         else:
             x = x / b.temperatures[:, :, None]                           # [R, K, V]
             if b.filtered:
