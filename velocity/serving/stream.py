@@ -40,10 +40,8 @@ class Stream:
 
     def start_sentence(self) -> None:
         self.rid = f"{id(self)}-{self.sentences.sentence}{'r' if self.sentences.refining else ''}"
-        audio = not self.sentences.refining         # else the text head's turn (text refine)
-        self.host.engine.add_request(self.rid, self.sentences.prompt, self.sentences.params(self.params),
-                                     self.on_output, head=self.sentences.head, speaker=self.speaker if audio else None,
-                                     return_hidden=self.hidden and audio)
+        prompt, params, kwargs = self.sentences.request(self.params, self.speaker, self.hidden)
+        self.host.engine.add_request(self.rid, prompt, params, self.on_output, **kwargs)
 
     def stop(self, code: int) -> None:
         """From any thread: end this stream with a STREAM_* error code at its next output."""

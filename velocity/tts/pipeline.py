@@ -116,9 +116,8 @@ class TTSPipeline:
             self._n += 1
             rid = f"pipeline-{self._n}"
             live[rid] = t
-            audio = not t.stream.refining
-            self.engine.add_request(rid, t.stream.prompt, t.stream.params(t.params), head=t.stream.head,
-                                    speaker=spk if audio else None, return_hidden=t.hidden and audio)
+            prompt, sampling, kwargs = t.stream.request(t.params, spk, t.hidden)
+            self.engine.add_request(rid, prompt, sampling, **kwargs)
 
         try:
             while todo or live:

@@ -166,7 +166,7 @@ class SentenceStream:
     becomes the sentence's audio prompt. Serves the llm model and the in-process pipeline alike.
 
         chunks = stream.feed(output)      # each engine output of the current request
-        if output.finished and not stream.done: start the next: stream.prompt, stream.head
+        if output.finished and not stream.done: start the next: stream.request(...)
     """
 
     def __init__(self, sentences: list[list], chunker: FrameChunker, end_code: int,
@@ -177,17 +177,14 @@ class SentenceStream:
         self.generated: list[int] = []
         self.text = ""                              # the refined text, until the sentence's first chunk takes it
 
-    @property
-    def prompt(self) -> list:
-        return self.refine.prompts[self.sentence] if self.refining else self.sentences[self.sentence]
-
-    @property
-    def head(self) -> str:
-        return "text" if self.refining else "audio"
-
-    def params(self, audio):
-        """The current request's sampling parameters, given the audio ones."""
-        return self.refine.params if self.refining else audio
+    def request(self, params, speaker, hidden: bool) -> tuple[list, object, dict]:
+        """The current engine request, given the audio's sampling, speaker and whether it wants
+        hidden states: (prompt, sampling, add_request's head, speaker and return_hidden). A refine
+        runs on the text head, without the speaker or hidden states."""
+        if self.refining:
+            return (self.refine.prompts[self.sentence], self.refine.params,
+                    {"head": "text", "speaker": None, "return_hidden": False})
+        return self.sentences[self.sentence], params, {"head": "audio", "speaker": speaker, "return_hidden": hidden}
 
     @property
     def done(self) -> bool:
