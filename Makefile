@@ -14,7 +14,8 @@ setup:
 serve: setup
 	@bash scripts/serve.sh $(if $(WEIGHTS),--weights $(WEIGHTS))
 
-test: setup
+test:
+	@bash scripts/setup.sh --test-tools
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

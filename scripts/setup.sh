@@ -7,6 +7,12 @@
 # imports torch inside the stub but then fails on C extensions such as _ssl with
 # undefined symbols, so the server's venv must come from the same Python as the stub.
 #
+#   scripts/setup.sh [--test-tools]
+#
+# --test-tools (what `make test` runs) also installs the Debian programs the tests drive:
+# chromium (the web page's browser test, through Playwright) and ffmpeg (ffprobe checks the
+# gateway's audio). It needs apt-get and root; without them it says what to install.
+#
 # Environment:
 #   VELOCITY_PYTHON  interpreter for the venv        (default /usr/bin/python3.11)
 #   TORCH_SPEC       the torch requirement installed  (default torch==2.13.0, the CPU wheel
@@ -20,6 +26,25 @@ TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 VENV="${VENV:-$ROOT/.venv}"
 
 log() { printf '[setup] %s\n' "$*"; }
+
+if [[ "${1:-}" == --test-tools ]]; then
+    missing=()
+    command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+    command -v ffprobe >/dev/null 2>&1 || missing+=(ffmpeg)
+    if [[ ${#missing[@]} -gt 0 ]]; then
+        if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+            log "installing Debian's ${missing[*]} for the tests (about a minute)"
+            apt-get update -qq >/dev/null
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+        else
+            echo "[setup] the tests need Debian's ${missing[*]}: sudo apt-get install ${missing[*]}" >&2
+            exit 1
+        fi
+    fi
+elif [[ $# -gt 0 ]]; then
+    echo "[setup] unknown flag '$1' (scripts/setup.sh [--test-tools])" >&2
+    exit 2
+fi
 
 if [[ ! -x "$PY" ]]; then
     echo "[setup] $PY not found. Install Debian's python3.11 and python3.11-venv (apt-get install python3.11-venv)," >&2

@@ -6,8 +6,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -16,7 +14,7 @@ import numpy as np
 import pytest
 
 from client.triton import stream_grpc
-from triton_server import ROOT, free_port, wait_for
+from triton_server import ROOT, wait_for
 
 pytestmark = pytest.mark.server
 # decoded duration against the samples streamed: mp3 and aac add their encoder's priming and
@@ -26,21 +24,17 @@ SLACK_S = {"mp3": 0.15, "aac": 0.15, "opus": 0.025, "flac": 0.0, "wav": 0.0, "pc
 
 @pytest.fixture(scope="module")
 def gateway(tts_server):
-    port = free_port()
-    p = subprocess.Popen([sys.executable, "-m", "velocity.gateway.app", "--triton", tts_server.grpc_url,
-                          "--host", "127.0.0.1", "--port", str(port)], cwd=ROOT, start_new_session=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    """The gateway serve.sh started beside the server (GATEWAY_PORT)."""
+    assert f"[serve] OpenAI  http://localhost:{tts_server.gateway_port}/v1/audio/speech" in tts_server.log()
+    assert wait_for(lambda: gateway_healthy(tts_server.gateway_url), 60), tts_server.log()
+    return tts_server.gateway_url
 
-    def healthy() -> bool:
-        try:
-            return urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200
-        except OSError:
-            return False
 
-    assert wait_for(healthy, 60), p.stdout.read1().decode() if p.poll() is not None else "gateway not healthy"
-    yield f"http://127.0.0.1:{port}"
-    os.killpg(p.pid, signal.SIGTERM)
-    p.wait(timeout=30)
+def gateway_healthy(url: str) -> bool:
+    try:
+        return urllib.request.urlopen(f"{url}/health", timeout=2).status == 200
+    except OSError:
+        return False
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +52,18 @@ def decoded_seconds(data: bytes, fmt: str) -> float:
     return n / c.streams.audio[0].rate
 
 
+def ffprobe_seconds(data: bytes, fmt: str, tmp_path) -> float:
+    """The audio's length as Debian's ffprobe reads it: the sum of its packets' durations."""
+    import shutil
+    assert shutil.which("ffprobe"), "ffprobe missing: scripts/setup.sh installs Debian's ffmpeg"
+    f = tmp_path / f"speech.{fmt}"
+    f.write_bytes(data)
+    raw = ["-f", "s16le", "-sample_rate", "24000", "-ch_layout", "mono"] if fmt == "pcm" else []
+    out = subprocess.run(["ffprobe", "-v", "error", *raw, "-select_streams", "a:0", "-show_entries",
+                          "packet=duration_time", "-of", "csv=p=0", str(f)], capture_output=True, text=True, check=True)
+    return sum(float(line.split(",")[0]) for line in out.stdout.split())
+
+
 REQ = {"input": "Hello from the gateway.", "seed": 3, "temperature": 0.5}
 
 
@@ -69,12 +75,13 @@ def served_seconds(tts_server, voice: str = "amber") -> float:
 
 
 @pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac", "wav", "pcm"])
-def test_every_format_decodes_to_the_streamed_audio(openai_client, tts_server, fmt):
+def test_every_format_decodes_to_the_streamed_audio(openai_client, tts_server, fmt, tmp_path):
+    """Decoded by PyAV and measured by ffprobe: both the length `tts` streamed."""
     want = served_seconds(tts_server)
     data = openai_client.audio.speech.create(model="tts-1", voice="amber", response_format=fmt, **{
         "input": REQ["input"], "extra_body": {"seed": 3, "temperature": 0.5}}).read()
-    got = decoded_seconds(data, fmt)
-    assert want - 0.001 <= got <= want + SLACK_S[fmt] + 0.001, (fmt, got, want)
+    for got in (decoded_seconds(data, fmt), ffprobe_seconds(data, fmt, tmp_path)):
+        assert want - 0.001 <= got <= want + SLACK_S[fmt] + 0.001, (fmt, got, want)
     if fmt == "wav":
         assert data[:4] == b"RIFF" and data[4:8] == b"\xff\xff\xff\xff"      # streamed: size unknown
 
@@ -86,6 +93,25 @@ def test_streamed_response_arrives_in_pieces_and_equals_the_whole(openai_client)
     with openai_client.audio.speech.with_streaming_response.create(**kw) as r:
         parts = [p for p in r.iter_bytes() if p]
     assert len(parts) > 1 and b"".join(parts) == whole
+
+
+def test_concurrent_requests_each_get_their_own_audio(openai_client):
+    """Four streams at once through one gateway: each is the audio it gets alone. The same
+    frames, decoded in another batch, round differently by about 1e-6 relative (see
+    triton_server.assert_same_audio), and 16-bit pcm adds one rounding step either side."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def speak(seed: int) -> np.ndarray:
+        data = openai_client.audio.speech.create(model="tts-1", voice="amber", input=f"Stream number {seed}.",
+                                                 response_format="pcm", extra_body={"seed": seed}).read()
+        return np.frombuffer(data, "<i2").astype(np.float32) / 32768
+
+    alone = [speak(s) for s in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(speak, range(4)))
+    for got, want in zip(together, alone):
+        assert got.shape == want.shape and len(got) > 0
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * float(np.abs(want).max()) + 2 / 32768)
 
 
 def test_sse_events(gateway):

@@ -77,6 +77,7 @@ class TritonServer:
     grpc_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     health_port: int = field(default_factory=free_port)
+    gateway_port: int = field(default_factory=free_port)   # serve.sh starts one when the repository has `tts`
     via_make: bool = False            # start with `make serve` (ports by environment) instead of serve.sh
     proc: subprocess.Popen | None = None
 
@@ -88,11 +89,15 @@ class TritonServer:
     def grpc_url(self) -> str:
         return f"localhost:{self.grpc_port}"
 
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_port}"
+
     def start(self, timeout: float = 240.0, until: str = "ready") -> "TritonServer":
         """Start serve.sh; wait until /v2/health/{until} ("ready", or "live" for a server whose
         models may fail to load)."""
         ports = {"HTTP_PORT": self.http_port, "GRPC_PORT": self.grpc_port, "METRICS_PORT": self.metrics_port,
-                 "HEALTH_PORT": self.health_port}
+                 "HEALTH_PORT": self.health_port, "GATEWAY_PORT": self.gateway_port}
         cmd = (["make", "-s", "serve"] if self.via_make else
                ["bash", str(SERVE), "--model-repository", str(self.repo)]
                + [a for k, v in ports.items() for a in (f"--{k[:-5].lower()}-port", str(v))])

@@ -334,7 +334,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=8080)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[gateway] %(levelname)s %(message)s")
-    uvicorn.run(create_app(args.triton), host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(create_app(args.triton), host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=5)
 
 
 if __name__ == "__main__":
