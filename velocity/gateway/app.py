@@ -3,8 +3,8 @@ the `tts` ensemble's chunks, encoded as they arrive, one gRPC stream per request
 
     velocity-tts-gateway --triton localhost:8001 --port 8080
 
-Also `GET /v1/models`, `GET /v1/audio/voices` (the server's `voices` model) and `GET /health`
-(200 only while Triton's `tts` is ready). Errors have OpenAI's shape, {"error": {"message",
+Also `GET /v1/models`, `GET /v1/audio/voices` (the server's `voices` model), `GET /health`
+(200 only while Triton's `tts` is ready) and the web page at `/` (page.html). Errors have OpenAI's shape, {"error": {"message",
 "type", "param", "code"}}: 400 for what the request got wrong, 503 with Retry-After when the
 server is busy or draining, 502 when Triton cannot be reached.
 """
@@ -255,6 +255,14 @@ def create_app(triton_url: str, settings=None) -> FastAPI:
     async def api_error(request: Request, e: ApiError):
         headers = {"Retry-After": "1"} if e.status == 503 else None
         return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+    @app.get("/", include_in_schema=False)
+    async def page():
+        """The web page: one HTML file with its own script and styles."""
+        from pathlib import Path
+
+        from fastapi.responses import HTMLResponse
+        return HTMLResponse((Path(__file__).parent / "page.html").read_text())
 
     @app.get("/health")
     async def health():
