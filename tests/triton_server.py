@@ -181,3 +181,13 @@ def assert_same_audio(got, want) -> None:
 
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * float(np.abs(want).max()))
+
+
+def assert_same_pcm(got: bytes, want: bytes) -> None:
+    """assert_same_audio for 16-bit pcm: the same frames decoded in another batch, and one
+    rounding step to 16 bits either side (2 / 32768 more)."""
+    import numpy as np
+
+    g, w = (np.frombuffer(b, "<i2").astype(np.float32) / 32768 for b in (got, want))
+    assert g.shape == w.shape and len(g) > 0, (g.shape, w.shape)
+    np.testing.assert_allclose(g, w, rtol=0, atol=1e-4 * float(np.abs(w).max()) + 2 / 32768)

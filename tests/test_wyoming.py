@@ -1,0 +1,131 @@
+"""velocity-tts-wyoming against the real server, with the `wyoming` package's own client:
+describe lists the server's voices; synthesize streams audio-start / audio-chunk / audio-stop
+holding the audio `tts` streams for the same request; streamed text is spoken sentence by
+sentence; an error is an `error` event and the connection goes on."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from client.triton import stream_grpc
+from triton_server import ROOT, assert_same_pcm, free_port, wait_for
+from velocity.gateway.encode import pcm16
+from velocity.gateway.wyoming_server import split_complete
+
+pytestmark = pytest.mark.server
+SEED = 3
+
+
+@pytest.fixture(scope="module")
+def wyoming(tts_server):
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-m", "velocity.gateway.wyoming_server", "--uri", f"tcp://127.0.0.1:{port}",
+                          "--triton", tts_server.grpc_url, "--seed", str(SEED)], cwd=ROOT, start_new_session=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def listening() -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    assert wait_for(listening, 30), p.stdout.read1().decode() if p.poll() is not None else "not listening"
+    yield port
+    os.killpg(p.pid, signal.SIGTERM)
+    p.wait(timeout=30)
+
+
+def talk(port: int, *events, until: tuple = ("audio-stop", "error")) -> list:
+    """Send the events on one connection; the events read back up to one of type `until`."""
+    from wyoming.client import AsyncTcpClient
+
+    async def run():
+        got = []
+        async with AsyncTcpClient("127.0.0.1", port) as c:
+            for e in events:
+                await c.write_event(e.event())
+            while (e := await asyncio.wait_for(c.read_event(), 120)) is not None:
+                got.append(e)
+                if e.type in until:
+                    break
+        return got
+    return asyncio.run(run())
+
+
+def direct_pcm(tts_server, text: str, voice: str) -> bytes:
+    """The same request straight to `tts` over gRPC, as 16-bit pcm."""
+    return b"".join(pcm16(a) for _, a in stream_grpc(tts_server.grpc_url, {"TEXT": text, "VOICE": voice,
+                                                                          "SEED": SEED}, timeout=120))
+
+
+def test_describe_lists_the_servers_voices(wyoming, tts_server):
+    import json
+    import urllib.request
+
+    from wyoming.info import Describe, Info
+    info = Info.from_event(talk(wyoming, Describe(), until=("info",))[0])
+    listing = json.loads(urllib.request.urlopen(tts_server.gateway_url + "/v1/audio/voices", timeout=10).read())
+    assert [v.name for v in info.tts[0].voices] == listing["voices"]
+    assert info.tts[0].supports_synthesize_streaming
+
+
+def test_synthesize_streams_the_servers_audio(wyoming, tts_server):
+    from wyoming.audio import AudioChunk, AudioStart
+    from wyoming.tts import Synthesize, SynthesizeVoice
+    events = talk(wyoming, Synthesize(text="Hello from Wyoming.", voice=SynthesizeVoice(name="basil")))
+    types = [e.type for e in events]
+    assert types[0] == "audio-start" and types[-1] == "audio-stop" and set(types[1:-1]) == {"audio-chunk"}, types
+    start = AudioStart.from_event(events[0])
+    assert (start.rate, start.width, start.channels) == (24000, 2, 1)
+    assert len(events) > 3                                  # streamed in chunks, not one block
+    audio = b"".join(AudioChunk.from_event(e).audio for e in events[1:-1])
+    assert_same_pcm(audio, direct_pcm(tts_server, "Hello from Wyoming.", "basil"))
+
+
+def test_streamed_text_is_spoken_sentence_by_sentence(wyoming, tts_server):
+    from wyoming.audio import AudioChunk
+    from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
+    events = talk(wyoming, SynthesizeStart(voice=SynthesizeVoice(name="amber")),
+                  *[SynthesizeChunk(text=t) for t in ("It is 3.", "14 now. Are", " you there? Yes")],
+                  Synthesize(text="It is 3.14 now. Are you there? Yes"),      # for old servers: ignored
+                  SynthesizeStop(), until=("synthesize-stopped",))
+    assert events[-1].type == "synthesize-stopped"
+    spoken, current = [], None
+    for e in events[:-1]:
+        if e.type == "audio-start":
+            current = b""
+        elif e.type == "audio-chunk":
+            current += AudioChunk.from_event(e).audio
+        elif e.type == "audio-stop":
+            spoken.append(current)
+    sentences = ["It is 3.14 now.", "Are you there?", "Yes"]
+    assert len(spoken) == len(sentences)
+    for got, text in zip(spoken, sentences):
+        assert_same_pcm(got, direct_pcm(tts_server, text, "amber"))
+
+
+def test_an_error_is_an_error_event_and_the_connection_goes_on(wyoming):
+    from wyoming.error import Error
+    from wyoming.info import Describe
+    from wyoming.tts import Synthesize, SynthesizeVoice
+    events = talk(wyoming, Synthesize(text="x" * 2001), Describe(), until=("info",))
+    err = Error.from_event(events[0])
+    assert "TEXT has 2001 characters; the limit is 2000" in err.text and err.code == "http_400"
+    assert events[-1].type == "info"
+    err = Error.from_event(talk(wyoming, Synthesize(text="Hi.", voice=SynthesizeVoice(name="nobody")))[0])
+    assert "nobody" in err.text
+
+
+@pytest.mark.parametrize("text,done,rest", [
+    ("It is 3.14", [], "It is 3.14"),
+    ("One. Two", ["One."], "Two"),
+    ("Really?! Yes. ", ["Really?!", "Yes."], ""),
+    ("你好。今天", ["你好。"], "今天"),
+])
+def test_split_complete(text, done, rest):
+    assert split_complete(text) == (done, rest)

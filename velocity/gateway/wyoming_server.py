@@ -1,0 +1,132 @@
+"""Home Assistant's Wyoming protocol in front of the Triton server, on the `wyoming` package.
+
+    velocity-tts-wyoming --uri tcp://127.0.0.1:10200 --triton localhost:8001
+
+`describe` is answered with the server's voices. `synthesize` streams 16-bit 24 kHz mono as
+audio-start, audio-chunk per chunk from Triton, audio-stop. Streamed text (synthesize-start,
+synthesize-chunk..., synthesize-stop, as Home Assistant sends an LLM's reply) is spoken a
+sentence at a time as sentences complete, each as its own audio-start ... audio-stop, then
+synthesize-stopped; the plain `synthesize` that such a client sends alongside is ignored.
+A failed request is answered with an `error` event; the connection stays usable.
+"""
+import argparse
+import asyncio
+import logging
+import re
+from functools import partial
+
+from wyoming.audio import AudioChunk, AudioStart, AudioStop
+from wyoming.error import Error
+from wyoming.event import Event
+from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
+from wyoming.server import AsyncEventHandler, AsyncServer
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
+
+from velocity.gateway.encode import pcm16
+from velocity.gateway.upstream import ApiError, Gateway
+
+log = logging.getLogger("velocity.wyoming")
+RATE, WIDTH, CHANNELS = 24000, 2, 1              # what `tts` streams, as 16-bit pcm
+ATTRIBUTION = Attribution(name="2noise (ChatTTS)", url="https://github.com/2noise/ChatTTS")
+# a sentence is complete when its end mark is followed by space (so "3.14" waits for more text)
+SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|(?<=[。！？])")
+
+
+def split_complete(text: str) -> tuple[list[str], str]:
+    """Streamed text -> (its complete sentences, the rest still being written)."""
+    parts = SENTENCE_END.split(text)
+    return [p.strip() for p in parts[:-1] if p.strip()], parts[-1]
+
+
+async def describe(gw: Gateway) -> Info:
+    """The Wyoming `info`: one TTS program whose voices are the server's named voices."""
+    listing = await gw.voices()
+    voices = [TtsVoice(name=v["name"], description=f"{v['name']} ({v.get('source', 'server')} voice)", attribution=ATTRIBUTION,
+                       installed=True, version=None, languages=["en", "zh"]) for v in listing["voices"]]
+    return Info(tts=[TtsProgram(name="velocity-tts", description="Streaming ChatTTS on Triton",
+                                attribution=ATTRIBUTION, installed=True, version="0.1.0", voices=voices,
+                                supports_synthesize_streaming=True)])
+
+
+class SpeechHandler(AsyncEventHandler):
+    """One Wyoming connection: describe, synthesize, and streamed synthesize."""
+
+    def __init__(self, gw: Gateway, defaults: dict, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.gw, self.defaults = gw, defaults
+        self.streaming: SynthesizeStart | None = None
+        self.pending = ""
+
+    async def handle_event(self, event: Event) -> bool:
+        if Describe.is_type(event.type):
+            await self.write_event((await describe(self.gw)).event())
+        elif Synthesize.is_type(event.type):
+            if self.streaming is None:              # sent beside a stream for old servers: ignored then
+                s = Synthesize.from_event(event)
+                await self.speak(s.text, s.voice)
+        elif SynthesizeStart.is_type(event.type):
+            self.streaming, self.pending = SynthesizeStart.from_event(event), ""
+        elif SynthesizeChunk.is_type(event.type) and self.streaming is not None:
+            done, self.pending = split_complete(self.pending + SynthesizeChunk.from_event(event).text)
+            for sentence in done:
+                await self.speak(sentence, self.streaming.voice)
+        elif SynthesizeStop.is_type(event.type) and self.streaming is not None:
+            if self.pending.strip():
+                await self.speak(self.pending.strip(), self.streaming.voice)
+            self.streaming, self.pending = None, ""
+            await self.write_event(SynthesizeStopped().event())
+        return True
+
+    async def speak(self, text: str, voice) -> None:
+        """One text -> audio-start, audio-chunk..., audio-stop; an `error` event if it fails."""
+        values = {"TEXT": text, **self.defaults}
+        name = voice.name if voice is not None and voice.name else None
+        if name is not None:
+            values["SPEAKER" if len(name) > 32 else "VOICE"] = name     # a speaker string, or a voice
+        started = False
+        try:
+            async for chunk in self.gw.chunks(values):
+                if not started:
+                    await self.write_event(AudioStart(rate=RATE, width=WIDTH, channels=CHANNELS).event())
+                    started = True
+                await self.write_event(AudioChunk(rate=RATE, width=WIDTH, channels=CHANNELS,
+                                                  audio=pcm16(chunk)).event())
+        except ApiError as e:
+            log.warning("synthesize failed (%s): %s", e.status, e.message)
+            await self.write_event(Error(text=e.message, code=e.code or f"http_{e.status}").event())
+            if started:
+                await self.write_event(AudioStop().event())
+            return
+        if not started:                             # nothing to say (e.g. only punctuation)
+            await self.write_event(AudioStart(rate=RATE, width=WIDTH, channels=CHANNELS).event())
+        await self.write_event(AudioStop().event())
+
+
+async def serve(uri: str, triton: str, defaults: dict) -> None:
+    gw = Gateway(triton)
+    server = AsyncServer.from_uri(uri)
+    log.info("Wyoming on %s, Triton at %s", uri, triton)
+    try:
+        await server.run(partial(SpeechHandler, gw, defaults))
+    finally:
+        await gw.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """velocity-tts-wyoming: the Wyoming protocol (Home Assistant) in front of the Triton server."""
+    ap = argparse.ArgumentParser(prog="velocity-tts-wyoming", description=main.__doc__)
+    ap.add_argument("--uri", default="tcp://0.0.0.0:10200", help="where to listen: tcp://HOST:PORT or unix://PATH")
+    ap.add_argument("--triton", default="localhost:8001", help="the Triton server's gRPC address")
+    ap.add_argument("--seed", type=int, help="a fixed sampling seed: the same text gives the same audio")
+    ap.add_argument("--temperature", type=float, help="sampling temperature (default: the server's)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[wyoming] %(levelname)s %(message)s")
+    defaults = {k: v for k, v in (("SEED", args.seed), ("TEMPERATURE", args.temperature)) if v is not None}
+    try:
+        asyncio.run(serve(args.uri, args.triton, defaults))
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()
