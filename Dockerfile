@@ -5,7 +5,8 @@
 #       -v /path/to/ChatTTS:/weights:ro velocity-tts
 # --stop-timeout: docker stop's default 10 s is shorter than the drain (DRAIN_TIMEOUT 20 +
 # EXIT_TIMEOUT 30). Port 8003 answers readiness, 503 while draining (point probes there);
-# 8080 is the OpenAI speech API and the web page (the gateway serve.sh starts beside Triton).
+# 8080 is the OpenAI speech API and the web page (the gateway serve.sh starts beside Triton);
+# for Home Assistant add -e WYOMING_PORT=10200 -p 10200:10200.
 # (/path/to/ChatTTS is the folder holding the release's asset/ directory.)
 # 24.10 ships Triton 2.51, the server the tests use from the pytriton wheel.
 FROM nvcr.io/nvidia/tritonserver:24.10-py3
@@ -22,7 +23,7 @@ COPY model_repository ./model_repository
 COPY scripts ./scripts
 
 ENV VELOCITY_WEIGHTS=/weights
-EXPOSE 8000 8001 8002 8003 8080
+EXPOSE 8000 8001 8002 8003 8080 10200
 # serve.sh finds the container's tritonserver on PATH, starts the gateway beside it, and on
 # SIGTERM drains and stops both.
 ENTRYPOINT ["bash", "scripts/serve.sh"]

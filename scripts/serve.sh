@@ -2,13 +2,14 @@
 # Serve model_repository/ with a real Triton Inference Server, in the foreground.
 #
 #   scripts/serve.sh [--weights DIR] [--http-port N] [--grpc-port N] [--metrics-port N]
-#                    [--health-port N] [--gateway-port N] [--bind ADDRESS]
+#                    [--health-port N] [--gateway-port N] [--wyoming-port N] [--bind ADDRESS]
 #                    [--model-repository DIR] [-- extra tritonserver flags]
 #
 # Each flag can also be set by environment: VELOCITY_WEIGHTS, HTTP_PORT, GRPC_PORT,
 # METRICS_PORT, HEALTH_PORT, GATEWAY_PORT, BIND (default 0.0.0.0, every interface; 127.0.0.1 =
 # this machine only), MODEL_REPOSITORY. GATEWAY_PORT (default 8080) serves the OpenAI speech API
 # and the web page (velocity-tts-gateway) beside Triton, when the repository has `tts`; 0: none.
+# WYOMING_PORT (default 0: none; Home Assistant's is 10200) serves Wyoming (velocity-tts-wyoming).
 # Without weights it serves the demo checkpoint (built on first use: noise, not speech); a
 # folder without the release's files stops it at once with the reason. A model that fails to
 # load (corrupt weights) leaves the server up and not ready, with the reason in the log,
@@ -19,7 +20,7 @@
 # get DRAIN_TIMEOUT seconds (default 20) to finish and are then ended with an UNAVAILABLE
 # error, then the server and every python stub process stop: they run in a process group of
 # their own, which is signalled as a whole (EXIT_TIMEOUT, default 30, bounds that part), and
-# last the gateway, which serves its streams until Triton has ended them.
+# last the gateway and Wyoming, which serve their streams until Triton has ended them.
 # A second Ctrl-C (SIGINT) skips the drain; a repeated SIGTERM does not. A shell started in
 # the background without job control starts this with SIGINT ignored: send it SIGTERM.
 set -euo pipefail
@@ -32,13 +33,14 @@ GRPC_PORT="${GRPC_PORT:-8001}"
 METRICS_PORT="${METRICS_PORT:-8002}"
 HEALTH_PORT="${HEALTH_PORT:-8003}"
 GATEWAY_PORT="${GATEWAY_PORT:-8080}"
+WYOMING_PORT="${WYOMING_PORT:-0}"
 BIND="${BIND:-0.0.0.0}"
 REPO="${MODEL_REPOSITORY:-$ROOT/model_repository}"
 EXIT_TIMEOUT="${EXIT_TIMEOUT:-30}"
 DRAIN_TIMEOUT="${DRAIN_TIMEOUT:-20}"
 extra=()
 
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --weights) WEIGHTS="$2"; shift 2 ;;
@@ -47,6 +49,7 @@ while [[ $# -gt 0 ]]; do
         --metrics-port) METRICS_PORT="$2"; shift 2 ;;
         --health-port) HEALTH_PORT="$2"; shift 2 ;;
         --gateway-port) GATEWAY_PORT="$2"; shift 2 ;;
+        --wyoming-port) WYOMING_PORT="$2"; shift 2 ;;
         --bind) BIND="$2"; shift 2 ;;
         --model-repository) REPO="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
@@ -96,13 +99,14 @@ if [[ " ${extra[*]} " != *shm-region-prefix-name* ]]; then
     args+=(--backend-config="python,shm-region-prefix-name=$shm_prefix")
 fi
 health_pid=""
-gateway_pid=""
+front_pids=()                   # the gateway and Wyoming: stopped last, given 10 s each
 cleanup() {
     [[ -z "$health_pid" ]] || kill "$health_pid" 2>/dev/null || true
-    if [[ -n "$gateway_pid" ]] && kill "$gateway_pid" 2>/dev/null; then
-        for _ in $(seq 100); do kill -0 "$gateway_pid" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$gateway_pid" 2>/dev/null || true
-    fi
+    for p in "${front_pids[@]}"; do
+        kill "$p" 2>/dev/null || continue
+        for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$p" 2>/dev/null || true
+    done
     rm -rf "$VELOCITY_RUN_DIR"
     [[ -z "$shm_prefix" ]] || rm -f /dev/shm/"$shm_prefix"*
 }
@@ -118,9 +122,11 @@ echo "[serve] gRPC    $host:$GRPC_PORT"
 echo "[serve] HTTP    http://$host:$HTTP_PORT"
 echo "[serve] metrics http://$host:$METRICS_PORT/metrics"
 echo "[serve] ready   http://$host:$HEALTH_PORT/v2/health/ready   (503 while draining: for load balancers)"
-gateway=0
+gateway=0; wyoming=0
 [[ "$GATEWAY_PORT" != 0 && -d "$REPO/tts" ]] && gateway=1
+[[ "$WYOMING_PORT" != 0 && -d "$REPO/tts" ]] && wyoming=1
 [[ $gateway == 1 ]] && echo "[serve] OpenAI  http://$host:$GATEWAY_PORT/v1/audio/speech   (web page: http://$host:$GATEWAY_PORT/)"
+[[ $wyoming == 1 ]] && echo "[serve] Wyoming tcp://$host:$WYOMING_PORT"
 [[ -z "$shm_prefix" ]] || echo "[serve] shared memory: /dev/shm/$shm_prefix*"
 
 setsid "$server" "${args[@]}" "${extra[@]}" &
@@ -131,7 +137,12 @@ health_pid=$!
 if [[ $gateway == 1 ]]; then
     # a session of its own, so a Ctrl-C reaches it only after the drain, from cleanup
     setsid "$PYTHON" -m velocity.gateway.app --triton "$local_host:$GRPC_PORT" --host "$BIND" --port "$GATEWAY_PORT" &
-    gateway_pid=$!
+    front_pids+=($!)
+fi
+if [[ $wyoming == 1 ]]; then
+    setsid "$PYTHON" -m velocity.gateway.wyoming_server --triton "$local_host:$GRPC_PORT" \
+        --uri "tcp://$BIND:$WYOMING_PORT" &
+    front_pids+=($!)
 fi
 drain() {
     compgen -G "$VELOCITY_RUN_DIR/serving.*" >/dev/null || return 0   # no llm is serving

@@ -24,7 +24,7 @@ import tritonclient.grpc as grpcclient
 from client.soak import BAD_LLM, call_llm
 from client.triton import ServerError, stream_grpc
 from test_tts_server import llm_inputs
-from triton_server import ROOT, alive, wait_for
+from triton_server import ROOT, alive, free_port, wait_for
 from velocity.serving.protocol import STREAM_SHUTTING_DOWN, stream_error
 from velocity.serving.settings import Settings
 from velocity.demo.checkpoint import write_checkpoint
@@ -142,6 +142,12 @@ def test_request_limit_then_drain_on_stop(start_triton, tmp_path):
     assert wait_for(lambda: not [p for p in pids if alive(p)]), "a server or stub process was left behind"
 
 
+def listening(port: int) -> bool:
+    import socket
+    with socket.socket() as so:
+        return so.connect_ex(("127.0.0.1", port)) == 0
+
+
 class GatewayListener(threading.Thread):
     """One speech request through the gateway on its own thread: its pcm bytes, or the error."""
 
@@ -170,10 +176,14 @@ def test_one_sigterm_to_the_make_serve_group_drains(start_triton, tmp_path):
     """`kill -- -PGID` on `make serve` (what systemd, `timeout` and docker stop on a make-based
     entrypoint do) reaches make and serve.sh, and make passes its SIGTERM on: serve.sh sees two.
     It must still drain: the live streams finish, the one through the gateway (which make serve
-    started beside Triton) too, and nothing is left, the gateway included."""
+    started beside Triton) too, and nothing is left, the gateway and Wyoming included."""
     ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
+    wyoming = free_port()
     s = start_triton(ROOT / "model_repository", env={"VELOCITY_WEIGHTS": str(ckpt), "DRAIN_TIMEOUT": str(DRAIN),
-                                                     "EXIT_TIMEOUT": "10"}, via_make=True)
+                                                     "EXIT_TIMEOUT": "10", "WYOMING_PORT": str(wyoming)},
+                     via_make=True)
+    assert f"[serve] Wyoming tcp://localhost:{wyoming}\n" in s.log()
+    assert wait_for(lambda: listening(wyoming), 30), s.log()
     assert f"weights:      {ckpt}" in s.log(), s.log()[:2000]       # VELOCITY_WEIGHTS reaches serve.sh
     assert f"[serve] gRPC    localhost:{s.grpc_port}\n" in s.log()   # where to connect, as the README says
     assert f"[serve] OpenAI  http://localhost:{s.gateway_port}/v1/audio/speech" in s.log()
@@ -197,3 +207,4 @@ def test_one_sigterm_to_the_make_serve_group_drains(start_triton, tmp_path):
     assert "[serve] draining" in log and "[serve] drained" in log, log[-3000:]
     assert "not waiting for the drain" not in log, log[-3000:]
     assert wait_for(lambda: not [p for p in pids if alive(p)]), "a server or stub process was left behind"
+    assert not listening(wyoming)

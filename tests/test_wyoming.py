@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from client.triton import stream_grpc
