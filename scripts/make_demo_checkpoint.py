@@ -2,17 +2,29 @@
 """Write a demo checkpoint in the ChatTTS release's layout (seeded random weights: noise, not speech).
 
     .venv/bin/python scripts/make_demo_checkpoint.py --size tiny --out checkpoints/demo-tiny
+
+--unless-current (what serve.sh uses) writes only when the folder does not already hold this
+velocity's demo for that size and seed: missing, or written by an older velocity.
 """
 import argparse
 import logging
+import shutil
+from pathlib import Path
 
-from velocity.demo.checkpoint import SIZES, write_checkpoint
+from velocity.demo.checkpoint import SIZES, is_current, write_checkpoint
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--unless-current", action="store_true", help="keep a demo this velocity wrote")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.unless_current:
+        if is_current(args.out, args.size, args.seed):
+            raise SystemExit(0)
+        why = "written by an older velocity" if Path(args.out).exists() else "first use"
+        print(f"building the demo checkpoint {args.out} ({why}; random weights: noise, not speech)", flush=True)
+        shutil.rmtree(args.out, ignore_errors=True)
     write_checkpoint(args.out, args.size, args.seed)

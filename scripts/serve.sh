@@ -79,14 +79,15 @@ PYTHON="$(command -v python3 || command -v python)"
 needs_weights=0
 for m in text_frontend llm vocoder; do [[ -d "$REPO/$m" ]] && needs_weights=1; done
 WEIGHTS="${WEIGHTS:-$DEMO}"
-if [[ $needs_weights == 1 ]] && ! why="$("$PYTHON" -m velocity.release "$WEIGHTS" 2>&1)"; then
-    if [[ "$(realpath -m "$WEIGHTS")" != "$(realpath -m "$DEMO")" ]]; then
+if [[ $needs_weights == 1 ]]; then
+    if [[ "$(realpath -m "$WEIGHTS")" == "$(realpath -m "$DEMO")" ]]; then
+        # the demo is ours: (re)built when missing or written by an older velocity
+        "$PYTHON" "$ROOT/scripts/make_demo_checkpoint.py" --size tiny --out "$WEIGHTS" --unless-current \
+            | sed 's/^/[serve] /'
+    elif ! why="$("$PYTHON" -m velocity.release "$WEIGHTS" 2>&1)"; then
         echo "serve.sh: $why" >&2
         exit 2
-    fi                          # the demo is ours: (re)built when missing or older than the release layout
-    echo "[serve] building the demo checkpoint $WEIGHTS (random weights: noise, not speech)"
-    rm -rf "$WEIGHTS"
-    "$PYTHON" "$ROOT/scripts/make_demo_checkpoint.py" --size tiny --out "$WEIGHTS"
+    fi
 fi
 export VELOCITY_WEIGHTS="$(realpath -m "$WEIGHTS")"
 # The drain handshake with the llm model (velocity/serving/drain.py) goes through this folder.

@@ -47,3 +47,21 @@ def test_download_lists_the_release_files_and_fails_clearly_offline(tmp_path):
     assert fetched == {str(tmp_path / "w" / f) for f in [*SHA256, "asset/spk_stat.pt"]}
     p = run("download_weights.py", "--out", str(tmp_path / "w"), env={"HF_HUB_OFFLINE": "1"})
     assert p.returncode == 1 and p.stderr.startswith("error: cannot fetch 2Noise/ChatTTS/asset/"), p.stderr
+
+
+def test_the_demo_is_rebuilt_when_an_older_velocity_wrote_it(tmp_path):
+    """serve.sh's `make_demo_checkpoint.py --unless-current`: keeps this velocity's demo, rebuilds
+    one whose format is older (its Decoder no longer fitting the code, say) or missing."""
+    out = tmp_path / "demo-tiny"
+    p = run("make_demo_checkpoint.py", "--size", "tiny", "--out", str(out), "--unless-current")
+    assert p.returncode == 0 and "(first use;" in p.stdout, p.stdout + p.stderr
+    stamp = (out / "asset" / "Decoder.safetensors").stat().st_mtime_ns
+    p = run("make_demo_checkpoint.py", "--size", "tiny", "--out", str(out), "--unless-current")
+    assert p.returncode == 0 and p.stdout == "" and (out / "asset" / "Decoder.safetensors").stat().st_mtime_ns == stamp
+    meta = json.loads((out / "velocity-demo.json").read_text())
+    (out / "velocity-demo.json").write_text(json.dumps({**meta, "format": meta["format"] - 1}))
+    (out / "stale-file").write_text("from the old folder")
+    p = run("make_demo_checkpoint.py", "--size", "tiny", "--out", str(out), "--unless-current")
+    assert p.returncode == 0 and "written by an older velocity" in p.stdout, p.stdout + p.stderr
+    assert json.loads((out / "velocity-demo.json").read_text())["format"] == meta["format"]
+    assert not (out / "stale-file").exists()

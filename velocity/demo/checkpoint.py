@@ -99,6 +99,20 @@ def write_speaker_stats(path: Path, dim: int, seed: int) -> None:
     torch.save(torch.cat([std, mean]), str(path))
 
 
+# What write_checkpoint writes, as a number: raise it when that changes, so that a demo folder
+# written by an older velocity is rebuilt instead of served (its files no longer fit the code).
+DEMO_FORMAT = 2
+
+
+def is_current(out: str | Path, size: str = "tiny", seed: int = 0) -> bool:
+    """out holds the demo checkpoint this velocity writes for (size, seed)."""
+    try:
+        meta = json.loads((Path(out) / "velocity-demo.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (meta.get("format"), meta.get("size"), meta.get("seed")) == (DEMO_FORMAT, size, seed)
+
+
 def write_checkpoint(out: str | Path, size: str = "tiny", seed: int = 0) -> Path:
     """Write out/asset/... in the release's layout; returns out."""
     if size not in SIZES:
@@ -118,6 +132,6 @@ def write_checkpoint(out: str | Path, size: str = "tiny", seed: int = 0) -> Path
     write_speaker_stats(asset / "spk_stat.pt", s.hidden, seed)
     write_tokenizer(asset / "tokenizer", s.text_vocab)
     (out / "velocity-demo.json").write_text(json.dumps(
-        {"note": "seeded random weights: noise, not speech", "size": size, "seed": seed, "gpt": asdict(s)}, indent=2))
+        {"note": "seeded random weights: noise, not speech", "format": DEMO_FORMAT, "size": size, "seed": seed, "gpt": asdict(s)}, indent=2))
     logger.info("wrote %s checkpoint (seed %d) to %s", size, seed, out)
     return out
