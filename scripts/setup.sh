@@ -35,7 +35,7 @@ if [[ "${1:-}" == --test-tools ]]; then
         if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
             log "installing Debian's ${missing[*]} for the tests (about a minute)"
             apt-get update -qq >/dev/null
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
         else
             echo "[setup] the tests need Debian's ${missing[*]}: sudo apt-get install ${missing[*]}" >&2
             exit 1
