@@ -20,7 +20,7 @@ import platform
 import statistics
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,7 +28,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from client.triton import ServerError, fetch_metrics, parse_metric, stream_grpc
-from client.tts_client import SAMPLE_RATE, synthesize
+from client.tts_client import SAMPLE_RATE, stall, synthesize
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = Path(__file__).with_name("texts.txt")
@@ -148,6 +148,7 @@ def run_level(url: str, texts: list[str], concurrency: int, n_requests: int, val
         "second_chunk_s": summary([r.chunk_times[1] for r in results if len(r.chunk_times) > 1]),
         "total_s": summary([r.total for r in results]),
         "rtf": summary([r.rtf for r in results if r.seconds]),
+        "stall_s": summary([r.stall for r in results]),
         "server": stats_diff(before, server_stats(url)),
         "vocoder_queue": vocoder_diff(voc_before, vocoder_counters(metrics_url)),
     }
@@ -169,7 +170,7 @@ class InProcess:
 
     def level(self, texts: list[str], c: int, n: int, values: dict, bar=None) -> dict:
         """n requests (texts[i % len], seed i), c at a time; the same summary as run_level."""
-        started, first, samples, totals = {}, {}, Counter(), {}
+        started, first, samples, totals, playable = {}, {}, Counter(), {}, defaultdict(list)
         t0 = time.perf_counter()
         for ev in self.pipe.stream_many([texts[i % len(texts)] for i in range(n)], concurrency=c,
                                         params=lambda i: self.params(max_new_tokens=values["MAX_NEW_TOKENS"], seed=i)):
@@ -179,6 +180,7 @@ class InProcess:
             elif ev.kind == "chunk":
                 first.setdefault(ev.text, now - started[ev.text])
                 samples[ev.text] += len(ev.chunk.audio)
+                playable[ev.text].append((now, len(ev.chunk.audio) / SAMPLE_RATE))
             else:
                 totals[ev.text] = now - started[ev.text]
                 if bar is not None:
@@ -187,7 +189,8 @@ class InProcess:
         audio = sum(samples.values()) / SAMPLE_RATE
         return {"concurrency": c, "requests": n, "wall_s": wall, "audio_s": audio, "audio_s_per_s": audio / wall,
                 "first_audio_s": summary(list(first.values())), "total_s": summary(list(totals.values())),
-                "rtf": summary([totals[i] / (samples[i] / SAMPLE_RATE) for i in totals if samples[i]])}
+                "rtf": summary([totals[i] / (samples[i] / SAMPLE_RATE) for i in totals if samples[i]]),
+                "stall_s": summary([stall(playable[i]) for i in totals])}
 
 
 def in_process(weights: str, texts: list[str], levels: list[int], n_min: int, values: dict, device: str) -> dict:

@@ -32,6 +32,12 @@ class Result:
     audio: np.ndarray
     chunk_times: list[float] = field(default_factory=list)
     total: float = 0.0
+    playable: list[tuple[float, float]] = field(default_factory=list)   # (time, seconds) of each chunk in order
+
+    @property
+    def stall(self) -> float:
+        """Seconds a listener who starts playing at the first chunk waits mid-stream (see `stall`)."""
+        return stall(self.playable)
 
     @property
     def seconds(self) -> float:
@@ -44,6 +50,18 @@ class Result:
     @property
     def rtf(self) -> float:
         return self.total / self.seconds if self.seconds else float("inf")
+
+
+def stall(playable: list[tuple[float, float]]) -> float:
+    """Chunks in play order as (when it could play, its seconds of audio) -> the seconds a
+    listener who starts at the first chunk waits for audio: each chunk's arrival past the end of
+    the audio before it, summed (0: no gap heard)."""
+    waited, end = 0.0, None
+    for t, seconds in playable:
+        if end is not None and t > end:
+            waited += t - end
+        end = (t if end is None else max(end, t)) + seconds
+    return waited
 
 
 WAV_FORMATS = {"pcm16": "PCM_16", "float": "FLOAT"}      # --format -> soundfile subtype
@@ -66,6 +84,7 @@ def synthesize(chunks: Iterator[tuple[int, np.ndarray]], wav_path: str | None = 
             pending[idx] = audio
             while len(parts) in pending:
                 parts.append(pending.pop(len(parts)))
+                res.playable.append((res.chunk_times[-1], len(parts[-1]) / SAMPLE_RATE))
                 if wav_path:
                     out = out or sf.SoundFile(wav_path, "w", SAMPLE_RATE, 1, subtype)
                     out.write(parts[-1])

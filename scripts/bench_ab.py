@@ -69,6 +69,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--requests", type=int, default=2, help="requests per arm per round (at least --concurrency)")
     ap.add_argument("--max-new-tokens", type=int, default=120)
+    ap.add_argument("--sentences", type=int, default=1,
+                    help="sentences per request: each text joins this many shipped sentences in turn")
     ap.add_argument("--weights", help="checkpoint for the in-process arm")
     ap.add_argument("--refine-max-new-tokens", type=int, default=384,
                     help="the triton-refine arm's REFINE_MAX_NEW_TOKENS (384: the reference's default)")
@@ -89,6 +91,8 @@ def main() -> None:
     if "in-process" in kind.values() and not args.weights:
         raise SystemExit("--arms in-process needs --weights (the server's checkpoint)")
     texts = bench_texts()
+    if args.sentences > 1:
+        texts = [" ".join(texts[(i + k) % len(texts)] for k in range(args.sentences)) for i in range(len(texts))]
     values = {"MAX_NEW_TOKENS": args.max_new_tokens}
     metrics_url = args.metrics_url or metrics_url_of(args.url)
     n = {a: max(args.requests, conc[a]) for a in arms}
@@ -133,6 +137,8 @@ def main() -> None:
         lv = [rd[arm] for rd in rounds]
         out = {"first_audio_avg_s": statistics.mean(x["first_audio_s"]["avg"] for x in lv),
                "audio_s_per_s": sum(x["audio_s"] for x in lv) / sum(x["wall_s"] for x in lv),
+               "total_avg_s": statistics.mean(x["total_s"]["avg"] for x in lv),
+               "stall_avg_s": statistics.mean(x["stall_s"]["avg"] for x in lv),
                "errors": sum(x.get("errors", 0) for x in lv)}
         if all("engine_step_ms" in x for x in lv):
             out["engine_step_ms"] = statistics.mean(x["engine_step_ms"] for x in lv)
@@ -140,11 +146,13 @@ def main() -> None:
 
     base = arms[0]
     res = {"concurrency": conc, "requests_per_round": n, "arms": arms, "max_new_tokens": args.max_new_tokens,
+           "sentences": args.sentences,
            "pooled": {a: pooled(a) for a in arms}, "rounds": rounds, "median_ratio_to_" + base: {
                a: {"first_audio": statistics.median(rd[a]["first_audio_s"]["avg"] / rd[base]["first_audio_s"]["avg"]
                                                     for rd in rounds),
                    "audio_s_per_s": statistics.median(rd[a]["audio_s_per_s"] / rd[base]["audio_s_per_s"]
-                                                      for rd in rounds)}
+                                                      for rd in rounds),
+                   "total": statistics.median(rd[a]["total_s"]["avg"] / rd[base]["total_s"]["avg"] for rd in rounds)}
                for a in arms[1:]}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

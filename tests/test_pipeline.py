@@ -70,3 +70,32 @@ def test_a_steps_chunks_decoded_in_one_call_give_the_same_audio(pipe):
         assert [c.index for c in many[t]] == [c.index for c in one[t]] == list(range(len(one[t])))
         a, b = np.concatenate([c.audio for c in one[t]]), np.concatenate([c.audio for c in many[t]])
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-4 * np.abs(a).max())
+
+
+def test_sentences_ahead_give_the_same_audio_in_fewer_steps(pipe, monkeypatch):
+    """Sentences generated while the one before them is spoken (sentences_ahead) against one at
+    a time: the same chunks in the same order (the model's floats in another batch: audio
+    within 1e-4 of the peak, triton_server.assert_same_audio), in fewer engine steps."""
+    from triton_server import assert_same_audio
+
+    text = "First one here. The second sentence. A third. And the fourth one ends it."
+    step = pipe.engine.step
+
+    def run(ahead: int) -> tuple[list, int]:
+        monkeypatch.setattr(pipe, "sentences_ahead", ahead)
+        steps = 0
+
+        def counted():
+            nonlocal steps
+            steps += 1
+            return step()
+        monkeypatch.setattr(pipe.engine, "step", counted)
+        chunks = list(pipe.stream(text, speaker=3, params=SamplingParams(temperature=0.3, max_new_tokens=24,
+                                                                          min_new_tokens=24, seed=5)))
+        assert pipe.engine.block_manager.num_used_blocks == 0
+        return chunks, steps
+
+    (one, one_steps), (two, two_steps) = run(0), run(2)
+    assert [c.index for c in two] == [c.index for c in one] == list(range(len(one)))
+    assert_same_audio(np.concatenate([c.audio for c in two]), np.concatenate([c.audio for c in one]))
+    assert two_steps < 0.7 * one_steps, (two_steps, one_steps)

@@ -150,3 +150,68 @@ def test_chunks_decoded_together_equal_chunks_decoded_alone(decoder, frames):
     peak = max(float(a.abs().max()) for a in alone)
     for a, b in zip(alone, together):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-4 * peak)
+
+
+def _outputs(sentence_frames: dict[int, int], per_output: int, seed: int = 0):
+    """Engine outputs of sentences running side by side, in an interleaved order: sentence i's
+    frames are (i, k, k, k), each sentence's last output finished ("stop") with the end frame."""
+    import random
+    from types import SimpleNamespace
+
+    end = 99
+    queues = {}
+    for i, n in sentence_frames.items():
+        frames = [(i, k, k, k) for k in range(n)] + [(end,) * 4]
+        queues[i] = [frames[s:s + per_output] for s in range(0, len(frames), per_output)]
+    rng, order = random.Random(seed), []
+    while queues:
+        i = rng.choice(sorted(queues))
+        part = queues[i].pop(0)
+        order.append((i, SimpleNamespace(new_token_ids=part, new_hidden=None, finished=not queues[i],
+                                         finish_reason="stop" if not queues[i] else None)))
+        if not queues[i]:
+            del queues[i]
+    return order
+
+
+@pytest.mark.parametrize("ahead", [1, 2, 4])
+def test_sentences_generated_ahead_give_the_chunks_of_one_by_one(ahead):
+    """SentenceStream with sentences generating at once: the chunks (indices, frames, marks) are
+    those of the sentences one after another, and the requests it asks for stay within `ahead`
+    (none before the first chunk)."""
+    from velocity.tts.streaming import FrameChunker, SentenceStream
+
+    lengths = {0: 30, 1: 7, 2: 55, 3: 1, 4: 20}
+
+    def run(ahead: int, order_seed: int) -> list:
+        s = SentenceStream([[0]] * 5, FrameChunker(ChunkSchedule(4, 8, 16), 3, 2), end_code=99, ahead=ahead)
+        running = {i for i, *_ in s.requests(None, None, False)}
+        assert running == {0}                    # the others wait for the first chunk
+        got, started = [], set(running)
+        outs = _outputs(lengths, 3, order_seed) if ahead else [o for i in range(5) for o in _outputs({i: lengths[i]}, 3)]
+        # feed only outputs of started requests, in the interleaved order, as an engine would
+        pending = list(outs)
+        while pending:
+            k = next(n for n, (i, _) in enumerate(pending) if i in started)
+            i, out = pending.pop(k)
+            chunks = s.feed(i, out)
+            got += [(c.index, c.codes, c.context, c.length, c.last, c.start) for c in chunks]
+            if out.finished or chunks:
+                new = {j for j, *_ in s.requests(None, None, False)}
+                assert not new & started and all(j <= s.sentence + ahead for j in new)
+                started |= new
+        assert len(started) == 5
+        assert s.done
+        return got
+
+    one_by_one = run(0, 0)
+    assert run(ahead, 1) == one_by_one and run(ahead, 2) == one_by_one
+    assert [c[4] for c in one_by_one].count(True) == 5          # each sentence its own utterance
+
+
+def test_stall_is_the_wait_a_listener_hears():
+    from client.tts_client import stall
+    assert stall([]) == 0 and stall([(3.0, 1.0)]) == 0
+    # plays 0-1, then 1-2 (arrived early), then the third arrives at 2.5: half a second of silence
+    assert stall([(0.0, 1.0), (0.5, 1.0), (2.5, 1.0)]) == pytest.approx(0.5)
+    assert stall([(0.0, 0.2), (1.0, 0.2), (1.5, 0.2)]) == pytest.approx(0.8 + 0.3)

@@ -10,6 +10,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 
 from velocity.serving.drain import Drain
 from velocity.serving.protocol import (STREAM_BUSY, STREAM_DRAINING, STREAM_FAILED, STREAM_SHUTTING_DOWN,
@@ -30,23 +31,29 @@ class Stream:
         self.speaker, self.params, self.hidden = speaker, params, hidden
         s = host.settings
         self.sentences = SentenceStream(sentences, FrameChunker(s.schedule, s.left_context, s.lookahead), host.end_code,
-                                        refine)
-        self.rid = ""
+                                        refine, ahead=s.sentences_ahead)
+        self.rid = f"{id(self)}"                 # in logs; its engine requests are rid-<sentence>[r]
+        self.running: dict[int, str] = {}        # sentence -> its engine request in flight
         self.done = False
         self._lock = threading.Lock()
         self.stop_code: int | None = None       # set by another thread: end with this STREAM_* code
         self.t0 = time.monotonic()
         self.first_chunk_at: float | None = None
 
-    def start_sentence(self) -> None:
-        self.rid = f"{id(self)}-{self.sentences.sentence}{'r' if self.sentences.refining else ''}"
-        prompt, params, kwargs = self.sentences.request(self.params, self.speaker, self.hidden)
-        self.host.engine.add_request(self.rid, prompt, params, self.on_output, **kwargs)
+    def start_requests(self) -> None:
+        """Start the sentences' engine requests that may run now (the current one and those ahead)."""
+        for i, prompt, params, kwargs in self.sentences.requests(self.params, self.speaker, self.hidden):
+            rid = self.running[i] = f"{self.rid}-{i}{'r' if kwargs['head'] == 'text' else ''}"
+            self.host.engine.add_request(rid, prompt, params, partial(self.on_output, i), **kwargs)
+
+    def abort_all(self) -> None:
+        for rid in list(self.running.values()):
+            self.host.engine.abort(rid)
 
     def stop(self, code: int) -> None:
         """From any thread: end this stream with a STREAM_* error code at its next output."""
         self.stop_code = code
-        self.host.engine.abort(self.rid)        # a waiting sequence has no next output: make one
+        self.abort_all()                         # a waiting sequence has no next output: make one
 
     def end(self, code: int | None = None) -> None:
         """Queue the final flag (with a STREAM_* code, on an error chunk); once, from any thread."""
@@ -61,17 +68,19 @@ class Stream:
         if frames := self.sentences.chunker.total:
             self.host.metrics["rtf"].observe((time.monotonic() - self.t0) / (frames / FRAMES_PER_SECOND))
 
-    def on_output(self, out) -> None:            # on the engine thread
+    def on_output(self, i: int, out) -> None:    # on the engine thread: sentence i's output
         try:
+            if out.finished:
+                self.running.pop(i, None)
             if self.done:
+                self.abort_all()                 # an ended stream's sentences still ahead
                 return
             if self.cancelled() or self.stop_code is not None:
-                if not out.finished:
-                    self.host.engine.abort(self.rid)
+                self.abort_all()
                 self.end(self.stop_code)
                 return
             before = self.sentences.chunker.total
-            chunks = self.sentences.feed(out)
+            chunks = self.sentences.feed(i, out)
             if (n := self.sentences.chunker.total - before) > 0:
                 self.host.metrics["frames"].increment(n)
             if chunks and self.first_chunk_at is None:
@@ -80,17 +89,21 @@ class Stream:
             for c in chunks:
                 self.host.respond(self, chunk_outputs(c))
             if not out.finished:
+                if chunks:
+                    self.start_requests()        # the sentences ahead start after the first chunk
                 return
             if out.error:
-                log.error("request %s failed: %s", self.rid, out.error)
+                log.error("request %s failed: %s", out.request_id, out.error)
+                self.abort_all()
                 self.end(STREAM_FAILED)
             elif out.finish_reason == "abort" or self.sentences.done:
+                self.abort_all()
                 self.end()
             else:
-                self.start_sentence()
+                self.start_requests()
         except Exception:                        # never leave a client hanging
             log.exception("stream %s failed", self.rid)
-            self.host.engine.abort(self.rid)
+            self.abort_all()
             self.end(STREAM_FAILED)
 
 
@@ -124,7 +137,7 @@ class Streams:
         stream = Stream(self, sender, cancelled, sentences, speaker, params, hidden, refine)
         self.live[id(stream)] = stream
         try:
-            stream.start_sentence()
+            stream.start_requests()
         except Exception:                        # checked before, so our fault: end it, free its slot
             log.exception("llm: could not start stream %s", stream.rid)
             stream.end(STREAM_FAILED)

@@ -53,8 +53,10 @@ class TTSPipeline:
     is decoded as its own utterance, as the reference decodes each text."""
 
     def __init__(self, folder: str | Path, device: str = "auto", schedule: ChunkSchedule = ChunkSchedule(),
-                 lookahead: int | None = None, decode_batch: int = 0, **engine_kwargs) -> None:
-        """decode_batch: chunks of one step decoded per call (0: `default_decode_batch` of the device)."""
+                 lookahead: int | None = None, decode_batch: int = 0, sentences_ahead: int = 1,
+                 **engine_kwargs) -> None:
+        """decode_batch: chunks of one step decoded per call (0: `default_decode_batch` of the device).
+        sentences_ahead: sentences generated while the one before them is spoken (0: one by one)."""
         self.frontend = TextFrontend(folder)
         self.engine = LLMEngine(EngineConfig(model=str(folder), device=device, **engine_kwargs))
         dev = self.engine.worker.device
@@ -62,6 +64,7 @@ class TTSPipeline:
         self.sample_rate = self.decoder.sample_rate                 # Vocos's: 24000 for the release
         self.schedule, self.lookahead = schedule, lookahead
         self.decode_batch = decode_batch or default_decode_batch(dev)
+        self.sentences_ahead = sentences_ahead
         self._n = 0
 
     def speaker_vector(self, speaker: str | int | None) -> torch.Tensor | None:
@@ -110,18 +113,19 @@ class TTSPipeline:
         end_code = self.engine.worker.model.num_audio_tokens - 1
         frames = self.sample_frames(sample)
         left = self.decoder.exact_context
-        todo, live = list(range(len(texts))), {}          # live: request id -> its text (one per text)
+        todo, live, texts_live = list(range(len(texts))), {}, set()   # live: request id -> (its text, sentence)
 
         def add(t: _Text) -> None:
-            self._n += 1
-            rid = f"pipeline-{self._n}"
-            live[rid] = t
-            prompt, sampling, kwargs = t.stream.request(t.params, spk, t.hidden)
-            self.engine.add_request(rid, prompt, sampling, **kwargs)
+            texts_live.add(t.index)
+            for j, prompt, sampling, kwargs in t.stream.requests(t.params, spk, t.hidden):
+                self._n += 1
+                rid = f"pipeline-{self._n}"
+                live[rid] = (t, j)
+                self.engine.add_request(rid, prompt, sampling, **kwargs)
 
         try:
             while todo or live:
-                while todo and len(live) < concurrency:
+                while todo and len(texts_live) < concurrency:
                     i = todo.pop(0)
                     yield Event(i, "start")
                     sentences, report = self.frontend.encode(texts[i], speaker=spk is not None, prompt=prompt,
@@ -133,22 +137,26 @@ class TTSPipeline:
                     plan = None if refine is None else self.frontend.refine_plan(
                         [self.frontend.refine_prompt(x.text, refine_prompt) for x in sentences], refine,
                         self.frontend.code_prefix(spk is not None, prompt, sample_text), frames)
-                    t = _Text(i, SentenceStream([x.token_ids + frames for x in sentences], chunker, end_code, plan), p,
-                              decoder == "hidden")
+                    t = _Text(i, SentenceStream([x.token_ids + frames for x in sentences], chunker, end_code, plan,
+                                                self.sentences_ahead), p, decoder == "hidden")
                     if not t.stream.done:
                         add(t)
                     else:
                         yield Event(i, "end")
                 ready: list[tuple[_Text, CodeChunk | None]] = []          # None: the text's end
                 for out in self.engine.step():
-                    t = live[out.request_id]
-                    ready += [(t, c) for c in t.stream.feed(out)]
+                    t, j = live[out.request_id]
+                    chunks = t.stream.feed(j, out)
+                    ready += [(t, c) for c in chunks]
                     if not out.finished:
+                        if chunks:
+                            add(t)                 # the sentences ahead start after the first chunk
                         continue
                     del live[out.request_id]
                     if out.finish_reason not in ("stop", "length"):
                         raise RuntimeError(f"text {t.index}: generation ended with {out.finish_reason}: {out.error}")
                     if t.stream.done:
+                        texts_live.discard(t.index)
                         ready.append((t, None))
                     else:
                         add(t)
