@@ -23,7 +23,7 @@ class Settings:
     left_context: int = 52                   # VELOCITY_LEFT_CONTEXT: frames of context before a chunk
     # Sentences after the one being spoken that generate at the same time (their frames held
     # until it ends): the next sentence's audio is ready when the current one's ends. 0: one by one.
-    sentences_ahead: int = 1                 # VELOCITY_SENTENCES_AHEAD
+    sentences_ahead: int = 2                 # VELOCITY_SENTENCES_AHEAD
     max_text_chars: int = 2000               # VELOCITY_MAX_TEXT_CHARS
     max_new_tokens: int = 2048               # VELOCITY_MAX_NEW_TOKENS: upper limit per request
     max_sample_seconds: float = 20.0         # VELOCITY_MAX_SAMPLE_SECONDS: the longest SPEAKER_SAMPLE

@@ -53,7 +53,7 @@ class TTSPipeline:
     is decoded as its own utterance, as the reference decodes each text."""
 
     def __init__(self, folder: str | Path, device: str = "auto", schedule: ChunkSchedule = ChunkSchedule(),
-                 lookahead: int | None = None, decode_batch: int = 0, sentences_ahead: int = 1,
+                 lookahead: int | None = None, decode_batch: int = 0, sentences_ahead: int = 2,
                  **engine_kwargs) -> None:
         """decode_batch: chunks of one step decoded per call (0: `default_decode_batch` of the device).
         sentences_ahead: sentences generated while the one before them is spoken (0: one by one)."""
