@@ -23,6 +23,7 @@ class EngineConfig:
     max_model_len: int | None = None      # None: the model's max positions
     enforce_eager: bool = False           # True: no CUDA graphs
     pack_cpu_weights: bool = True         # CPU float32: linears on oneDNN-prepacked weights
+    quantize: str = "none"                # "int8": CPU float32, the transformer layers' linears on int8 weights
     cpu_kernel: bool = True               # CPU float32: the C++ paged decode-attention kernel (built once)
     enable_prefix_caching: bool = True
 
@@ -42,5 +43,7 @@ class EngineConfig:
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.quantize not in ("none", "int8"):
+            raise ValueError(f"quantize must be 'none' or 'int8', got {self.quantize!r}")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}")

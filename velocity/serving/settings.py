@@ -45,6 +45,9 @@ class Settings:
     # where a batch costs what its chunks do one by one and only delays the most urgent)
     vocoder_batch: int = 0                   # VELOCITY_VOCODER_BATCH
     pack_cpu_weights: int = 1                # VELOCITY_PACK_CPU_WEIGHTS: 1: oneDNN-prepacked llm weights on CPU
+    # int8: the llm's transformer layers on int8 weights (CPU): about 3x faster decode steps, but
+    # the output is no longer the reference's (docs/benchmarks.md "int8 on CPU")
+    quantize: str = "none"                   # VELOCITY_QUANTIZE: none or int8
     cpu_kernel: int = 1                      # VELOCITY_CPU_KERNEL: 1: the C++ decode-attention kernel on CPU
     # 1: the llm's responses go out from a thread of their own; 0: from the engine loop between
     # steps (as before 2026-11-23), kept for A/B runs (docs/benchmarks.md)
@@ -99,7 +102,8 @@ class Settings:
         from velocity.config import EngineConfig
         return EngineConfig(model=self.weights, device=self.device, dtype=self.dtype, kv_cache_bytes=self.kv_cache_bytes,
                             gpu_memory_utilization=self.gpu_memory_utilization, max_num_seqs=self.max_num_seqs,
-                            pack_cpu_weights=bool(self.pack_cpu_weights), cpu_kernel=bool(self.cpu_kernel))
+                            pack_cpu_weights=bool(self.pack_cpu_weights), cpu_kernel=bool(self.cpu_kernel),
+                            quantize=self.quantize)
 
     @property
     def schedule(self) -> ChunkSchedule:
