@@ -9,12 +9,15 @@ host work (scheduler, inputs, sampler, outputs): on a GPU that is what bounds a 
     .venv/bin/python scripts/bench_step.py --size tiny
     .venv/bin/python scripts/bench_step.py --size tiny --baseline-rev HEAD~1   # A/B against a revision
     .venv/bin/python scripts/bench_step.py --size full --device cuda
+    .venv/bin/python scripts/bench_step.py --size full --quantize int8 --baseline-quantize none --batches 1,8,32
 
 --baseline-rev REV measures velocity at git revision REV too (a temporary worktree, this script
 run with it first on the path), in alternating rounds (ABBA), and reports per batch size the
 median ratio of the baseline's step time to this checkout's; --baseline-dir DIR does the same
-with a folder holding a `velocity` package (a copy without git, e.g. on a device machine).
-Writes JSON and a PNG.
+with a folder holding a `velocity` package (a copy without git, e.g. on a device machine);
+--baseline-quantize Q compares this checkout with --quantize against itself with Q. The weight
+bytes a step reads and, on CPU, the bound they set (bytes / read bandwidth measured in the run)
+are reported per arm. Writes JSON and a PNG.
 """
 from __future__ import annotations
 
@@ -34,8 +37,21 @@ ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench_step")
 
 
-def measure(weights: str, device: str, batches: list[int], steps: int) -> dict:
-    """{batch: {"step_ms", "model_ms", "sampler_ms"}}: medians over `steps` decode steps."""
+def weight_bytes(model) -> int:
+    """Bytes of weights a decode step reads: parameters (not embedding tables, of which a step
+    reads a row per token), prepacked float32 and int8 linears."""
+    import torch
+    skip = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    n = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in skip)
+    for m in model.modules():
+        if hasattr(m, "packed") and hasattr(m, "in_features"):
+            per = 1 if type(m).__name__ == "Int8Linear" else 4
+            n += m.in_features * m.out_features * per
+    return n
+
+
+def measure(weights: str, device: str, batches: list[int], steps: int, quantize: str = "none") -> dict:
+    """{batch: {"step_ms", "model_ms", "sampler_ms"}, "weight_bytes": n}: medians over `steps` decode steps."""
     import torch
 
     import velocity.engine.worker as worker_module
@@ -44,7 +60,8 @@ def measure(weights: str, device: str, batches: list[int], steps: int) -> dict:
     from velocity.tts.pipeline import chattts_params
     from velocity.tts.speaker import random_speaker
 
-    eng = LLMEngine(EngineConfig(model=weights, device=device, max_num_seqs=max(batches)))
+    kw = {"quantize": quantize} if quantize != "none" else {}   # (a baseline from before it has none)
+    eng = LLMEngine(EngineConfig(model=weights, device=device, max_num_seqs=max(batches), **kw))
     w = eng.worker
     sync = torch.cuda.synchronize if w.device.type == "cuda" else (lambda: None)
     spent = {"model": 0.0, "sampler": 0.0}
@@ -92,16 +109,17 @@ def measure(weights: str, device: str, batches: list[int], steps: int) -> dict:
         out[b] = {k: 1e3 * statistics.median(r[j] for r in rows)
                   for j, k in enumerate(("step_ms", "model_ms", "sampler_ms"))}
         log.info("batch %d: step %.2f ms (model %.2f, sampler %.2f)", b, *out[b].values())
+    out["weight_bytes"] = weight_bytes(w.model)
     return out
 
 
-def child(args: argparse.Namespace, rev_dir: str | None) -> dict:
+def child(args: argparse.Namespace, rev_dir: str | None, quantize: str) -> dict:
     """One round in a fresh process, with the baseline's velocity first on the path if given."""
     env = dict(os.environ, PYTHONPATH=rev_dir or str(ROOT))
     cmd = [sys.executable, __file__, "--child", "--weights", args.weights, "--device", args.device,
-           "--batches", args.batches, "--steps", str(args.steps)]
-    return {int(k): v for k, v in json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True,
-                                                            text=True).stdout.splitlines()[-1]).items()}
+           "--batches", args.batches, "--steps", str(args.steps), "--quantize", quantize]
+    got = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+    return {(int(k) if k.isdigit() else k): v for k, v in got.items()}
 
 
 def plot(res: dict, path: Path) -> None:
@@ -141,13 +159,15 @@ def main() -> None:
     base = ap.add_mutually_exclusive_group()
     base.add_argument("--baseline-rev", help="git revision to compare against")
     base.add_argument("--baseline-dir", help="folder holding the velocity package to compare against")
+    base.add_argument("--baseline-quantize", choices=("none", "int8"), help="this checkout, another VELOCITY_QUANTIZE")
+    ap.add_argument("--quantize", choices=("none", "int8"), default="none", help="this arm's VELOCITY_QUANTIZE")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "engine_step"))
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     if args.child:
         logging.basicConfig(level=logging.WARNING)
-        print(json.dumps(measure(args.weights, args.device, batches, args.steps)))
+        print(json.dumps(measure(args.weights, args.device, batches, args.steps, args.quantize)))
         return
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from tqdm.auto import tqdm
@@ -157,8 +177,11 @@ def main() -> None:
             from velocity.demo.checkpoint import write_checkpoint
             args.weights = str(write_checkpoint(Path(tmp) / "ck", args.size, seed=0))
         arms = {"this": None}
+        quant = {"this": args.quantize, "baseline": "none"}
         labels = {"this": subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
                                          capture_output=True, text=True).stdout.strip() or "this"}
+        if args.quantize != "none":
+            labels["this"] += f" {args.quantize}"
         if args.baseline_rev:
             wt = str(Path(tmp) / "baseline")
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", wt, args.baseline_rev],
@@ -170,6 +193,10 @@ def main() -> None:
                 raise SystemExit(f"--baseline-dir {args.baseline_dir}: no velocity package in it")
             arms = {"baseline": str(Path(args.baseline_dir).resolve()), "this": None}
             labels["baseline"] = Path(args.baseline_dir).name
+        elif args.baseline_quantize:
+            arms = {"baseline": None, "this": None}
+            quant["baseline"] = args.baseline_quantize
+            labels["baseline"] = labels["this"].rsplit(" ", 1)[0] + f" {args.baseline_quantize}"
         runs: dict[str, list[dict]] = {a: [] for a in arms}
         order = list(arms)
         try:
@@ -177,18 +204,24 @@ def main() -> None:
             with tqdm(total=rounds * len(arms), desc="rounds") as bar:
                 for r in range(rounds):
                     for a in (order if r % 2 == 0 else order[::-1]):      # ABBA
-                        runs[a].append(child(args, arms[a]))
+                        runs[a].append(child(args, arms[a], quant[a]))
                         bar.update(1)
         finally:
             if args.baseline_rev:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", wt])
     res = {"hardware": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
            "device": args.device, "checkpoint": checkpoint, "batches": batches, "steps": args.steps,
-           "rounds": len(runs["this"]),
+           "rounds": len(runs["this"]), "quantize": {a: quant[a] for a in runs},
            "labels": labels, "arms": {}, "rounds_raw": {a: [{str(b): v for b, v in x.items()} for x in runs[a]]
                                                        for a in runs}}
+    if args.device == "cpu":
+        sys.path.insert(0, str(ROOT / "scripts"))
+        from bench_engine import bandwidth_gbs
+        res["bandwidth_GBs"] = bandwidth_gbs("cpu")
     for a, xs in runs.items():
-        res["arms"][a] = {}
+        res["arms"][a] = {"weight_bytes": xs[0]["weight_bytes"]}
+        if "bandwidth_GBs" in res:
+            res["arms"][a]["bound_ms"] = xs[0]["weight_bytes"] / res["bandwidth_GBs"] / 1e6
         for b in batches:
             m = {k: statistics.median(x[b][k] for x in xs) for k in ("step_ms", "model_ms", "sampler_ms")}
             m["other_ms"] = max(0.0, m["step_ms"] - m["model_ms"] - m["sampler_ms"])
@@ -197,6 +230,10 @@ def main() -> None:
         res["baseline_over_this"] = {str(b): statistics.median(x[b]["step_ms"] / y[b]["step_ms"]
                                                                for x, y in zip(runs["baseline"], runs["this"]))
                                      for b in batches}
+    for a in runs:
+        if "bound_ms" in res["arms"][a]:
+            log.info("%s: %.0f MB of weights, bound %.2f ms per step at %.1f GB/s", labels[a],
+                     res["arms"][a]["weight_bytes"] / 1e6, res["arms"][a]["bound_ms"], res["bandwidth_GBs"])
     for b in batches:
         line = "batch %3d: step %.2f ms (model %.2f, sampler %.2f)" % (
             b, *(res["arms"]["this"][str(b)][k] for k in ("step_ms", "model_ms", "sampler_ms")))

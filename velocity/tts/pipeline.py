@@ -54,13 +54,17 @@ class TTSPipeline:
 
     def __init__(self, folder: str | Path, device: str = "auto", schedule: ChunkSchedule = ChunkSchedule(),
                  lookahead: int | None = None, decode_batch: int = 0, sentences_ahead: int = 2,
-                 **engine_kwargs) -> None:
+                 vocoder_quantize: str = "none", **engine_kwargs) -> None:
         """decode_batch: chunks of one step decoded per call (0: `default_decode_batch` of the device).
-        sentences_ahead: sentences generated while the one before them is spoken (0: one by one)."""
+        sentences_ahead: sentences generated while the one before them is spoken (0: one by one).
+        vocoder_quantize: "int8" for the decoders' int8 linears (AudioDecoder.quantize_int8);
+        engine_kwargs go to EngineConfig (quantize="int8" for the GPT's)."""
         self.frontend = TextFrontend(folder)
         self.engine = LLMEngine(EngineConfig(model=str(folder), device=device, **engine_kwargs))
         dev = self.engine.worker.device
         self.decoder = AudioDecoder(load_dvae(folder, dev), load_vocos(folder, dev), load_decoder(folder, dev))
+        if vocoder_quantize == "int8":
+            self.decoder.quantize_int8()
         self.sample_rate = self.decoder.sample_rate                 # Vocos's: 24000 for the release
         self.schedule, self.lookahead = schedule, lookahead
         self.decode_batch = decode_batch or default_decode_batch(dev)
