@@ -1,0 +1,205 @@
+#!/usr/bin/env python
+"""velocity against the reference (chattts==0.2.5) on the same folder, the same texts, 2 threads.
+
+    scripts/conformance/setup_venv.sh                   # once: the reference's side venv, .refvenv
+    .venv/bin/python scripts/bench_reference.py --weights checkpoints/reference-full
+
+Workload: the first --texts shipped sentences. With trained weights each sentence ends at its own
+end token and a padded batch runs to its longest; random weights rarely sample the end token, so
+this emulates it: each text gets frames proportional to its length (3.1 per character, about
+15 characters a second; 24 to 300), velocity generates exactly that many (min = max), and the
+reference's batch is limited to the longest. Throughput counts those frames' audio for both.
+
+Arms, each in a fresh process, in alternating rounds (ABAB...): the reference's best call (one
+padded batch, `infer(texts, split_text=False)`, text refine skipped), streamed for its first audio,
+and its default splitting (`infer(texts)`); velocity in-process (`TTSPipeline.stream_many`, all
+texts at once), float32 and with --quantize int8 also int8 (GPT and decoders). Resident memory
+is compared after the 16 texts (the reference maps its weights lazily: after loading it has not
+read them all); velocity's KV budget is --kv-mib, allocated up front. Writes JSON and a PNG.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+FPS = 24000 / 512                     # GPT frames per second of audio
+
+
+def frames_for(text: str) -> int:
+    return max(24, min(300, round(3.1 * len(text))))
+
+
+def memory_mib() -> float:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def velocity_child(args: argparse.Namespace, work: dict) -> dict:
+    """velocity in this (fresh) process: all texts at once, then the first text alone."""
+    import torch
+
+    from velocity.tts.pipeline import TTSPipeline, chattts_params
+
+    torch.set_num_threads(args.threads)
+    q = args.child_quantize
+    pipe = TTSPipeline(args.weights, device="cpu", kv_cache_bytes=args.kv_mib << 20, quantize=q, vocoder_quantize=q)
+    res = {"memory_after_load_mib": memory_mib()}
+
+    def params(i: int):
+        p = chattts_params(seed=i, max_new_tokens=work["frames"][i])
+        p.min_new_tokens = work["frames"][i]
+        return p
+
+    list(pipe.stream(work["texts"][0], params=chattts_params(max_new_tokens=8)))         # warm up
+
+    def run(texts: list[str]) -> dict:
+        first, samples = {}, [0] * len(texts)
+        t0 = time.perf_counter()
+        for ev in pipe.stream_many(texts, params=params, concurrency=len(texts)):
+            now = time.perf_counter() - t0
+            if ev.kind == "chunk":
+                first.setdefault(ev.text, now)
+                samples[ev.text] += len(ev.chunk.audio)
+        # each text's listener waits for its own first chunk: the mean over texts
+        return {"wall_s": time.perf_counter() - t0, "first_audio_s": statistics.mean(first.values()),
+                "first_audio_each_s": [first[i] for i in range(len(texts))], "samples": samples}
+
+    res["all"] = run(work["texts"])
+    res["memory_after_all_mib"] = memory_mib()
+    res["one_text"] = run(work["texts"][:1])
+    return res
+
+
+def arm(name: str, args: argparse.Namespace, texts_file: Path) -> dict:
+    if name == "reference":
+        py = Path(args.ref_venv) / "bin" / "python"
+        if not py.exists():
+            raise SystemExit(f"{py} missing: run scripts/conformance/setup_venv.sh first")
+        cmd = [str(py), str(ROOT / "scripts" / "conformance" / "reference_bench.py"), "--folder", args.weights,
+               "--texts", str(texts_file), "--threads", str(args.threads)]
+    else:
+        cmd = [sys.executable, __file__, "--child", name.split("-")[1], "--weights", args.weights,
+               "--texts-file", str(texts_file), "--threads", str(args.threads), "--kv-mib", str(args.kv_mib)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    if p.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def summarize(res: dict, useful_s: float) -> dict:
+    """Per arm, median over rounds: useful audio seconds per second and first audio."""
+    out = {}
+    for name, rounds in res["rounds"].items():
+        med = lambda f: statistics.median(f(r) for r in rounds)  # noqa: E731
+        if name == "reference":
+            out[name] = {"batch_audio_s_per_s": med(lambda r: useful_s / r["batch"]["wall_s"]),
+                         "default_audio_s_per_s": med(lambda r: useful_s / r["default"]["wall_s"]),
+                         "first_audio_all_s": med(lambda r: r["batch_stream"]["first_audio_s"]),
+                         "first_audio_one_s": med(lambda r: r["one_text_stream"]["first_audio_s"]),
+                         "memory_after_load_mib": med(lambda r: r["memory_after_load_mib"]),
+                         "memory_after_batch_mib": med(lambda r: r["memory_after_batch_mib"]["VmRSS"]),
+                         "memory_peak_after_batch_mib": med(lambda r: r["memory_after_batch_mib"]["VmHWM"])}
+        else:
+            out[name] = {"audio_s_per_s": med(lambda r: useful_s / r["all"]["wall_s"]),
+                         "first_audio_all_s": med(lambda r: r["all"]["first_audio_s"]),
+                         "first_audio_one_s": med(lambda r: r["one_text"]["first_audio_s"]),
+                         "memory_after_load_mib": med(lambda r: r["memory_after_load_mib"]),
+                         "memory_after_all_mib": med(lambda r: r["memory_after_all_mib"])}
+    ref = out["reference"]
+    for name, m in out.items():
+        if name != "reference":
+            m["vs_reference"] = {"throughput_vs_batch": m["audio_s_per_s"] / ref["batch_audio_s_per_s"],
+                                 "throughput_vs_default": m["audio_s_per_s"] / ref["default_audio_s_per_s"],
+                                 "first_audio_earlier_all": ref["first_audio_all_s"] / m["first_audio_all_s"],
+                                 "first_audio_earlier_one": ref["first_audio_one_s"] / m["first_audio_one_s"],
+                                 # after the 16 texts, when every weight has been read in both
+                                 "memory_minus_reference_mib": m["memory_after_all_mib"] - ref["memory_after_batch_mib"]}
+    return out
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = res["summary"]
+    names = [n for n in s if n != "reference"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    labels = ["reference\npadded batch", "reference\ndefault"] + [n for n in names]
+    vals = [s["reference"]["batch_audio_s_per_s"], s["reference"]["default_audio_s_per_s"]] + \
+           [s[n]["audio_s_per_s"] for n in names]
+    a.bar(labels, vals, color=["tab:gray", "tab:gray"] + ["tab:blue"] * len(names))
+    a.set(ylabel="audio seconds per second", title=f"{len(res['texts'])} texts at once, 2 threads")
+    x = range(2)
+    for j, n in enumerate(["reference"] + names):
+        b.bar([i + (j - len(names) / 2) * 0.25 for i in x],
+              [s[n]["first_audio_one_s"], s[n]["first_audio_all_s"]], 0.25, label=n)
+    b.set_xticks(list(x), ["one text", f"{len(res['texts'])} texts"])
+    b.set(ylabel="first audio (s)", title="time to first audio")
+    b.legend()
+    for ax in (a, b):
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--weights", default=str(ROOT / "checkpoints" / "reference-full"))
+    ap.add_argument("--ref-venv", default=str(ROOT / ".refvenv"))
+    ap.add_argument("--texts", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kv-mib", type=int, default=768, help="velocity's KV budget (16 texts of up to 300 frames: ~700 MiB)")
+    ap.add_argument("--quantize", choices=("none", "int8"), default="none", help="int8: also an int8 velocity arm")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "reference" / "reference"))
+    ap.add_argument("--child", choices=("float32", "int8"), help=argparse.SUPPRESS)
+    ap.add_argument("--texts-file", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        args.child_quantize = "int8" if args.child == "int8" else "none"
+        print(json.dumps(velocity_child(args, json.loads(Path(args.texts_file).read_text()))))
+        return
+    from tqdm.auto import tqdm
+
+    from client.bench import bench_texts
+
+    texts = bench_texts()[:args.texts]
+    work = {"texts": texts, "frames": [frames_for(t) for t in texts]}
+    useful_s = sum(work["frames"]) / FPS
+    arms = ["reference", "velocity-float32"] + (["velocity-int8"] if args.quantize == "int8" else [])
+    rounds: dict[str, list] = {a: [] for a in arms}
+    with tempfile.TemporaryDirectory() as tmp:
+        tf = Path(tmp) / "texts.json"
+        tf.write_text(json.dumps(work))
+        with tqdm(total=args.rounds * len(arms), desc="arms") as bar:
+            for r in range(args.rounds):
+                for a in (arms if r % 2 == 0 else arms[::-1]):
+                    rounds[a].append(arm(a, args, tf))
+                    bar.update(1)
+    res = {"hardware": {"machine": platform.machine(), "cpus": os.cpu_count(), "threads": args.threads,
+                        "python": platform.python_version()},
+           "weights": args.weights, "texts": texts, "frames": work["frames"], "useful_audio_s": useful_s,
+           "kv_budget_mib": args.kv_mib, "rounds": rounds}
+    res["summary"] = summarize(res, useful_s)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=1))
+    plot(res, out.with_suffix(".png"))
+    print(json.dumps(res["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
