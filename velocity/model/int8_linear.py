@@ -19,6 +19,8 @@ import warnings
 import torch
 from torch import nn
 
+from velocity.model.packed_linear import replace_linears
+
 
 def can_quantize(device: torch.device, dtype: torch.dtype) -> bool:
     return (device.type == "cpu" and dtype == torch.float32
@@ -51,11 +53,4 @@ class Int8Linear(nn.Module):
 def quantize_linears(model: nn.Module, within: type) -> int:
     """Replace every nn.Linear inside modules of type `within` (the transformer layers; the heads
     keep float32) by an Int8Linear; returns how many."""
-    n = 0
-    for block in [m for m in model.modules() if isinstance(m, within)]:
-        for parent in list(block.modules()):
-            for name, child in list(parent.named_children()):
-                if type(child) is nn.Linear:
-                    setattr(parent, name, Int8Linear(child))
-                    n += 1
-    return n
+    return sum(replace_linears(block, Int8Linear) for block in [m for m in model.modules() if isinstance(m, within)])

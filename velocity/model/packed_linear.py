@@ -35,12 +35,17 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Replace every nn.Linear in model by a PackedLinear; returns how many."""
+def replace_linears(model: nn.Module, make) -> int:
+    """Replace every nn.Linear in model by make(linear); returns how many."""
     n = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
-                setattr(parent, name, PackedLinear(child))
+                setattr(parent, name, make(child))
                 n += 1
     return n
+
+
+def pack_linears(model: nn.Module) -> int:
+    """Replace every nn.Linear in model by a PackedLinear; returns how many."""
+    return replace_linears(model, PackedLinear)
