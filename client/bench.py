@@ -165,7 +165,9 @@ class InProcess:
         s = Settings.from_env()
         self.params = chattts_params
         self.pipe = TTSPipeline(weights, device=device, schedule=s.schedule, lookahead=s.lookahead,
-                                max_num_seqs=s.max_num_seqs, kv_cache_bytes=s.kv_cache_bytes)
+                                max_num_seqs=s.max_num_seqs, kv_cache_bytes=s.kv_cache_bytes,
+                                sentences_ahead=s.sentences_ahead, quantize=s.quantize,
+                                vocoder_quantize=s.vocoder_quantize)
         list(self.pipe.stream("Warm up.", params=chattts_params(max_new_tokens=8)))
 
     def level(self, texts: list[str], c: int, n: int, values: dict, bar=None) -> dict:
