@@ -24,7 +24,7 @@ import tritonclient.grpc as grpcclient
 from client.soak import BAD_LLM, call_llm
 from client.triton import ServerError, stream_grpc
 from test_tts_server import llm_inputs
-from triton_server import ROOT, alive, free_port, wait_for
+from triton_server import ROOT, alive, free_port, listening, wait_for
 from velocity.serving.protocol import STREAM_SHUTTING_DOWN, stream_error
 from velocity.serving.settings import Settings
 from velocity.demo.checkpoint import write_checkpoint
@@ -142,12 +142,6 @@ def test_request_limit_then_drain_on_stop(start_triton, tmp_path):
     assert "Exit timeout expired" not in log and "Signal (6)" not in log, log
     assert stopped_after < DRAIN + EXIT, f"stopping took {stopped_after:.0f} s"
     assert wait_for(lambda: not [p for p in pids if alive(p)]), "a server or stub process was left behind"
-
-
-def listening(port: int) -> bool:
-    import socket
-    with socket.socket() as so:
-        return so.connect_ex(("127.0.0.1", port)) == 0
 
 
 class GatewayListener(threading.Thread):

@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from client.triton import stream_grpc
-from triton_server import ROOT, assert_same_pcm, free_port, wait_for
+from triton_server import ROOT, assert_same_pcm, free_port, listening, wait_for
 from velocity.gateway.encode import pcm16
 from velocity.gateway.wyoming_server import split_complete
 
@@ -28,12 +27,7 @@ def wyoming(tts_server):
     p = subprocess.Popen([sys.executable, "-m", "velocity.gateway.wyoming_server", "--uri", f"tcp://127.0.0.1:{port}",
                           "--triton", tts_server.grpc_url, "--seed", str(SEED)], cwd=ROOT, start_new_session=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-    def listening() -> bool:
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
-    assert wait_for(listening, 30), p.stdout.read1().decode() if p.poll() is not None else "not listening"
+    assert wait_for(lambda: listening(port), 30), p.stdout.read1().decode() if p.poll() is not None else "not listening"
     yield port
     os.killpg(p.pid, signal.SIGTERM)
     p.wait(timeout=30)

@@ -40,6 +40,12 @@ def free_port() -> int:
             return port
 
 
+def listening(port: int) -> bool:
+    """Something accepts TCP connections on 127.0.0.1:port."""
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> bool:
     """Poll cond until it holds or timeout passes; its last value."""
     end = time.monotonic() + timeout

@@ -10,7 +10,7 @@ from velocity.engine.scheduler import SchedulerOutput
 from velocity.model.attention import AttentionMetadata, build_attn_mask
 from velocity.model.cpu_kernels import paged_decode_kernel
 from velocity.model.loader import load_model
-from velocity.model.int8_linear import can_quantize, quantize_linears
+from velocity.model.int8_linear import quantize_linears, require_int8
 from velocity.model.llama import LlamaLayer
 from velocity.model.packed_linear import can_pack, pack_linears
 from velocity.engine.sampler import Sampler
@@ -44,9 +44,8 @@ class Worker:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        if config.quantize == "int8" and not can_quantize(self.device, self.dtype):
-            raise ValueError(f"quantize='int8' needs the CPU and float32 (fbgemm's int8 linears); this engine "
-                             f"runs {self.dtype} on {self.device}: unset VELOCITY_QUANTIZE")
+        if config.quantize == "int8":
+            require_int8(self.device, self.dtype, "the engine", "VELOCITY_QUANTIZE")
         self.model = load_model(config.model, self.device, self.dtype)
         if config.quantize == "int8":
             logger.info("CPU: %d linears of the transformer layers on int8 weights (quantize=int8)",

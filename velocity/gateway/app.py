@@ -4,9 +4,9 @@ the `tts` ensemble's chunks, encoded as they arrive, one gRPC stream per request
     velocity-tts-gateway --triton localhost:8001 --port 8080
 
 Also `GET /v1/models`, `GET /v1/audio/voices` (the server's `voices` model), `GET /health`
-(200 only while Triton's `tts` is ready) and the web page at `/` (page.html). Errors have OpenAI's shape, {"error": {"message",
-"type", "param", "code"}}: 400 for what the request got wrong, 503 with Retry-After when the
-server is busy or draining, 502 when Triton cannot be reached.
+(200 only while Triton's `tts` is ready) and the web page at `/` (page.html). Errors have
+OpenAI's shape, {"error": {"message", "type", "param", "code"}}: 400 for what the request got
+wrong, 503 with Retry-After when the server is busy or draining, 502 when Triton cannot be reached.
 """
 import argparse
 import base64
@@ -15,9 +15,10 @@ import json
 import logging
 import math
 import time
+from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
 from velocity.gateway.encode import FORMATS, Encoder
 from velocity.gateway.upstream import ApiError, Gateway
@@ -154,13 +155,12 @@ def create_app(triton_url: str, settings=None) -> FastAPI:
         headers = {"Retry-After": "1"} if e.status == 503 else None
         return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
+    page_html = (Path(__file__).parent / "page.html").read_text()       # read once, served as is
+
     @app.get("/", include_in_schema=False)
     async def page():
         """The web page: one HTML file with its own script and styles."""
-        from pathlib import Path
-
-        from fastapi.responses import HTMLResponse
-        return HTMLResponse((Path(__file__).parent / "page.html").read_text())
+        return HTMLResponse(page_html)
 
     @app.get("/health")
     async def health():

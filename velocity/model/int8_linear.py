@@ -22,9 +22,11 @@ from torch import nn
 from velocity.model.packed_linear import replace_linears
 
 
-def can_quantize(device: torch.device, dtype: torch.dtype) -> bool:
-    return (device.type == "cpu" and dtype == torch.float32
-            and torch.backends.quantized.engine in ("x86", "fbgemm"))
+def require_int8(device: torch.device, dtype: torch.dtype, what: str, setting: str) -> None:
+    """ValueError naming `setting` unless int8 linears can run here (fbgemm: CPU, float32)."""
+    if not (device.type == "cpu" and dtype == torch.float32 and torch.backends.quantized.engine in ("x86", "fbgemm")):
+        raise ValueError(f"{what} on int8 needs the CPU and float32 (fbgemm's int8 linears); it runs {dtype} on "
+                         f"{device}: unset {setting}")
 
 
 class Int8Linear(nn.Module):

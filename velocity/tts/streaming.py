@@ -269,11 +269,9 @@ class AudioDecoder:
         quantized activations (velocity.model.int8_linear): about 3x faster on CPU, about 32 dB
         SER against the float32 decode (docs/benchmarks.md "int8 on CPU"). Returns how many."""
         from velocity.model.convnext import ConvNeXtBlock
-        from velocity.model.int8_linear import can_quantize, quantize_linears
+        from velocity.model.int8_linear import quantize_linears, require_int8
         p = next(self.vocos.parameters())
-        if not can_quantize(p.device, p.dtype):
-            raise ValueError(f"int8 decoders need the CPU and float32; these run {p.dtype} on {p.device}: "
-                             "unset VELOCITY_VOCODER_QUANTIZE")
+        require_int8(p.device, p.dtype, "the vocoder", "VELOCITY_VOCODER_QUANTIZE")
         return sum(quantize_linears(m, ConvNeXtBlock) for m in (self.dvae, self.decoder, self.vocos) if m is not None)
 
     @torch.inference_mode()
