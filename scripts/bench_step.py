@@ -115,10 +115,13 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
 
 def child(args: argparse.Namespace, rev_dir: str | None, quantize: str) -> dict:
     """One round in a fresh process, with the baseline's velocity first on the path if given."""
-    env = dict(os.environ, PYTHONPATH=rev_dir or str(ROOT))
+    path = os.pathsep.join(p for p in (rev_dir or str(ROOT), os.environ.get("PYTHONPATH")) if p)
     cmd = [sys.executable, __file__, "--child", "--weights", args.weights, "--device", args.device,
            "--batches", args.batches, "--steps", str(args.steps), "--quantize", quantize]
-    got = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+    run = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=path), capture_output=True, text=True)
+    if run.returncode != 0:
+        sys.exit(f"bench_step: a round failed ({rev_dir or 'this tree'}, quantize {quantize}):\n{run.stderr[-3000:]}")
+    got = json.loads(run.stdout.splitlines()[-1])
     return {(int(k) if k.isdigit() else k): v for k, v in got.items()}
 
 

@@ -7,7 +7,9 @@
 # .device/triton<PYV>.tar.xz  the pytriton wheel's tritonserver, its libraries, the python
 #                             backend and the stub for Python PYV (~27 MB; the wheel's own
 #                             libpython 3.13 left out: the stub uses the machine's libpython)
-# .device/*.whl               tritonclient[grpc] 2.51.0, grpcio, protobuf, python-rapidjson for PYV
+# .device/*.whl               tritonclient[grpc] 2.51.0, grpcio, protobuf, python-rapidjson for PYV,
+#                             and velocity's runtime needs that the device image lacks (RUNTIME
+#                             below: the text front end's, the audio readers'; ~6 MB)
 # .device/baseline_velocity.tar  `git archive REV velocity` (with --baseline-rev), for the
 #                             engine-step A/B (the device's copy of the tree has no .git)
 # Needs scripts/setup.sh's venv and PyPI (pip download). About 50 MB in all: under the 64 MiB
@@ -41,7 +43,16 @@ tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     "tritonclient[grpc]==2.51.0" python-rapidjson
 rm -f "$out"/*.whl
+# the client wheel without its perf_analyzer binaries (27 MB of the 64 MiB a run may carry)
+zip -q -d "$tmp"/tritonclient-*.whl '*/bin/perf_client' '*/bin/perf_analyzer'
 cp "$tmp"/tritonclient-*.whl "$tmp"/grpcio-*.whl "$tmp"/protobuf-*.whl "$tmp"/python_rapidjson-*.whl "$out"/
+# not in the device image (its torch, numpy, transformers, safetensors, tqdm and prometheus-client
+# are); the gateway's (av, fastapi, uvicorn) stay out: the sweep serves with GATEWAY_PORT=0
+RUNTIME=(soundfile cffi pycparser soxr pypinyin pybase16384 opencc num2words cn2an proces)
+echo "[bundle] runtime wheels: ${RUNTIME[*]}"
+"$PY" -m pip download -q --no-deps --only-binary :all: --python-version "$PYV" -d "$out" \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 "${RUNTIME[@]}"
 if [[ -n "$REV" ]]; then
     echo "[bundle] velocity at $REV -> $out/baseline_velocity.tar"
     git -C "$ROOT" archive --format=tar -o "$out/baseline_velocity.tar" "$REV" velocity

@@ -8,6 +8,14 @@
 #                                          # A/B against .device/baseline_velocity.tar if there
 #   PARTS=tests  scripts/device_sweep.sh   # the CUDA tests (tests/test_cuda_graphs.py; they
 #                                          # skip on a CPU-only machine)
+#   PARTS=inprocess scripts/device_sweep.sh # client.bench --in-process-only at LEVELS (default
+#                                          # 1,8,32,64): the pipeline without the server
+#
+# The Triton part needs numpy<2 in the python stubs: the pytriton wheel's 2.51 stub reads every
+# input tensor wrongly under numpy 2 (on 2026-11-24 a TYPE_STRING input's length came back as its
+# first byte repeated, 0x08080808, and the stub aborted); an image whose transformers needs
+# numpy 2 (the device image's 5.17 does) cannot serve through it. NGC images pair their stub
+# with their numpy.
 #
 # With the `device` tool: run(command="PARTS=triton bash scripts/device_sweep.sh",
 # carry=[".device"], timeout_s=600), then PARTS=step in a second call (each fits in 10 min).
@@ -27,12 +35,21 @@ LIBDIR="$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))'
 PYV="$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
 echo "python $PY ($PYV) site $SITE libdir $LIBDIR"; nvidia-smi -L 2>/dev/null
 
+# the client wheels and velocity's runtime needs that the image lacks (scripts/device_bundle.sh)
+if [[ -z "${NO_WHEELS:-}" ]]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .device/*.whl || exit 1
+    export PYTHONPATH="/tmp/site:$PYTHONPATH"
+    # the python stubs do not see PYTHONPATH: a .pth adds /tmp/site to every path, theirs too,
+    # after the image's own packages
+    echo /tmp/site > "$SITE/velocity-device.pth" || exit 1
+fi
+
 if [[ "$PARTS" == *" tests "* ]]; then
     "$PY" -m pytest -q -ra -p no:cacheprovider tests/test_cuda_graphs.py 2>&1 | tail -30
 fi
 
 W=/tmp/demo-checkpoint
-[[ "$PARTS" == *" triton "* || "$PARTS" == *" step "* ]] || exit 0
+[[ "$PARTS" == *" triton "* || "$PARTS" == *" step "* || "$PARTS" == *" inprocess "* ]] || exit 0
 "$PY" scripts/make_demo_checkpoint.py --size "${SIZE:-full}" --out "$W" > "$OUT/checkpoint.log" 2>&1 \
     || { cat "$OUT/checkpoint.log"; exit 1; }
 HW="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"; HW="${HW:-CPU}"
@@ -43,8 +60,6 @@ if [[ "$PARTS" == *" triton "* ]]; then
     VENV="$(dirname "$(dirname "$PY")")"
     [[ -x "$VENV/bin/python" ]] || ln -s "$PY" "$VENV/bin/python" || { echo "no $VENV/bin/python"; exit 1; }
     tar -xf "${TARBALL:-.device/triton$PYV.tar.xz}" -C "$SITE" || exit 1
-    [[ -n "${NO_WHEELS:-}" ]] || "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device/*.whl || exit 1
-    export PYTHONPATH="/tmp/site:$PYTHONPATH"
     scripts/link_python_backend.sh "$PY" "$VENV" || exit 1
     be="$VENV/triton/backends/python"
     export LD_LIBRARY_PATH="$LIBDIR:/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -52,11 +67,13 @@ if [[ "$PARTS" == *" triton "* ]]; then
         echo "the stub misses a library; libpython$PYV here:"; find / -xdev -name "libpython$PYV*.so*" 2>/dev/null | head
         exit 1
     fi
-    VENV="$VENV" setsid scripts/serve.sh --weights "$W" --bind 127.0.0.1 > "$OUT/server.log" 2>&1 &
+    # the in-process baseline runs beside the server on the same GPU: the server takes 40% of it
+    VENV="$VENV" GATEWAY_PORT=0 VELOCITY_GPU_MEMORY_UTILIZATION="${SERVER_GPU_MEMORY:-0.4}" setsid scripts/serve.sh --weights "$W" --bind 127.0.0.1 > "$OUT/server.log" 2>&1 &
     spid=$!
     for i in $(seq 1 300); do
         get http://localhost:8000/v2/health/ready >/dev/null && break
         kill -0 $spid 2>/dev/null || break
+        grep -q "failed to load all models" "$OUT/server.log" && break   # stays up, never ready
         sleep 1
     done
     if get http://localhost:8000/v2/health/ready >/dev/null; then
@@ -72,6 +89,12 @@ if [[ "$PARTS" == *" triton "* ]]; then
     for _ in $(seq 1 60); do kill -0 $spid 2>/dev/null || break; sleep 1; done
     kill -KILL -- -$spid 2>/dev/null
     tail -20 "$OUT/server.log"
+fi
+
+if [[ "$PARTS" == *" inprocess "* ]]; then
+    PYTHONUNBUFFERED=1 TQDM_DISABLE=1 "$PY" -m client.bench --in-process-only --weights "$W" \
+        --in-process-concurrency "${LEVELS:-1,8,32,64}" --requests 16 --device "$DEVICE" --hardware "$HW" \
+        --out "$OUT/serving_inprocess_gpu" 2>&1 | tail -20
 fi
 
 if [[ "$PARTS" == *" step "* ]]; then
