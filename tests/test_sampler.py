@@ -10,7 +10,7 @@ from transformers.generation.logits_process import (RepetitionPenaltyLogitsProce
 from velocity.engine.sequence import Sequence
 from velocity.sampling_params import SamplingParams
 from velocity.engine.model_runner import sampling_batch
-from velocity.engine.sampler import Sampler, candidates
+from velocity.engine.sampler import CHATTTS_MIN_KEEP, Sampler, candidates, chattts_candidates
 
 V = 50
 
@@ -70,6 +70,27 @@ def test_top_k_top_p_per_row(logits):
         assert torch.equal(ours[i:i + 1], row)
     assert (~torch.isinf(ours[0])).sum() == 1 and (~torch.isinf(ours[1])).sum() == 3
     assert (~torch.isinf(ours[3])).sum() == V
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0, 30.0])
+def test_chattts_filters_match_the_references_warpers(scale):
+    """ChatTTS order: top-p on the whole distribution, then top-k, each keeping at least 3
+    (transformers' warpers with min_tokens_to_keep=3, as the reference builds them), per row,
+    whatever the neighbours' settings; the candidates come best first."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 626, generator=g) * scale
+    ks = torch.tensor([20, 1, 626, 5, 20, 2, 626, 50])
+    ps = [0.7, 0.7, 0.7, 0.05, 0.999, 1e-4, 0.95, 0.5]
+    vals, ids = chattts_candidates(x, ks, torch.tensor([1 - p for p in ps]), 626)
+    assert torch.equal(ids, x.argsort(dim=-1, descending=True))
+    for i, p in enumerate(ps):
+        ref = x[i:i + 1].clone()
+        ref = TopPLogitsWarper(p, min_tokens_to_keep=CHATTTS_MIN_KEEP)(None, ref)
+        ref = TopKLogitsWarper(int(ks[i]), min_tokens_to_keep=CHATTTS_MIN_KEEP)(None, ref)[0]
+        assert torch.equal(vals[i], ref[ids[i]]), i
+        assert vals[i].isfinite().sum() >= CHATTTS_MIN_KEEP
+    narrow, _ = chattts_candidates(x, ks.clamp(max=50), torch.tensor([1 - p for p in ps]), 50)
+    assert torch.equal(narrow[:, :50][ks < 626], vals[:, :50][ks < 626])   # the c best are enough
 
 
 def test_greedy_is_exact_argmax_whatever_the_neighbours(logits):

@@ -79,14 +79,22 @@ def chattts_candidates(x: torch.Tensor, ks: torch.Tensor, tails: torch.Tensor, c
     distribution (ascending sort and cumsum, drop where the cumulative probability <= 1 - top_p),
     then TopKLogitsWarper (drop what is below the k-th value), each keeping at least `min_keep`
     (the reference's 3). x: [R, V]; ks: [R] (V = off); tails: [R] float32 1 - top_p, computed in
-    Python as the warper does; c >= every max(k, min_keep) -> the c best of the rest, ([R, c], [R, c])."""
-    asc, order = x.sort(dim=-1)
-    drop = asc.softmax(dim=-1).cumsum(dim=-1) <= tails[:, None]
-    drop[:, -min_keep:] = False
-    x = x.masked_fill(drop.scatter(1, order, drop), float("-inf"))
-    ks = ks.clamp(min=min_keep)
-    kth = x.topk(int(ks.max()), dim=-1).values.gather(1, ks[:, None] - 1)      # each row's k-th value
-    return x.masked_fill(x < kth, float("-inf")).topk(c, dim=-1)
+    Python as the warper does; c >= every max(k, min_keep) -> the c best of the rest, ([R, c], [R, c]).
+
+    The cumulative sum only grows, so top-p drops a row's n lowest logits: its threshold is the
+    (n+1)-th lowest (a tie across that line keeps both tokens; the warper's unstable sort keeps
+    an arbitrary one). Both filters keep a row's best tokens, so they act on its c best alone:
+    one sort of values and one top-c, with no scatter back over V."""
+    V = x.shape[-1]
+    if x.device.type == "cpu":      # numpy sorts values alone, torch always orders indices too
+        asc = torch.from_numpy(np.sort(x.detach().contiguous().numpy(), axis=-1))
+    else:
+        asc = x.sort(dim=-1).values                                          # [R, V] ascending
+    n = (asc.softmax(dim=-1).cumsum(dim=-1) <= tails[:, None]).sum(dim=-1).clamp(max=V - min_keep)
+    vals, ids = x.topk(c, dim=-1)                                            # [R, c] descending
+    vals = vals.masked_fill(vals < asc.gather(1, n[:, None]).to(vals.device), float("-inf"))   # top-p
+    kth = vals.gather(1, ks.clamp(min=min_keep, max=c)[:, None] - 1)         # each row's k-th kept value
+    return vals.masked_fill(vals < kth, float("-inf")), ids                  # top-k
 
 
 @dataclass(slots=True)
