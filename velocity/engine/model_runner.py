@@ -47,18 +47,47 @@ def sampling_batch(seqs: list[Sequence], K: int, V: int, stop_ids: set[int], sty
     rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
     ps = [seqs[i].params for i in rows]
     ks = [p.top_k if 0 < p.top_k < V else V for p in ps]
-    # one host-to-device copy: [R, K + 2] = temperatures, top-k, top-p (1 - top-p in ChatTTS style)
-    filt = torch.tensor([[*p.temperatures(K), k, (1 - p.top_p) if chattts else p.top_p] for p, k in zip(ps, ks)],
-                        device=device).view(len(rows), K + 2)
+    R = len(rows)
     if chattts:
         width = max(max(ks), CHATTTS_MIN_KEEP) if any(k < V for k in ks) else V
     else:
         width = max(ks, default=V)
     keys = [noise_key(seqs[i].params.seed, len(seqs[i].output_token_ids)) if seqs[i].params.seed is not None
             else random_key() for i in rows]
-    batch = SamplingBatch(style, torch.tensor(rows, dtype=torch.long, device=device), filt[:, :K],
-                          filt[:, K].long(), filt[:, K + 1], width,
+    # every number goes over in two host-to-device copies, one of integers and one of floats:
+    # ints = rows [R], top-k [R], then with penalties rows [P], once [P], histories [P, L, K];
+    # floats = temperatures and top-p (1 - top-p in ChatTTS style) [R, K + 1], then penalties [P]
+    ints: list = [np.array(rows, dtype=np.int64), np.array(ks, dtype=np.int64)]
+    floats: list = [np.array([[*p.temperatures(K), (1 - p.top_p) if chattts else p.top_p] for p in ps],
+                             dtype=np.float32).reshape(R * (K + 1))]
+    pen = [i for i, s in enumerate(seqs) if s.params.repetition_penalty != 1.0]
+    if pen:
+        hists, once = [], []
+        for i in pen:
+            s = seqs[i]
+            w = s.params.repetition_window or window
+            # audio frames: only generated frames count (the prompt is text)
+            hists.append((s.token_ids if K == 1 else s.output_token_ids) if w is None else s.output_token_ids[-w:])
+            once.append(w is None)   # transformers' rule: every earlier token penalised once
+        L = max(1, *map(len, hists))
+        ids = np.full((len(pen), L, K), V, dtype=np.int64)                       # padded with V
+        for j, h in enumerate(hists):
+            if h:
+                ids[j, :len(h)] = np.array(h, dtype=np.int64).reshape(len(h), -1)[:, :K]
+        ints += [np.array(pen, dtype=np.int64), np.array(once, dtype=np.int64), ids.reshape(-1)]
+        floats.append(np.array([seqs[i].params.repetition_penalty for i in pen], dtype=np.float32))
+    ints_t = torch.from_numpy(np.concatenate(ints)).to(device)
+    floats_t = torch.from_numpy(np.concatenate(floats)).to(device)
+    filt = floats_t[:R * (K + 1)].view(R, K + 1)
+    batch = SamplingBatch(style, ints_t[:R], filt[:, :K], ints_t[R:2 * R], filt[:, K], width,
                           any(k < V or p.top_p < 1 for p, k in zip(ps, ks)), np.array(keys, dtype=np.uint64))
+    if pen:
+        P = len(pen)
+        at = 2 * R
+        batch.penalty_rows = ints_t[at:at + P]
+        batch.penalty_once = ints_t[at + P:at + 2 * P].bool()
+        batch.penalty_ids = ints_t[at + 2 * P:].view(P, L, K).transpose(1, 2)          # [P, K, L]
+        batch.penalty = floats_t[R * (K + 1):]
 
     def stops(s: Sequence) -> list[int]:
         return [t for t in (set() if s.params.ignore_eos else stop_ids) | set(s.params.stop_token_ids) if t < V]
@@ -75,22 +104,6 @@ def sampling_batch(seqs: list[Sequence], K: int, V: int, stop_ids: set[int], sty
 
     batch.stop_mask = stop_mask(seqs, False)
     batch.first_stop_mask = stop_mask([seqs[i] for i in rows], True) if chattts and rows else None
-    pen = [i for i, s in enumerate(seqs) if s.params.repetition_penalty != 1.0]
-    if pen:
-        hists, once = [], []
-        for i in pen:
-            s = seqs[i]
-            w = s.params.repetition_window or window
-            # audio frames: only generated frames count (the prompt is text)
-            hist = (s.token_ids if K == 1 else s.output_token_ids) if w is None else s.output_token_ids[-w:]
-            hists.append([t[:K] if isinstance(t, tuple) else (t,) for t in hist])
-            once.append(w is None)   # transformers' rule: every earlier token penalised once
-        L, pad = max(1, *map(len, hists)), [(V,) * K]
-        batch.penalty_rows = torch.tensor(pen, device=device)
-        batch.penalty_ids = torch.from_numpy(np.array([h + pad * (L - len(h)) for h in hists])).to(
-            device).transpose(1, 2)                                                  # [P, K, L]
-        batch.penalty_once = torch.tensor(once, device=device)
-        batch.penalty = torch.tensor([seqs[i].params.repetition_penalty for i in pen], device=device)
     return batch
 
 
