@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from velocity.gateway.inputs import AUDIO_MAGIC, INPUTS, array_inputs, make_inputs  # noqa: F401 (re-exported)
+from velocity.gateway.upstream import RETRYABLE
 
 class ServerError(RuntimeError):
     """The server is unreachable, the model not ready, or the request failed."""
@@ -28,9 +29,25 @@ def check_ready(client, model: str, where: str) -> None:
 
 
 def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True,
-                texts: list | None = None) -> Iterator[tuple[int, np.ndarray]]:
+                texts: list | None = None, retries: int = 0) -> Iterator[tuple[int, np.ndarray]]:
     """Yield (chunk index, audio) as the `tts` ensemble streams them over one gRPC stream; with
-    text refine each sentence's refined text is appended to `texts` as its first chunk comes."""
+    text refine each sentence's refined text is appended to `texts` as its first chunk comes.
+    retries: a request refused before its first chunk (server busy or draining) is sent again,
+    up to this many times: behind a balancer the next try goes to another replica."""
+    for attempt in range(retries + 1):
+        started = False
+        try:
+            for item in _stream_grpc(url, values, timeout, check, texts):
+                started = True
+                yield item
+            return
+        except ServerError as e:
+            if started or attempt == retries or not any(m in str(e) for m in RETRYABLE):
+                raise
+
+
+def _stream_grpc(url: str, values: dict, timeout: float, check: bool,
+                 texts: list | None) -> Iterator[tuple[int, np.ndarray]]:
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)

@@ -108,6 +108,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--file", help="read the text from this UTF-8 file")
     ap.add_argument("-o", "--out", default="out.wav", help="WAV file to write (default out.wav)")
     ap.add_argument("--url", default=None, help="server address (default localhost:8001 gRPC, localhost:8000 HTTP)")
+    ap.add_argument("--retries", type=int, default=0,
+                    help="gRPC stream: send a request refused before its first chunk (busy, draining) "
+                         "again, up to this many times (behind a balancer: to another replica)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--http", action="store_true", help="HTTP generate_stream instead of a gRPC stream")
     mode.add_argument("--offline", action="store_true", help="tts_offline: the whole waveform in one response")
@@ -212,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     url = args.url or ("localhost:8000" if args.http else "localhost:8001")
     refined: list[str] = []
     source = stream_http(url, values) if args.http else offline_grpc(url, values) if args.offline else \
-        stream_grpc(url, values, texts=refined)
+        stream_grpc(url, values, texts=refined, retries=args.retries)
     try:
         res = synthesize(source, args.out, WAV_FORMATS[args.format])
     except ServerError as e:

@@ -114,13 +114,15 @@ def api_keys(settings) -> set[str]:
     return keys
 
 
-def create_app(triton_url: str, settings=None) -> FastAPI:
-    """The ASGI app (FastAPI). settings: velocity.serving.settings.Settings (default: from the environment)."""
+def create_app(triton_url: str, settings=None, retries: int | None = None) -> FastAPI:
+    """The ASGI app (FastAPI). triton_url: one gRPC address or several, comma-separated (see
+    upstream.Gateway, with `retries`). settings: velocity.serving.settings.Settings (default:
+    from the environment)."""
     from velocity.serving.settings import Settings
 
     settings = settings or Settings.from_env()
     keys, limit = api_keys(settings), settings.gateway_max_body_bytes
-    gw = Gateway(triton_url)
+    gw = Gateway(triton_url, retries)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -235,12 +237,17 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     ap = argparse.ArgumentParser(prog="velocity-tts-gateway", description=main.__doc__)
-    ap.add_argument("--triton", default="localhost:8001", help="the Triton server's gRPC address")
+    ap.add_argument("--triton", default="localhost:8001",
+                    help="the Triton server's gRPC address, or several replicas' comma-separated")
+    ap.add_argument("--retries", type=int, default=None,
+                    help="a request refused before its first chunk (busy, draining, unreachable) is "
+                         "tried again on the next address up to this many times (default: each other "
+                         "address once; through a balancer give one address and e.g. --retries 2)")
     ap.add_argument("--host", default="0.0.0.0")
     ap.add_argument("--port", type=int, default=8080)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[gateway] %(levelname)s %(message)s")
-    uvicorn.run(create_app(args.triton), host=args.host, port=args.port, log_level="warning",
+    uvicorn.run(create_app(args.triton, retries=args.retries), host=args.host, port=args.port, log_level="warning",
                 timeout_graceful_shutdown=5)
 
 

@@ -2,11 +2,13 @@
 and Triton's errors turned into HTTP-style statuses (ApiError) that the OpenAI API answers with
 and the Wyoming server reports."""
 import json
+import logging
 from collections.abc import AsyncIterator
 
 import numpy as np
 
 RETRYABLE = ("server busy", "shutting down")
+log = logging.getLogger("velocity.gateway")
 
 
 class ApiError(Exception):
@@ -35,39 +37,57 @@ def triton_error(message: str) -> ApiError:
 
 
 class Gateway:
-    """The Triton side: one aio gRPC client, a stream per request."""
+    """The Triton side: an aio gRPC client per upstream, a stream per request.
 
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self._client = None
+    url: one gRPC address, or several separated by commas (replicas). A request that fails
+    before its first chunk with a retryable error (503: busy or draining; 502: unreachable) is
+    tried again on the next upstream, up to `retries` times (default: each other upstream once;
+    through a balancer, one address and retries > 0 lets the balancer pick another replica).
+    After the first chunk nothing is retried: the client already has audio.
+    """
+
+    def __init__(self, url: str, retries: int | None = None) -> None:
+        self.urls = [u.strip() for u in url.split(",") if u.strip()]
+        if not self.urls:
+            raise ValueError("the Triton address is empty: give host:port (or several, comma-separated)")
+        self.url = ",".join(self.urls)
+        self.retries = len(self.urls) - 1 if retries is None else retries
+        self._clients: dict = {}
         self._names: list[str] | None = None
+        self._turn = 0                              # round robin over the upstreams
 
-    @property
-    def client(self):
-        if self._client is None:
+    def client_for(self, url: str):
+        if url not in self._clients:
             import tritonclient.grpc.aio as grpcclient
-            self._client = grpcclient.InferenceServerClient(self.url)
-        return self._client
+            self._clients[url] = grpcclient.InferenceServerClient(url)
+        return self._clients[url]
 
     async def close(self) -> None:
-        """Close the gRPC channel (an aio channel left to interpreter exit can crash it)."""
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        """Close the gRPC channels (an aio channel left to interpreter exit can crash it)."""
+        clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            await c.close()
 
     async def ready(self) -> bool:
-        try:
-            return await self.client.is_model_ready("tts")
-        except Exception:
-            return False
+        """Some upstream's `tts` is ready."""
+        for url in self.urls:
+            try:
+                if await self.client_for(url).is_model_ready("tts"):
+                    return True
+            except Exception:
+                continue
+        return False
 
     async def voices(self) -> dict:
         from tritonclient.utils import InferenceServerException
-        try:
-            res = await self.client.infer("voices", [])
-        except InferenceServerException as e:
-            raise ApiError(502, f"the Triton server at {self.url} did not answer ({e.message()})") from e
-        return json.loads(res.as_numpy("VOICES").reshape(-1)[0])
+        for i, url in enumerate(self.urls):
+            try:
+                res = await self.client_for(url).infer("voices", [])
+                return json.loads(res.as_numpy("VOICES").reshape(-1)[0])
+            except InferenceServerException as e:
+                if i == len(self.urls) - 1:
+                    raise ApiError(502, f"the Triton server at {self.url} did not answer ({e.message()})") from e
+        raise AssertionError("unreachable")
 
     async def voice_names(self, fresh: bool = False) -> list[str]:
         """The server's voice names: asked once, and again when a request names one not among
@@ -78,7 +98,25 @@ class Gateway:
 
     async def chunks(self, values: dict) -> AsyncIterator[np.ndarray]:
         """The request's audio chunks in order; ApiError for an error before or during the stream.
-        Leaving early (the client hung up) cancels the Triton stream."""
+        Leaving early (the client hung up) cancels the Triton stream. Retryable errors before
+        the first chunk move on to the next upstream (see the class)."""
+        start, self._turn = self._turn, self._turn + 1
+        for attempt in range(self.retries + 1):
+            url = self.urls[(start + attempt) % len(self.urls)]
+            started = False
+            try:
+                async for wav in self._stream(url, values):
+                    started = True
+                    yield wav
+                return
+            except ApiError as e:
+                if started or e.status not in (502, 503) or attempt == self.retries:
+                    raise
+                log.info("%s before the first chunk (%s): trying again on %s", url, e.message,
+                         self.urls[(start + attempt + 1) % len(self.urls)])
+
+    async def _stream(self, url: str, values: dict) -> AsyncIterator[np.ndarray]:
+        """One `tts` stream on one upstream, chunks in order."""
         import tritonclient.grpc.aio as grpcclient
 
         from velocity.gateway.inputs import make_inputs
@@ -86,7 +124,7 @@ class Gateway:
         async def requests():
             yield {"model_name": "tts", "inputs": make_inputs(grpcclient, values), "enable_empty_final_response": True}
 
-        stream = self.client.stream_infer(requests())
+        stream = self.client_for(url).stream_infer(requests())
         pending: dict[int, np.ndarray] = {}
         nxt = 0
         try:
@@ -104,6 +142,6 @@ class Gateway:
         except ApiError:
             raise
         except Exception as e:                      # the connection, not the request
-            raise ApiError(502, f"the Triton server at {self.url} failed: {e}") from e
+            raise ApiError(502, f"the Triton server at {url} failed: {e}") from e
         finally:
             stream.cancel()
