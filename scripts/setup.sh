@@ -10,8 +10,10 @@
 #   scripts/setup.sh [--test-tools]
 #
 # --test-tools (what `make test` runs) also installs the Debian programs the tests drive:
-# chromium (the web page's browser test, through Playwright) and ffmpeg (ffprobe checks the
-# gateway's audio). It needs apt-get and root; without them it says what to install.
+# chromium (the web page's browser test, through Playwright), ffmpeg (ffprobe checks the
+# gateway's audio), haproxy (the balancer in front of two replicas) and, where no kubectl is
+# on PATH, kubernetes-client (kubectl kustomize renders deploy/kubernetes). It needs apt-get and
+# root; without them it says what to install.
 #
 # Environment:
 #   VELOCITY_PYTHON  interpreter for the venv        (default /usr/bin/python3.11)
@@ -31,6 +33,8 @@ if [[ "${1:-}" == --test-tools ]]; then
     missing=()
     command -v chromium >/dev/null 2>&1 || missing+=(chromium)
     command -v ffprobe >/dev/null 2>&1 || missing+=(ffmpeg)
+    command -v haproxy >/dev/null 2>&1 || [[ -x /usr/sbin/haproxy ]] || missing+=(haproxy)
+    command -v kubectl >/dev/null 2>&1 || missing+=(kubernetes-client)
     if [[ ${#missing[@]} -gt 0 ]]; then
         if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
             log "installing Debian's ${missing[*]} for the tests (about a minute)"
