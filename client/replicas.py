@@ -18,6 +18,7 @@ import argparse
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from client.triton import fetch_metrics
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,13 +109,7 @@ class Balancer:
         return f"localhost:{self.listen}"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_group(self.proc, 10)
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -116,6 +118,18 @@ class Balancer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def stop_group(proc: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM the process group `proc` leads (started with start_new_session), then SIGKILL
+    what is left after `timeout` seconds."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def tts_requests(metrics_url: str) -> float:

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from client.bench import bench_texts, run_concurrently  # noqa: E402
+from client.replicas import free_port  # noqa: E402
 from client.triton import stream_grpc  # noqa: E402
 
 log = logging.getLogger("bench_gateway")
@@ -78,12 +78,6 @@ def encoding_cost(seconds: float = 10.0, rounds: int = 3) -> dict:
             times.append(time.perf_counter() - t)
         out[fmt] = statistics.median(times) / seconds
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:

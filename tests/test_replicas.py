@@ -9,7 +9,6 @@ On two cores two replicas are no faster than one: this proves correctness, not s
 """
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from client.replicas import Balancer, Replica, tts_requests
+from client.replicas import Balancer, Replica, stop_group, tts_requests
 from client.triton import ServerError, parse_metric, stream_grpc
 from test_lifecycle import LONG, Listener
 from triton_server import ROOT, TritonServer, free_port, listening, wait_for
@@ -152,8 +151,7 @@ def test_two_replicas_behind_a_balancer(tmp_path):
         r1b.stop()
     finally:
         if gateway is not None:
-            os.killpg(gateway.pid, signal.SIGTERM)
-            gateway.wait(20)
+            stop_group(gateway, 20)
         if lb is not None:
             lb.stop()
         for s in (r1, r2):

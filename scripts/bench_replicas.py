@@ -1,0 +1,140 @@
+#!/usr/bin/env python
+"""Scale test: N streams through the HAProxy balancer (client/replicas.py) in front of one
+replica, then of two, in alternating rounds in the same run; reports per-replica load (each
+replica's `tts` successes) and total throughput. Writes JSON and a PNG.
+
+    .venv/bin/python scripts/bench_replicas.py                      # tiny demo, 16 streams at 4
+    .venv/bin/python scripts/bench_replicas.py --weights DIR --requests 32 --concurrency 8
+
+Both replicas run on this machine: on two cores they share the same two cores, so two replicas
+show that the load splits and nothing fails, not a speed-up (run them on two machines for that).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from client.bench import bench_texts, run_level  # noqa: E402
+from client.replicas import Balancer, Replica, free_port, stop_group, tts_requests  # noqa: E402
+
+
+class Server:
+    """One serve.sh replica (no gateway) in a session of its own."""
+
+    def __init__(self, weights: str | None, log: Path) -> None:
+        self.ports = {k: free_port() for k in ("http", "grpc", "metrics", "health")}
+        cmd = ["bash", str(ROOT / "scripts" / "serve.sh"), "--bind", "127.0.0.1", "--gateway-port", "0",
+               *[a for k, v in self.ports.items() for a in (f"--{k}-port", str(v))]]
+        self.proc = subprocess.Popen(cmd + (["--weights", weights] if weights else []), cwd=ROOT,
+                                     stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        self.log = log
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['health']}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def wait(self, timeout: float = 400) -> None:
+        end = time.monotonic() + timeout
+        while not self.ready():
+            if self.proc.poll() is not None or time.monotonic() > end:
+                raise RuntimeError(f"replica not ready; its log:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.5)
+
+    @property
+    def replica(self) -> Replica:
+        return Replica("127.0.0.1", self.ports["grpc"], self.ports["health"])
+
+    @property
+    def metrics(self) -> str:
+        return f"http://127.0.0.1:{self.ports['metrics']}/metrics"
+
+    def stop(self) -> None:
+        stop_group(self.proc, 120)
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    arms = list(res["arms"])
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.bar(arms, [res["arms"][k]["audio_s_per_s"] for k in arms], color=["#888", "#3a7"])
+    a.set_ylabel("audio seconds per second (median of rounds)")
+    a.set_title("throughput through the balancer")
+    bottom = [0.0] * len(arms)
+    for i in range(2):
+        share = [res["arms"][k]["per_replica"][i] if i < len(res["arms"][k]["per_replica"]) else 0 for k in arms]
+        b.bar(arms, share, bottom=bottom, label=f"replica {i + 1}")
+        bottom = [x + y for x, y in zip(bottom, share)]
+    b.set_ylabel("streams served (all rounds)")
+    b.set_title("load per replica")
+    b.legend()
+    fig.suptitle(f"{res['requests']} streams at concurrency {res['concurrency']}, {res['hardware']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--weights", help="a ChatTTS release folder (default: the tiny demo checkpoint)")
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=120)
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of each arm, alternating (1, 2, 2, 1, ...)")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "replicas" / "replicas"))
+    args = ap.parse_args()
+    from tqdm import tqdm
+
+    logs = Path(tempfile.mkdtemp(prefix="bench-replicas-"))
+    servers = [Server(args.weights, logs / f"replica{i + 1}.log") for i in range(2)]
+    texts, values = bench_texts(), {"MAX_NEW_TOKENS": args.max_new_tokens}
+    rounds: dict[str, list[dict]] = {"1 replica": [], "2 replicas": []}
+    try:
+        for s in servers:
+            s.wait()
+        order = [n for r in range(args.rounds) for n in ((1, 2) if r % 2 == 0 else (2, 1))]
+        with tqdm(total=len(order) * args.requests, desc="streams") as bar:
+            for n in order:
+                with Balancer(free_port(), [s.replica for s in servers[:n]]) as lb:
+                    time.sleep(1.0)                            # first health checks
+                    before = [tts_requests(s.metrics) for s in servers]
+                    got = run_level(lb.url, texts, args.concurrency, args.requests, values, bar)
+                    got["per_replica"] = [tts_requests(s.metrics) - b for s, b in zip(servers, before)]
+                rounds["1 replica" if n == 1 else "2 replicas"].append(got)
+    finally:
+        for s in servers:
+            s.stop()
+    import statistics
+    arms = {k: {"audio_s_per_s": statistics.median(r["audio_s_per_s"] for r in v),
+                "first_audio_p50_s": statistics.median(r["first_audio_s"]["p50"] for r in v),
+                "errors": sum(r["errors"] for r in v),
+                "per_replica": [sum(r["per_replica"][i] for r in v) for i in range(2)]} for k, v in rounds.items()}
+    res = {"hardware": f"CPU, {os.cpu_count()} cores, both replicas on it", "weights": args.weights or "tiny demo",
+           "requests": args.requests, "concurrency": args.concurrency, "max_new_tokens": args.max_new_tokens,
+           "rounds": rounds, "arms": arms,
+           "two_over_one": arms["2 replicas"]["audio_s_per_s"] / arms["1 replica"]["audio_s_per_s"]}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=1))
+    plot(res, out.with_suffix(".png"))
+    for k, a in arms.items():
+        print(f"{k}: {a['audio_s_per_s']:.2f} audio s/s, first audio p50 {a['first_audio_p50_s']:.2f} s, "
+              f"streams per replica {a['per_replica']}, errors {a['errors']}")
+    print(f"two replicas / one: {res['two_over_one']:.2f}x; wrote {out.with_suffix('.json')} and .png")
+
+
+if __name__ == "__main__":
+    main()
