@@ -150,7 +150,7 @@ class ModelRunner:
             bt = seq.block_table
             slots += [bt[p // S] * S + p % S for p in range(start, end)]
             last.append(len(positions) - 1)
-        B, W = len(seqs), max(len(s.block_table) for s in seqs)
+        W = max(len(s.block_table) for s in seqs)
         tables = [s.block_table + [self.scratch_block] * (W - len(s.block_table)) for s in seqs]
         pos_t = torch.tensor(positions, device=dev)
         md = AttentionMetadata(slot_mapping=torch.tensor(slots, device=dev),
@@ -190,12 +190,21 @@ class ModelRunner:
         self.graph_sizes = sizes = graph_batch_sizes(max_num_seqs)
         self.graph_widths = widths = graph_context_blocks(self.max_blocks_per_seq, self.block_size)
         n, dev = sizes[-1], self.device
-        self.static = {
-            "ids": self.model.token_tensor([self.model.pad_token] * n, dev),
-            "pos": torch.zeros(n, dtype=torch.long, device=dev),
-            "slots": torch.full((n,), self.scratch_block * self.block_size, dtype=torch.long, device=dev),
-            "tables": torch.full((n, self.max_blocks_per_seq), self.scratch_block, dtype=torch.long, device=dev),
-        }
+        # The graphs' inputs are views of one device buffer [n, c + 2 + max_blocks] = token ids
+        # (c columns), position, slot, block table, written each step by one copy from a pinned
+        # host buffer of the same layout (see _replay).
+        pad = self.model.token_tensor([self.model.pad_token], torch.device("cpu")).reshape(-1)    # [c]
+        c = pad.numel()
+        self.pad_ids = pad.numpy()
+        rows = torch.cat([pad, torch.tensor([0, self.scratch_block * self.block_size]),
+                          torch.full((self.max_blocks_per_seq,), self.scratch_block)])
+        self.host = rows.repeat(n, 1).pin_memory()                               # [n, C]
+        self.host_np = self.host.numpy()
+        self.copied = torch.cuda.Event()
+        buf = self.host.to(dev)
+        ids = buf[:, 0] if self.model.token_tensor([self.model.pad_token], dev).dim() == 1 else buf[:, :c]
+        self.static = {"buf": buf, "ids": ids, "pos": buf[:, c], "slots": buf[:, c + 1], "tables": buf[:, c + 2:]}
+        self.ids_cols = c
         self.graph_out: dict[tuple[int, int], torch.Tensor] = {}
         pool = None
         for w in reversed(widths):   # largest first: smaller graphs reuse its pool memory
@@ -215,18 +224,24 @@ class ModelRunner:
         B = len(seqs)
         bs = next(b for b in self.graph_sizes if b >= B)
         w = next(w for w in self.graph_widths if w >= max(len(s.block_table) for s in seqs))
-        S, st = self.block_size, self.static
+        S, c, h = self.block_size, self.ids_cols, self.host_np
+        self.copied.synchronize()                      # the last step's copy has left the host buffer
         pos = [len(s) - 1 for s in seqs]
-        st["ids"][:B] = self.token_tensor([s.token(p) for s, p in zip(seqs, pos)])
-        rows = [[p, s.block_table[p // S] * S + p % S] for s, p in zip(seqs, pos)]
-        pos_slots = torch.tensor(rows, dtype=torch.long).T.to(self.device, non_blocking=True)   # [2, B]
-        st["pos"][:B], st["slots"][:B] = pos_slots[0], pos_slots[1]
-        tables = torch.tensor([s.block_table + [self.scratch_block] * (w - len(s.block_table)) for s in seqs])
-        st["tables"][:B, :w] = tables.to(self.device, non_blocking=True)
-        # padding rows: position 0, writing to the scratch block
-        st["ids"][B:bs] = self.model.token_tensor([self.model.pad_token], self.device)
-        st["pos"][B:bs] = 0
-        st["slots"][B:bs] = self.scratch_block * S
-        st["tables"][B:bs, :w] = self.scratch_block
+        h[:B, :c] = self.token_tensor_host([s.token(p) for s, p in zip(seqs, pos)])
+        h[:B, c] = pos
+        h[:B, c + 1] = [s.block_table[p // S] * S + p % S for s, p in zip(seqs, pos)]
+        h[:bs, c + 2:c + 2 + w] = self.scratch_block
+        for i, s in enumerate(seqs):
+            h[i, c + 2:c + 2 + len(s.block_table)] = s.block_table
+        # padding rows: the pad token at position 0, writing to the scratch block
+        h[B:bs, :c] = self.pad_ids
+        h[B:bs, c] = 0
+        h[B:bs, c + 1] = self.scratch_block * S
+        self.static["buf"][:bs].copy_(self.host[:bs], non_blocking=True)
+        self.copied.record()
         self.graphs[bs, w].replay()
         return self.graph_out[bs, w][:B]
+
+    def token_tensor_host(self, tokens: list) -> np.ndarray:
+        """tokens -> [B, c] int64 on the host (c: the model's id columns)"""
+        return self.model.token_tensor(tokens, torch.device("cpu")).reshape(len(tokens), -1).numpy()
