@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import queue
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -14,6 +15,9 @@ import numpy as np
 
 from velocity.gateway.inputs import AUDIO_MAGIC, INPUTS, array_inputs, make_inputs  # noqa: F401 (re-exported)
 from velocity.gateway.upstream import RETRYABLE
+
+RETRY_PAUSE = 0.5     # seconds: a balancer that checks every 300 ms has seen a drain by then
+
 
 class ServerError(RuntimeError):
     """The server is unreachable, the model not ready, or the request failed."""
@@ -33,7 +37,8 @@ def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True
     """Yield (chunk index, audio) as the `tts` ensemble streams them over one gRPC stream; with
     text refine each sentence's refined text is appended to `texts` as its first chunk comes.
     retries: a request refused before its first chunk (server busy or draining) is sent again,
-    up to this many times: behind a balancer the next try goes to another replica."""
+    up to this many times, after a pause that grows by RETRY_PAUSE each time: behind a balancer
+    the next try goes to another replica (the pause gives the balancer time to see a drain)."""
     for attempt in range(retries + 1):
         started = False
         try:
@@ -44,6 +49,7 @@ def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True
         except ServerError as e:
             if started or attempt == retries or not any(m in str(e) for m in RETRYABLE):
                 raise
+        time.sleep(RETRY_PAUSE * (attempt + 1))
 
 
 def _stream_grpc(url: str, values: dict, timeout: float, check: bool,
