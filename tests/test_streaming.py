@@ -225,7 +225,10 @@ def test_int8_decoders_stay_near_the_float32_decode(tmp_path, frames, hidden):
     ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=2)
     ref = AudioDecoder(load_dvae(ckpt), load_vocos(ckpt), load_decoder(ckpt))
     q = AudioDecoder(load_dvae(ckpt), load_vocos(ckpt), load_decoder(ckpt))
-    n = q.quantize_int8()
+    assert ref.quantize("none") == 0
+    with pytest.raises(ValueError, match="VELOCITY_VOCODER_QUANTIZE.*none or int8.*'int4'"):
+        ref.quantize("int4")
+    n = q.quantize("int8")
     assert n == sum(isinstance(m, Int8Linear) for d in (q.dvae, q.decoder, q.vocos) for m in d.modules()) > 0
     for x in (torch.tensor(frames).T[None], hidden[None]):
         db = ser_db(ref.decode(x)[0], q.decode(x)[0])

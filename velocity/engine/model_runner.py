@@ -193,7 +193,8 @@ class ModelRunner:
         # The graphs' inputs are views of one device buffer [n, c + 2 + max_blocks] = token ids
         # (c columns), position, slot, block table, written each step by one copy from a pinned
         # host buffer of the same layout (see _replay).
-        pad = self.model.token_tensor([self.model.pad_token], torch.device("cpu")).reshape(-1)    # [c]
+        pad_t = self.model.token_tensor([self.model.pad_token], torch.device("cpu"))    # [1] or [1, c]
+        pad = pad_t.reshape(-1)                                                           # [c]
         c = pad.numel()
         self.pad_ids = pad.numpy()
         rows = torch.cat([pad, torch.tensor([0, self.scratch_block * self.block_size]),
@@ -202,7 +203,7 @@ class ModelRunner:
         self.host_np = self.host.numpy()
         self.copied = torch.cuda.Event()
         buf = self.host.to(dev)
-        ids = buf[:, 0] if self.model.token_tensor([self.model.pad_token], dev).dim() == 1 else buf[:, :c]
+        ids = buf[:, 0] if pad_t.dim() == 1 else buf[:, :c]
         self.static = {"buf": buf, "ids": ids, "pos": buf[:, c], "slots": buf[:, c + 1], "tables": buf[:, c + 2:]}
         self.ids_cols = c
         self.graph_out: dict[tuple[int, int], torch.Tensor] = {}

@@ -92,7 +92,7 @@ def chattts_candidates(x: torch.Tensor, ks: torch.Tensor, tails: torch.Tensor, c
         asc = x.sort(dim=-1).values                                          # [R, V] ascending
     n = (asc.softmax(dim=-1).cumsum(dim=-1) <= tails[:, None]).sum(dim=-1).clamp(max=V - min_keep)
     vals, ids = x.topk(c, dim=-1)                                            # [R, c] descending
-    vals = vals.masked_fill(vals < asc.gather(1, n[:, None]).to(vals.device), float("-inf"))   # top-p
+    vals = vals.masked_fill(vals < asc.gather(1, n[:, None]), float("-inf"))   # top-p
     kth = vals.gather(1, ks.clamp(min=min_keep, max=c)[:, None] - 1)         # each row's k-th kept value
     return vals.masked_fill(vals < kth, float("-inf")), ids                  # top-k
 

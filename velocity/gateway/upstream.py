@@ -80,14 +80,13 @@ class Gateway:
 
     async def voices(self) -> dict:
         from tritonclient.utils import InferenceServerException
-        for i, url in enumerate(self.urls):
+        for url in self.urls:                       # the first upstream that answers
             try:
                 res = await self.client_for(url).infer("voices", [])
                 return json.loads(res.as_numpy("VOICES").reshape(-1)[0])
             except InferenceServerException as e:
-                if i == len(self.urls) - 1:
-                    raise ApiError(502, f"the Triton server at {self.url} did not answer ({e.message()})") from e
-        raise AssertionError("unreachable")
+                last = e
+        raise ApiError(502, f"the Triton server at {self.url} did not answer ({last.message()})") from last
 
     async def voice_names(self, fresh: bool = False) -> list[str]:
         """The server's voice names: asked once, and again when a request names one not among

@@ -57,14 +57,13 @@ class TTSPipeline:
                  vocoder_quantize: str = "none", **engine_kwargs) -> None:
         """decode_batch: chunks of one step decoded per call (0: `default_decode_batch` of the device).
         sentences_ahead: sentences generated while the one before them is spoken (0: one by one).
-        vocoder_quantize: "int8" for the decoders' int8 linears (AudioDecoder.quantize_int8);
+        vocoder_quantize: "int8" for the decoders' int8 linears (AudioDecoder.quantize);
         engine_kwargs go to EngineConfig (quantize="int8" for the GPT's)."""
         self.frontend = TextFrontend(folder)
         self.engine = LLMEngine(EngineConfig(model=str(folder), device=device, **engine_kwargs))
         dev = self.engine.worker.device
         self.decoder = AudioDecoder(load_dvae(folder, dev), load_vocos(folder, dev), load_decoder(folder, dev))
-        if vocoder_quantize == "int8":
-            self.decoder.quantize_int8()
+        self.decoder.quantize(vocoder_quantize)
         self.sample_rate = self.decoder.sample_rate                 # Vocos's: 24000 for the release
         self.schedule, self.lookahead = schedule, lookahead
         self.decode_batch = decode_batch or default_decode_batch(dev)

@@ -264,6 +264,12 @@ class AudioDecoder:
         self.num_codes = math.prod(dvae.cfg.levels)              # codes per codebook: [0, num_codes)
         self.hidden_size = 2 * decoder.cfg.idim if decoder is not None else 0   # the Decoder's input
 
+    def quantize(self, mode: str) -> int:
+        """mode "none" (nothing) or "int8" (quantize_int8); returns how many linears changed."""
+        if mode not in ("none", "int8"):
+            raise ValueError(f"the vocoder's quantize (VELOCITY_VOCODER_QUANTIZE) must be none or int8, got {mode!r}")
+        return self.quantize_int8() if mode == "int8" else 0
+
     def quantize_int8(self) -> int:
         """The ConvNeXt blocks' linears (most of the decoders' work) on int8 weights with dynamically
         quantized activations (velocity.model.int8_linear): about 3x faster on CPU, about 32 dB

@@ -58,10 +58,8 @@ class TritonPythonModel:
             dev = resolve_device(s.device)
             self.decoder = AudioDecoder(load_dvae(s.weights, dev), load_vocos(s.weights, dev),
                                         load_decoder(s.weights, dev))
-            if s.vocoder_quantize not in ("none", "int8"):
-                raise ValueError(f"VELOCITY_VOCODER_QUANTIZE must be none or int8, got {s.vocoder_quantize!r}")
-            if s.vocoder_quantize == "int8":
-                log.info("vocoder: %d ConvNeXt linears on int8 weights", self.decoder.quantize_int8())
+            if n := self.decoder.quantize(s.vocoder_quantize):
+                log.info("vocoder: %d ConvNeXt linears on int8 weights", n)
         except Exception as e:
             raise pb_utils.TritonModelException(f"vocoder: cannot load {s.weights}: {e}") from e
         self.device = dev
