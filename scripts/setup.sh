@@ -85,18 +85,18 @@ if [[ -d "$site/pytriton/tritonserver" ]]; then
     ln -sfn "$(ls "$libs"/libb64-*.so.0d | head -1)" "$pl/libb64.so.0d"
     ln -sfn "$(ls "$libs"/libcudart-*.so.12* | head -1)" "$pl/libcudart.so.12"
 fi
-# The C++ CPU attention kernel (velocity/model/cpu_kernels.py): built here once (about 30 s) and
+# The C++ CPU kernels (velocity/model/cpu_kernels.py: decode attention, the sampler's sort): built here once (about 30 s) and
 # cached in the venv, instead of on the server's first start. Without g++ the server uses the
 # slower torch path and logs a warning.
 kstamp="$VENV/velocity-kernels/.built"
 ksum="$(sha256sum "$ROOT/velocity/model/cpu_kernels.py" | cut -d' ' -f1)"
 if [[ ! -f "$kstamp" ]] || [[ "$(cat "$kstamp")" != "$ksum" ]]; then
-    log "building the C++ CPU attention kernel (about 30 s, once)"
+    log "building the C++ CPU kernels (about 30 s, once)"
     if "$VENV/bin/python" -m velocity.model.cpu_kernels >/dev/null 2>"$VENV/kernel-build.log"; then
         printf '%s' "$ksum" > "$kstamp"
     else
-        log "WARNING: the C++ kernel did not build ($(tail -1 "$VENV/kernel-build.log")); the server"
-        log "         will use the slower torch path. Install g++ (apt-get install g++) and rerun."
+        log "WARNING: the C++ kernels did not build ($(tail -1 "$VENV/kernel-build.log")); the server"
+        log "         will use the slower torch paths. Install g++ (apt-get install g++) and rerun."
     fi
 fi
 log "ready: $VENV"

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from llama_ref import assert_same, make_llama, prompts
 from velocity import LLM, SamplingParams
 from velocity.model.attention import AttentionMetadata, build_attn_mask, paged_attention
-from velocity.model.cpu_kernels import paged_decode_kernel
+from velocity.engine.sampler import chattts_candidates
+from velocity.model.cpu_kernels import paged_decode_kernel, sort_rows_kernel
 
 
 def test_kernel_builds_on_this_machine():
@@ -33,6 +35,34 @@ def test_kernel_equals_torch_paged_attention(B, Hq, Hkv, W, S):
     got = paged_attention(q, k, v, kc.clone(), vc.clone(), md, D ** -0.5)
     # float32 sums in another order: a few ulps of values of order 1
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("R,V,c", [(1, 626, 20), (128, 626, 20), (7, 21178, 50), (5, 3, 3), (9, 626, 626)])
+def test_sort_rows_equals_numpy_sort_and_torch_topk(R, V, c):
+    g = torch.Generator().manual_seed(R * V + c)
+    x = torch.randn(R, V, generator=g) * 5
+    if R > 4 and V > 20:                             # what logits can hold: -inf, signed zeros, ties
+        x[0, :10] = float("-inf")
+        x[1, 5], x[1, 6] = -0.0, 0.0
+        x[2, :V // 2] = 1.5
+        x[3] = torch.randn(V, generator=g) * 1e-38   # subnormals
+    asc, top, ids = sort_rows_kernel()(x, c)
+    assert torch.equal(asc, torch.from_numpy(np.sort(x.numpy(), axis=-1)))
+    assert torch.equal(top, x.topk(c, dim=-1).values)
+    assert torch.equal(x.gather(1, ids), top)
+    assert all(len(set(row)) == c for row in ids.tolist())     # c distinct ids: ties are not repeated
+
+
+def test_chattts_filters_same_with_the_sort_kernel():
+    """The sampler's filters with the C++ sort give the same candidates as with numpy's sort and
+    torch's topk (the same values; ids differ only among equal values, none here)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(128, 626, generator=g) / 0.3
+    ks = torch.randint(1, 40, (128,), generator=g)
+    tails = 1 - torch.rand(128, generator=g)
+    want = chattts_candidates(x, ks, tails, 40)
+    got = chattts_candidates(x, ks, tails, 40, sort_rows=sort_rows_kernel())
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 def test_engine_greedy_same_with_and_without_kernel(tmp_path):
@@ -75,4 +105,4 @@ def test_without_a_compiler_the_fallback_is_a_warning_that_says_what_to_do(tmp_p
     p = subprocess.run([sys.executable, "-c", WITHOUT_COMPILER, str(tmp_path)], capture_output=True, text=True,
                        env={**os.environ, "CXX": "/nonexistent/g++"}, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert "WARNING C++ paged decode attention kernel unavailable" in p.stderr and "apt-get install g++" in p.stderr
+    assert "WARNING C++ CPU kernels unavailable" in p.stderr and "apt-get install g++" in p.stderr

@@ -24,7 +24,7 @@ class EngineConfig:
     enforce_eager: bool = False           # True: no CUDA graphs
     pack_cpu_weights: bool = True         # CPU float32: linears on oneDNN-prepacked weights
     quantize: str = "none"                # "int8": CPU float32, the transformer layers' linears on int8 weights
-    cpu_kernel: bool = True               # CPU float32: the C++ paged decode-attention kernel (built once)
+    cpu_kernel: bool = True               # CPU: the C++ kernels (float32 decode attention, the sampler's sort)
     enable_prefix_caching: bool = True
 
     def token_budget(self, max_model_len: int) -> int:

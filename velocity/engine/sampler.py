@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,24 +75,29 @@ def candidates(x: torch.Tensor, ks: torch.Tensor, ps: torch.Tensor, c: int) -> t
 
 
 def chattts_candidates(x: torch.Tensor, ks: torch.Tensor, tails: torch.Tensor, c: int,
-                       min_keep: int = CHATTTS_MIN_KEEP) -> tuple[torch.Tensor, torch.Tensor]:
+                       min_keep: int = CHATTTS_MIN_KEEP, sort_rows: Callable | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ChatTTS reference's order and arithmetic: transformers' TopPLogitsWarper on the whole
     distribution (ascending sort and cumsum, drop where the cumulative probability <= 1 - top_p),
     then TopKLogitsWarper (drop what is below the k-th value), each keeping at least `min_keep`
     (the reference's 3). x: [R, V]; ks: [R] (V = off); tails: [R] float32 1 - top_p, computed in
     Python as the warper does; c >= every max(k, min_keep) -> the c best of the rest, ([R, c], [R, c]).
+    sort_rows: the C++ kernel (`cpu_kernels.sort_rows_kernel`), CPU float32 only.
 
     The cumulative sum only grows, so top-p drops a row's n lowest logits: its threshold is the
     (n+1)-th lowest (a tie across that line keeps both tokens; the warper's unstable sort keeps
     an arbitrary one). Both filters keep a row's best tokens, so they act on its c best alone:
-    one sort of values and one top-c, with no scatter back over V."""
+    one sort of values and the c best, with no scatter back over V."""
     V = x.shape[-1]
-    if x.device.type == "cpu":      # numpy sorts values alone, torch always orders indices too
-        asc = torch.from_numpy(np.sort(x.detach().contiguous().numpy(), axis=-1))
+    if sort_rows is not None:       # one radix sort gives both, rows in parallel
+        asc, vals, ids = sort_rows(x.detach().contiguous(), c)
     else:
-        asc = x.sort(dim=-1).values                                          # [R, V] ascending
+        if x.device.type == "cpu":      # numpy sorts values alone, torch always orders indices too
+            asc = torch.from_numpy(np.sort(x.detach().contiguous().numpy(), axis=-1))
+        else:
+            asc = x.sort(dim=-1).values                                      # [R, V] ascending
+        vals, ids = x.topk(c, dim=-1)                                        # [R, c] descending
     n = (asc.softmax(dim=-1).cumsum(dim=-1) <= tails[:, None]).sum(dim=-1).clamp(max=V - min_keep)
-    vals, ids = x.topk(c, dim=-1)                                            # [R, c] descending
     vals = vals.masked_fill(vals < asc.gather(1, n[:, None]), float("-inf"))   # top-p
     kth = vals.gather(1, ks.clamp(min=min_keep, max=c)[:, None] - 1)         # each row's k-th kept value
     return vals.masked_fill(vals < kth, float("-inf")), ids                  # top-k
@@ -128,8 +134,12 @@ class Sampler:
     with independent codebooks that is the same distribution).
     Then an exponential-race draw over the candidates. A seeded row's noise is a function of
     its seed and step alone (`exponential_noise`), so its tokens don't depend on its
-    neighbours. Greedy rows take the exact argmax.
+    neighbours. Greedy rows take the exact argmax. sort_rows: the C++ sort for ChatTTS's filters
+    on CPU float32 (`cpu_kernels.sort_rows_kernel`; None: numpy's sort and torch's topk).
     """
+
+    def __init__(self, sort_rows: Callable | None = None) -> None:
+        self.sort_rows = sort_rows
 
     @torch.no_grad()
     def __call__(self, logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
@@ -173,8 +183,10 @@ class Sampler:
         ids = None
         if chattts:
             c = b.width
-            x, ids = chattts_candidates(x.reshape(-1, V), b.top_k.repeat_interleave(K),
-                                        b.top_p.repeat_interleave(K), c)
+            flat = x.reshape(-1, V)
+            x, ids = chattts_candidates(flat, b.top_k.repeat_interleave(K), b.top_p.repeat_interleave(K), c,
+                                        sort_rows=self.sort_rows if flat.dtype == torch.float32 and
+                                        flat.device.type == "cpu" else None)
             x, ids = x.view(R, K, c), ids.view(R, K, c)
             x = self.mask_stops(x, b.first_stop_mask, ids)
         else:

@@ -8,7 +8,7 @@ import torch
 from velocity.config import EngineConfig
 from velocity.engine.scheduler import SchedulerOutput
 from velocity.model.attention import AttentionMetadata, build_attn_mask
-from velocity.model.cpu_kernels import paged_decode_kernel
+from velocity.model.cpu_kernels import paged_decode_kernel, sort_rows_kernel
 from velocity.model.loader import load_model
 from velocity.model.int8_linear import quantize_linears, require_int8
 from velocity.model.llama import LlamaLayer
@@ -68,7 +68,7 @@ class Worker:
         kernel = paged_decode_kernel() if cpu_f32 and config.cpu_kernel else None
         self.runner = ModelRunner(self.model, config.block_size, self.cache.scratch_block, self.max_model_len,
                                   config.max_num_seqs, self.device, use_graphs, kernel)
-        self.sampler = Sampler()
+        self.sampler = Sampler(sort_rows_kernel() if self.device.type == "cpu" and config.cpu_kernel else None)
 
     def _blocks_from_budget(self, block_bytes: int) -> int:
         if self.device.type != "cuda":

@@ -1,7 +1,10 @@
-"""An optional C++ kernel for paged decode attention on CPU, built with torch's cpp_extension
-(needs g++ and ninja) by scripts/setup.sh, or on first use. It reads each cached key and value
-once, straight from the paged cache, instead of gathering them into a padded copy first.
-The torch path in attention.py stays the reference; tests compare the two.
+"""Optional C++ kernels for CPU, built with torch's cpp_extension (needs g++ and ninja) by
+scripts/setup.sh, or on first use:
+- paged decode attention: reads each cached key and value once, straight from the paged cache,
+  instead of gathering them into a padded copy first (the torch path in attention.py stays the
+  reference; tests compare the two);
+- sort_rows: the sampler's sort of each row's values, with the ids of the row's c best (a radix
+  sort, rows in parallel: numpy sorts values alone but on one thread, torch orders indices too).
 
 The build (about 30 s) is cached inside the Python environment (sys.prefix/velocity-kernels), so
 checkouts with venvs of their own never rebuild each other's; torch's default cache is used
@@ -24,6 +27,7 @@ SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 // q: [B, Hq, D]; k_cache, v_cache: [N, S, Hkv, D]; block_tables: [B, W]; context_lens: [B] -> [B, Hq, D]
@@ -84,31 +88,93 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   });
   return out;
 }
+
+// x: [R, V] float32 -> (x's rows sorted ascending [R, V], their c largest values descending [R, c],
+// and those values' ids [R, c]). Per row an LSD radix sort, 8 bits a pass, of (key, id) pairs: the
+// key orders as the float does; stable, so of equal values the higher id comes first among the c.
+std::vector<torch::Tensor> sort_rows(torch::Tensor x, int64_t c) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat, "contiguous [R, V] float32 expected");
+  const int64_t R = x.size(0), V = x.size(1);
+  TORCH_CHECK(0 < c && c <= V && V < (int64_t(1) << 32), "need 0 < c <= V < 2^32");
+  auto asc = torch::empty_like(x);
+  auto top = torch::empty({R, c}, x.options());
+  auto ids = torch::empty({R, c}, x.options().dtype(torch::kLong));
+  const uint32_t* xp = reinterpret_cast<const uint32_t*>(x.data_ptr<float>());
+  uint32_t* ap = reinterpret_cast<uint32_t*>(asc.data_ptr<float>());
+  uint32_t* tp = reinterpret_cast<uint32_t*>(top.data_ptr<float>());
+  int64_t* ip = ids.data_ptr<int64_t>();
+  at::parallel_for(0, R, 1, [&](int64_t begin, int64_t end) {
+    std::vector<uint64_t> buf_a(V), buf_b(V);
+    for (int64_t r = begin; r < end; ++r) {
+      const uint32_t* in = xp + r * V;
+      uint32_t hist[4][256];
+      std::memset(hist, 0, sizeof hist);
+      for (int64_t i = 0; i < V; ++i) {      // key: negative floats all bits flipped, others the sign bit
+        const uint32_t k = in[i] ^ ((in[i] >> 31) ? 0xFFFFFFFFu : 0x80000000u);
+        buf_a[i] = (uint64_t(k) << 32) | uint64_t(i);
+        for (int p = 0; p < 4; ++p) ++hist[p][(k >> (8 * p)) & 255];
+      }
+      uint64_t *src = buf_a.data(), *dst = buf_b.data();
+      for (int p = 0; p < 4; ++p) {
+        const int shift = 32 + 8 * p;
+        uint32_t* h = hist[p];
+        if (h[(src[0] >> shift) & 255] == uint32_t(V)) continue;      // every key has this digit
+        uint32_t sum = 0;
+        for (int j = 0; j < 256; ++j) { const uint32_t n = h[j]; h[j] = sum; sum += n; }
+        for (int64_t i = 0; i < V; ++i) dst[h[(src[i] >> shift) & 255]++] = src[i];
+        std::swap(src, dst);
+      }
+      uint32_t* out = ap + r * V;
+      for (int64_t i = 0; i < V; ++i) {
+        const uint32_t k = uint32_t(src[i] >> 32);
+        out[i] = k ^ ((k >> 31) ? 0x80000000u : 0xFFFFFFFFu);
+      }
+      for (int64_t j = 0; j < c; ++j) {
+        tp[r * c + j] = out[V - 1 - j];
+        ip[r * c + j] = int64_t(src[V - 1 - j] & 0xFFFFFFFFu);
+      }
+    }
+  });
+  return {asc, top, ids};
+}
 """
 
-_kernel = None
+_module = None
 _tried = False
 
 
-def paged_decode_kernel():
-    """The compiled kernel, or None where it cannot be built (EngineConfig.cpu_kernel=False, in
-    serving VELOCITY_CPU_KERNEL=0, does without it)."""
-    global _kernel, _tried
+def kernels():
+    """The compiled module (functions paged_decode and sort_rows), or None where it cannot be
+    built (EngineConfig.cpu_kernel=False, in serving VELOCITY_CPU_KERNEL=0, does without it)."""
+    global _module, _tried
     if _tried:
-        return _kernel
+        return _module
     _tried = True
     try:
         from torch.utils.cpp_extension import load_inline
 
-        _kernel = load_inline(name="velocity_paged_decode_v2", cpp_sources=SOURCE, functions=["paged_decode"],
+        _module = load_inline(name="velocity_cpu_kernels_v3", cpp_sources=SOURCE,
+                              functions=["paged_decode", "sort_rows"],
                               extra_cflags=["-O3", "-fopenmp-simd", "-march=native"], verbose=False,
-                              build_directory=build_directory()).paged_decode
-        logger.info("using the C++ paged decode attention kernel")
-    except Exception as e:   # no compiler or ninja: the torch path serves
-        logger.warning("C++ paged decode attention kernel unavailable, using the slower torch path: %s "
+                              build_directory=build_directory())
+        logger.info("using the C++ CPU kernels (paged decode attention, the sampler's sort)")
+    except Exception as e:   # no compiler or ninja: the torch and numpy paths serve
+        logger.warning("C++ CPU kernels unavailable, using the slower torch paths: %s "
                        "(install g++, e.g. apt-get install g++, then rerun scripts/setup.sh; "
-                       "VELOCITY_CPU_KERNEL=0 turns the kernel off)", (str(e).strip().splitlines() or [repr(e)])[-1])
-    return _kernel
+                       "VELOCITY_CPU_KERNEL=0 turns the kernels off)", (str(e).strip().splitlines() or [repr(e)])[-1])
+    return _module
+
+
+def paged_decode_kernel():
+    """paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale), or None."""
+    m = kernels()
+    return None if m is None else m.paged_decode
+
+
+def sort_rows_kernel():
+    """sort_rows(x [R, V] float32, c) -> (ascending rows, the c largest descending, their ids), or None."""
+    m = kernels()
+    return None if m is None else m.sort_rows
 
 
 def build_directory() -> str | None:
@@ -123,4 +189,4 @@ def build_directory() -> str | None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    sys.exit(0 if paged_decode_kernel() is not None else 1)
+    sys.exit(0 if kernels() is not None else 1)

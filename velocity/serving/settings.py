@@ -51,7 +51,7 @@ class Settings:
     # int8: the vocoder's ConvNeXt linears on int8 weights (CPU): about 3x faster decoding, about
     # 32 dB SER against the float32 decode of the same frames
     vocoder_quantize: str = "none"           # VELOCITY_VOCODER_QUANTIZE: none or int8
-    cpu_kernel: int = 1                      # VELOCITY_CPU_KERNEL: 1: the C++ decode-attention kernel on CPU
+    cpu_kernel: int = 1                      # VELOCITY_CPU_KERNEL: 1: the C++ CPU kernels (attention, sort)
     # 1: the llm's responses go out from a thread of their own; 0: from the engine loop between
     # steps (as before 2026-11-23), kept for A/B runs (docs/benchmarks.md)
     response_thread: int = 1                 # VELOCITY_RESPONSE_THREAD
