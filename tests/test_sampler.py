@@ -10,7 +10,8 @@ from transformers.generation.logits_process import (RepetitionPenaltyLogitsProce
 from velocity.engine.sequence import Sequence
 from velocity.sampling_params import SamplingParams
 from velocity.engine.model_runner import sampling_batch
-from velocity.engine.sampler import CHATTTS_MIN_KEEP, Sampler, candidates, chattts_candidates
+from velocity.engine.sampler import (CHATTTS_MIN_KEEP, M64, Sampler, candidates, chattts_candidates, noise_key,
+                                     noise_keys)
 
 V = 50
 
@@ -243,3 +244,24 @@ def test_an_unseeded_rows_first_token_is_never_a_stop_beside_greedy_rows():
     for _ in range(20):
         out = sample(Sampler(), logits, seqs, {5}, style="chattts")
         assert out[0] == 5 and out[2] == 5 and out[1] != 5 and out[3] != 5, out
+
+
+def test_noise_keys_equal_noise_key_row_by_row():
+    """The runner makes all rows' keys at once in numpy; each is the scalar definition's."""
+    import random
+    rng = random.Random(3)
+    seeds = [0, 1, -1, 2**63, 2**64 - 1, 2**70 + 5] + [rng.getrandbits(64) for _ in range(50)]
+    steps = [rng.randrange(0, 5000) for _ in seeds]
+    got = noise_keys(np.array([s & M64 for s in seeds], dtype=np.uint64), np.array(steps, dtype=np.uint64))
+    assert got.tolist() == [noise_key(s, n) for s, n in zip(seeds, steps)]
+
+
+def test_sequence_output_array_mirrors_its_tokens():
+    from velocity.engine.sequence import Sequence
+    for tokens in ([5, 7, 9] * 20, [(1, 2, 3, 4), (5, 6, 7, 8)] * 30):
+        seq = Sequence("r", [1, 2], SamplingParams())
+        for i, t in enumerate(tokens):
+            seq.append(t)
+            got = seq.output_array()
+            assert got.dtype == np.int64 and got.tolist() == [list(x) if isinstance(x, tuple) else [x]
+                                                              for x in tokens[:i + 1]]

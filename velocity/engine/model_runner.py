@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from velocity.engine.sampler import CHATTTS_MIN_KEEP, SamplingBatch, noise_key, random_key
+from velocity.engine.sampler import CHATTTS_MIN_KEEP, M64, SamplingBatch, noise_keys, random_key
 from velocity.engine.sequence import Sequence
 from velocity.model.attention import AttentionMetadata, build_attn_mask
 
@@ -52,8 +52,12 @@ def sampling_batch(seqs: list[Sequence], K: int, V: int, stop_ids: set[int], sty
         width = max(max(ks), CHATTTS_MIN_KEEP) if any(k < V for k in ks) else V
     else:
         width = max(ks, default=V)
-    keys = [noise_key(seqs[i].params.seed, len(seqs[i].output_token_ids)) if seqs[i].params.seed is not None
-            else random_key() for i in rows]
+    seeds = [seqs[i].params.seed for i in rows]
+    keys = noise_keys(np.array([0 if x is None else x & M64 for x in seeds], dtype=np.uint64),
+                      np.array([len(seqs[i].output_token_ids) for i in rows], dtype=np.uint64))
+    for j, x in enumerate(seeds):
+        if x is None:
+            keys[j] = random_key()
     # every number goes over in two host-to-device copies, one of integers and one of floats:
     # ints = rows [R], top-k [R], then with penalties rows [P], once [P], histories [P, L, K];
     # floats = temperatures and top-p (1 - top-p in ChatTTS style) [R, K + 1], then penalties [P]
@@ -67,20 +71,23 @@ def sampling_batch(seqs: list[Sequence], K: int, V: int, stop_ids: set[int], sty
             s = seqs[i]
             w = s.params.repetition_window or window
             # audio frames: only generated frames count (the prompt is text)
-            hists.append((s.token_ids if K == 1 else s.output_token_ids) if w is None else s.output_token_ids[-w:])
+            if w is None:
+                h = s.token_ids if K == 1 else s.output_token_ids
+                hists.append(np.array(h, dtype=np.int64).reshape(len(h), -1))
+            else:
+                hists.append(s.output_array()[-w:])
             once.append(w is None)   # transformers' rule: every earlier token penalised once
         L = max(1, *map(len, hists))
         ids = np.full((len(pen), L, K), V, dtype=np.int64)                       # padded with V
         for j, h in enumerate(hists):
-            if h:
-                ids[j, :len(h)] = np.array(h, dtype=np.int64).reshape(len(h), -1)[:, :K]
+            ids[j, :len(h)] = h[:, :K]
         ints += [np.array(pen, dtype=np.int64), np.array(once, dtype=np.int64), ids.reshape(-1)]
         floats.append(np.array([seqs[i].params.repetition_penalty for i in pen], dtype=np.float32))
     ints_t = torch.from_numpy(np.concatenate(ints)).to(device)
     floats_t = torch.from_numpy(np.concatenate(floats)).to(device)
     filt = floats_t[:R * (K + 1)].view(R, K + 1)
     batch = SamplingBatch(style, ints_t[:R], filt[:, :K], ints_t[R:2 * R], filt[:, K], width,
-                          any(k < V or p.top_p < 1 for p, k in zip(ps, ks)), np.array(keys, dtype=np.uint64))
+                          any(k < V or p.top_p < 1 for p, k in zip(ps, ks)), keys)
     if pen:
         P = len(pen)
         at = 2 * R

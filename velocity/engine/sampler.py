@@ -27,6 +27,11 @@ def noise_key(seed: int, step: int) -> int:
     return mix64(mix64(seed) + step * GOLDEN)
 
 
+def noise_keys(seeds: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """noise_key of each row at once: seeds and steps uint64 [R] -> [R] (numpy's uint64 wraps as & M64 does)."""
+    return mix64_array(mix64_array(seeds) + steps * np.uint64(GOLDEN))
+
+
 def random_key() -> int:
     """An unseeded row's noise key: fresh entropy."""
     return _entropy.getrandbits(64)
