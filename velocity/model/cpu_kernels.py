@@ -155,7 +155,7 @@ def kernels():
 
         _module = load_inline(name="velocity_cpu_kernels_v3", cpp_sources=SOURCE,
                               functions=["paged_decode", "sort_rows"],
-                              extra_cflags=["-O3", "-fopenmp-simd", "-march=native"], verbose=False,
+                              extra_cflags=["-O3", "-fopenmp", "-march=native"], extra_ldflags=["-fopenmp"], verbose=False,
                               build_directory=build_directory())
         logger.info("using the C++ CPU kernels (paged decode attention, the sampler's sort)")
     except Exception as e:   # no compiler or ninja: the torch and numpy paths serve
