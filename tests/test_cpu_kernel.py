@@ -18,6 +18,12 @@ def test_kernel_builds_on_this_machine():
     assert paged_decode_kernel() is not None, "the C++ kernel did not build (needs g++ and ninja)"
 
 
+def test_kernels_run_on_every_thread():
+    """Built without OpenMP, at::parallel_for quietly runs on one thread (it did, until 2026-11-24)."""
+    from velocity.model.cpu_kernels import kernels
+    assert kernels().built_with_openmp()
+
+
 @pytest.mark.parametrize("B,Hq,Hkv,W,S", [(1, 4, 4, 3, 16), (7, 8, 2, 5, 4), (32, 12, 12, 12, 16), (3, 6, 3, 9, 1)])
 def test_kernel_equals_torch_paged_attention(B, Hq, Hkv, W, S):
     g = torch.Generator().manual_seed(B * 100 + W)

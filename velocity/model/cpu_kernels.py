@@ -137,6 +137,15 @@ std::vector<torch::Tensor> sort_rows(torch::Tensor x, int64_t c) {
   });
   return {asc, top, ids};
 }
+
+// at::parallel_for splits work across threads only where this file is built with OpenMP.
+bool built_with_openmp() {
+#ifdef _OPENMP
+  return true;
+#else
+  return false;
+#endif
+}
 """
 
 _module = None
@@ -154,7 +163,8 @@ def kernels():
         from torch.utils.cpp_extension import load_inline
 
         _module = load_inline(name="velocity_cpu_kernels_v3", cpp_sources=SOURCE,
-                              functions=["paged_decode", "sort_rows"],
+                              functions=["paged_decode", "sort_rows", "built_with_openmp"],
+                              # -fopenmp: without it at::parallel_for runs on one thread
                               extra_cflags=["-O3", "-fopenmp", "-march=native"], extra_ldflags=["-fopenmp"], verbose=False,
                               build_directory=build_directory())
         logger.info("using the C++ CPU kernels (paged decode attention, the sampler's sort)")
