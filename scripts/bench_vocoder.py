@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Vocoder benchmark, both decode paths in the same run: seconds of audio decoded per second at
 batch 1 and 8 for codes -> DVAE -> Vocos and for GPT hidden states -> Decoder -> Vocos (the
-reference's default), measured in alternating rounds (this machine's speed drifts), and the
-streaming seam error against lookahead for each. Release-size DVAE, Decoder (768-wide hidden
+reference's default), measured in alternating rounds (this machine's speed drifts), the
+streaming seam error against lookahead for each, and, for the default path, the seam error and
+the stream's decode time against left context (what a shorter left context would save). Release-size DVAE, Decoder (768-wide hidden
 states) and Vocos with seeded random weights. Writes docs/benchmarks/vocoder_cpu.{json,png}.
 
     .venv/bin/python scripts/bench_vocoder.py
@@ -51,7 +52,8 @@ def main() -> None:
     T, secs = args.frames, args.frames / 46.875
     res = {"hardware": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                         "torch": torch.__version__}, "frames": T, "audio_seconds_per_utterance": secs,
-           "rounds": args.rounds, "throughput": {p: {} for p in PATHS}, "lookahead": {p: {} for p in PATHS}}
+           "rounds": args.rounds, "throughput": {p: {} for p in PATHS}, "lookahead": {p: {} for p in PATHS},
+           "left": {}}
 
     def inputs(path: str, b: int) -> torch.Tensor:
         return torch.randint(0, 625, (b, 4, T)) if path == "codes" else torch.randn(b, T, dec.hidden_size)
@@ -80,13 +82,31 @@ def main() -> None:
             audio = torch.cat([c[1] for c in chunks])
             res["lookahead"][p][str(la)] = ser_db(whole, audio)
             log.info("%-6s lookahead %2d frames: SER %.1f dB", p, la, res["lookahead"][p][str(la)])
+    # left context, the default path: SER with full lookahead, and the whole stream's decode time
+    # (median of alternating rounds: the left frames are decoded again for every chunk)
+    whole = dec.decode(hidden[None])[0]
+    lefts = (4, 8, 16, 32, dec.exact_context)
+    times = {n: [] for n in lefts}
+    for r in range(args.rounds + 1):                  # round 0 warms up and measures the error
+        for n in (lefts if r % 2 == 0 else lefts[::-1]):
+            sd = StreamingDecoder(dec, ChunkSchedule(12, 36), left=n)
+            t = time.perf_counter()
+            chunks = sd.push(frames, hidden=hidden.numpy()) + sd.push([], final=True)
+            if r:
+                times[n].append(time.perf_counter() - t)
+            else:
+                res["left"][str(n)] = {"ser_db": ser_db(whole, torch.cat([c[1] for c in chunks]))}
+    for n in lefts:
+        res["left"][str(n)]["stream_decode_s"] = statistics.median(times[n])
+        log.info("hidden left %2d frames: SER %.1f dB, stream decoded in %.3f s", n, res["left"][str(n)]["ser_db"],
+                 res["left"][str(n)]["stream_decode_s"])
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(res, indent=2))
 
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4))
     width = 0.38
     for i, p in enumerate(PATHS):
         vals = res["throughput"][p]
@@ -104,6 +124,17 @@ def main() -> None:
     b.set_ylabel("SER vs whole decode (dB, capped at 150)")
     b.set_title("Streaming seams vs lookahead")
     b.legend()
+    lefts = [int(k) for k in res["left"]]
+    c.plot(lefts, [min(v["ser_db"], 150) for v in res["left"].values()], "o-", color="tab:orange", label="SER (left axis)")
+    c.set_xlabel("left context (GPT frames)")
+    c.set_ylabel("SER vs whole decode (dB, capped at 150)")
+    c.set_title(f"Left context, hidden path ({T} frames, full lookahead)")
+    t = c.twinx()
+    t.plot(lefts, [v["stream_decode_s"] for v in res["left"].values()], "s--", color="tab:blue", label="decode time")
+    t.set_ylabel("whole stream's decode time (s)")
+    t.set_ylim(bottom=0)
+    c.legend(loc="lower right")
+    t.legend(loc="center right")
     fig.tight_layout()
     fig.savefig(out.with_suffix(".png"), dpi=110)
 
