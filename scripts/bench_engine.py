@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import platform
 import statistics
 import tempfile
 import time
@@ -100,7 +99,8 @@ def main() -> None:
     n_req, n_single = (16, 4) if args.quick else (64, 8)
     prompts, olens = workload(n_req)
     dev_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    res: dict = {"hardware": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+    from client.bench import cpu_model
+    res: dict = {"hardware": {"cpu": cpu_model(), "threads": torch.get_num_threads(),
                               "device": args.device, "device_name": dev_name, "torch": torch.__version__},
                  "model": {"hidden": 768, "mlp": 3072, "heads": 12, "layers": layers, "vocab": 21178,
                            "dtype": args.dtype},

@@ -189,7 +189,8 @@ def main() -> None:
                 for a in (arms if r % 2 == 0 else arms[::-1]):
                     rounds[a].append(arm(a, args, tf))
                     bar.update(1)
-    res = {"hardware": {"machine": platform.machine(), "cpus": os.cpu_count(), "threads": args.threads,
+    from client.bench import cpu_model
+    res = {"hardware": {"machine": platform.machine(), "cpu": cpu_model(), "cpus": os.cpu_count(), "threads": args.threads,
                         "python": platform.python_version()},
            "weights": args.weights, "texts": texts, "frames": work["frames"], "useful_audio_s": useful_s,
            "kv_budget_mib": args.kv_mib, "rounds": rounds}

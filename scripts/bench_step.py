@@ -212,7 +212,9 @@ def main() -> None:
         finally:
             if args.baseline_rev:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", wt])
-    res = {"hardware": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
+    from client.bench import cpu_model
+    res = {"hardware": {"machine": platform.machine(), "cpu": cpu_model(), "cpus": os.cpu_count(),
+                        "python": platform.python_version()},
            "device": args.device, "checkpoint": checkpoint, "batches": batches, "steps": args.steps,
            "rounds": len(runs["this"]), "quantize": {a: quant[a] for a in runs},
            "labels": labels, "arms": {}, "rounds_raw": {a: [{str(b): v for b, v in x.items()} for x in runs[a]]

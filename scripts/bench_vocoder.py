@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import platform
 import statistics
 import tempfile
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from client.bench import cpu_model
 from velocity.demo.audio_weights import random_decoder_tensors
 from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.demo.checkpoint import write_checkpoint
@@ -50,7 +50,7 @@ def main() -> None:
         save_file(random_decoder_tensors(torch.Generator().manual_seed(0), 768), str(ckpt / "asset" / "Decoder.safetensors"))
         dec = AudioDecoder(load_dvae(ckpt), load_vocos(ckpt), load_decoder(ckpt))
     T, secs = args.frames, args.frames / 46.875
-    res = {"hardware": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+    res = {"hardware": {"cpu": cpu_model(), "threads": torch.get_num_threads(),
                         "torch": torch.__version__}, "frames": T, "audio_seconds_per_utterance": secs,
            "rounds": args.rounds, "throughput": {p: {} for p in PATHS}, "lookahead": {p: {} for p in PATHS},
            "left": {}}
