@@ -13,6 +13,7 @@ in the same run). Writes JSON and a PNG under docs/benchmarks/.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import statistics
@@ -81,6 +82,12 @@ def hf_generate(model, prompts: list[list[int]], n: int) -> None:
     model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
 
 
+
+def resident_gib() -> float:
+    """This process's resident memory (Linux)."""
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**30
+
+
 def decode_step_time(gen_n) -> float:
     """(T(n=65) - T(n=1)) / 64: per-token decode time without the prefill, median of 3."""
     return statistics.median((_timed(lambda: gen_n(65)) - _timed(lambda: gen_n(1))) / 64 for _ in range(3))
@@ -143,6 +150,8 @@ def main() -> None:
             if c == 1:
                 steps[name] = decode_step_time(lambda n: llm.generate([prompts[0]], params(n)))
             del llm
+            gc.collect()
+            log.info("%s: resident %.2f GiB after", name, resident_gib())
         v_step = steps["velocity_c1"]
         h_step = decode_step_time(lambda n: hf_generate(hf, [prompts[0]], n))
 
