@@ -55,23 +55,13 @@ def test_gqa_equals_transformers(gqa):
     assert_same(ours, refs, ps, "GQA")
 
 
-@pytest.fixture(scope="module")
-def wide(tmp_path_factory):
-    """Linears large enough to be prepacked (PACK_MIN_WEIGHTS)."""
-    path = tmp_path_factory.mktemp("wide")
-    model = make_llama(path, seed=7, hidden_size=512, intermediate_size=1024, num_attention_heads=8,
-                       num_key_value_heads=8)
-    ps = prompts(LENGTHS[:5], seed=9)
-    return path, model, ps, [hf_greedy(model, p, N) for p in ps]
-
-
 @pytest.mark.parametrize("packed", [True, False])
-def test_cpu_linears_packed_or_plain_equal_transformers(wide, packed):
-    """CPU float32 runs its larger linears on oneDNN-prepacked weights by default; plain
-    nn.Linear stays available and exact too."""
+def test_cpu_linears_packed_or_plain_equal_transformers(mha, packed):
+    """CPU float32 runs on oneDNN-prepacked weights by default (so every test here covers them);
+    plain nn.Linear stays available and exact too."""
     from torch import nn
     from velocity.model.packed_linear import PackedLinear
-    path, _, ps, refs = wide
+    path, _, ps, refs = mha
     ours, engine = run(path, ps, block_size=16, num_kv_blocks=256, pack_cpu_weights=packed)
     kinds = {type(m) for m in engine.worker.model.modules()}
     assert (PackedLinear in kinds) == packed and (nn.Linear in kinds) != packed

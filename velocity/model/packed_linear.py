@@ -6,18 +6,11 @@ these cores; oneDNN with the weight reordered once into its blocked layout does 
 sequences 1.8x faster than nn.Linear and one sequence no slower (docs/benchmarks/history.md,
 "Prepacked CPU weights"). Same float32 arithmetic, another summation order: outputs differ
 from nn.Linear's by float rounding, as nn.Linear's own differ between batch sizes.
-
-A oneDNN call costs about 15 us more than MKL's, so small linears (under PACK_MIN_WEIGHTS
-weights, e.g. 256 x 256) stay nn.Linear: 64 x 192 at 32 rows takes 13 us plain, 21 packed;
-768 x 768 takes 268 plain, 190 packed (docs/benchmarks.md, "Engine step").
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
-
-
-PACK_MIN_WEIGHTS = 1 << 17
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -42,17 +35,17 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def replace_linears(model: nn.Module, make, min_weights: int = 0) -> int:
-    """Replace every nn.Linear in model of at least min_weights weights by make(linear); returns how many."""
+def replace_linears(model: nn.Module, make) -> int:
+    """Replace every nn.Linear in model by make(linear); returns how many."""
     n = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child.in_features * child.out_features >= min_weights:
+            if type(child) is nn.Linear:
                 setattr(parent, name, make(child))
                 n += 1
     return n
 
 
-def pack_linears(model: nn.Module, min_weights: int = PACK_MIN_WEIGHTS) -> int:
-    """Replace every nn.Linear in model of at least min_weights weights by a PackedLinear; returns how many."""
-    return replace_linears(model, PackedLinear, min_weights)
+def pack_linears(model: nn.Module) -> int:
+    """Replace every nn.Linear in model by a PackedLinear; returns how many."""
+    return replace_linears(model, PackedLinear)
