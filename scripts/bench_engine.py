@@ -82,7 +82,6 @@ def hf_generate(model, prompts: list[list[int]], n: int) -> None:
     model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
 
 
-
 def resident_gib() -> float:
     """This process's resident memory (Linux)."""
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**30

@@ -108,7 +108,8 @@ def test_sampling_keeps_the_references_candidates_exactly():
             s = Sequence(f"r{b}", [1, 2, 3], SamplingParams(
                 temperature=temp, top_p=top_p, top_k=max(0, int(top_k)), repetition_penalty=rep,
                 min_new_tokens=int(min_new), max_new_tokens=max(256, int(min_new)), seed=b), head="audio")
-            s.output_token_ids = [tuple(f) for f in hist[b].tolist()]
+            for f in hist[b].tolist():
+                s.append(tuple(f))
             seqs.append(s)
         _, x, ids = Sampler().filter(logits, sampling_batch(seqs, logits.shape[1], V, {V - 1}, "chattts", 16))
         ours = torch.full_like(logits, float("-inf")).scatter(2, ids, x).numpy()

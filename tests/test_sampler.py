@@ -18,7 +18,8 @@ V = 50
 
 def seq(params, prompt=(1, 2, 3), out=()):
     s = Sequence("r", list(prompt), params)
-    s.output_token_ids = list(out)
+    for t in out:
+        s.append(t)
     return s
 
 
@@ -44,7 +45,7 @@ def step(sm, logits, seqs, **kw):
     """Sample one step and append the tokens, as the engine does (seeded draws are keyed by the step)."""
     out = sample(sm, logits, seqs, **kw)
     for s, t in zip(seqs, out):
-        s.output_token_ids.append(t)
+        s.append(t)
     return out
 
 
@@ -265,3 +266,13 @@ def test_sequence_output_array_mirrors_its_tokens():
             got = seq.output_array()
             assert got.dtype == np.int64 and got.tolist() == [list(x) if isinstance(x, tuple) else [x]
                                                               for x in tokens[:i + 1]]
+
+
+def test_audio_penalty_without_a_window_before_any_frame():
+    """A codebook head whose requests set no window penalises every generated frame: at the first
+    step there are none, and the history is all padding (V)."""
+    p = SamplingParams(temperature=0.3, repetition_penalty=1.05)
+    fresh, later = seq(p), seq(p, out=[(1, 2, 3, 4), (5, 6, 7, 8)])
+    b = sampling_batch([fresh, later], 4, V, set(), "chattts", None)
+    assert (b.penalty_ids[0] == V).all()
+    assert b.penalty_ids[1, :, :2].tolist() == [[1, 5], [2, 6], [3, 7], [4, 8]]

@@ -71,11 +71,12 @@ def sampling_batch(seqs: list[Sequence], K: int, V: int, stop_ids: set[int], sty
             s = seqs[i]
             w = s.params.repetition_window or window
             # audio frames: only generated frames count (the prompt is text)
-            if w is None:
-                h = s.token_ids if K == 1 else s.output_token_ids
-                hists.append(np.array(h, dtype=np.int64).reshape(len(h), -1))
-            else:
+            if w is not None:
                 hists.append(s.output_array()[-w:])
+            elif K == 1:                                # text: the prompt counts too
+                hists.append(np.array(s.token_ids, dtype=np.int64)[:, None])
+            else:
+                hists.append(s.output_array())
             once.append(w is None)   # transformers' rule: every earlier token penalised once
         L = max(1, *map(len, hists))
         ids = np.full((len(pen), L, K), V, dtype=np.int64)                       # padded with V

@@ -34,8 +34,8 @@ class Sequence:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[Token] = []
-        # output_token_ids[:_out_n] as an int64 array [capacity, codes per token], kept by append
-        self._out, self._out_n, self._out_of = np.empty((0, 1), dtype=np.int64), 0, self.output_token_ids
+        # output_token_ids as an int64 array [capacity, codes per token], kept by append
+        self._out, self._out_n = np.empty((0, 1), dtype=np.int64), 0
         self.params = params
         # Anything besides the tokens that changes the KV (a speaker vector's digest):
         # it seeds the prefix-cache hash chain, so different salts never share blocks.
@@ -74,27 +74,19 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     def append(self, token: Token) -> None:
+        """Add a generated token (the only way tokens are added: it keeps output_array too)."""
         self.output_token_ids.append(token)
-        n = len(self.output_token_ids)
-        if self._out_n == n - 1 and n <= len(self._out) and self._out_of is self.output_token_ids:
-            self._out[n - 1] = token                   # the usual case: one row's write
-            self._out_n = n
+        n = self._out_n = self._out_n + 1
+        if n > len(self._out):                         # grow by doubling
+            grown = np.empty((max(16, 2 * n), len(token) if isinstance(token, tuple) else 1), dtype=np.int64)
+            grown[:n - 1] = self._out[:n - 1]
+            self._out = grown
+        self._out[n - 1] = token
 
     def output_array(self) -> np.ndarray:
-        """The generated tokens as int64 [n, codes per token] (a view; the sampler's penalty history).
-        Tokens the array lacks (the first, each doubling, a list changed from outside) are copied here."""
-        out, n = self.output_token_ids, len(self.output_token_ids)
-        if self._out_of is not out or self._out_n > n:
-            self._out_n, self._out_of = 0, out
-        if self._out_n < n:
-            new = np.array(out[self._out_n:], dtype=np.int64).reshape(n - self._out_n, -1)
-            if n > len(self._out) or self._out.shape[1] != new.shape[1]:     # grow by doubling
-                grown = np.empty((max(16, 2 * n), new.shape[1]), dtype=np.int64)
-                grown[:self._out_n] = self._out[:self._out_n]
-                self._out = grown
-            self._out[self._out_n:n] = new
-            self._out_n = n
-        return self._out[:n]
+        """The generated tokens as int64 [n, codes per token] (a view; the sampler's penalty history)."""
+        assert self._out_n == len(self.output_token_ids), "output tokens added without Sequence.append"
+        return self._out[:self._out_n]
 
     def finish(self, reason: str) -> None:
         self.status = SequenceStatus.FINISHED
