@@ -11,7 +11,7 @@ host work (scheduler, inputs, sampler, outputs): on a GPU that is what bounds a 
     .venv/bin/python scripts/bench_step.py --size full --device cuda
     .venv/bin/python scripts/bench_step.py --size full --quantize int8 --baseline-quantize none --batches 1,8,32
 
---baseline-rev REV measures velocity at git revision REV too (a temporary worktree, this script
+--baseline-rev REV measures velocity at git revision REV too, with the same --quantize (a temporary worktree, this script
 run with it first on the path), in alternating rounds (ABBA), and reports per batch size the
 median ratio of the baseline's step time to this checkout's; --baseline-dir DIR does the same
 with a folder holding a `velocity` package (a copy without git, e.g. on a device machine);
@@ -180,7 +180,7 @@ def main() -> None:
             from velocity.demo.checkpoint import write_checkpoint
             args.weights = str(write_checkpoint(Path(tmp) / "ck", args.size, seed=0))
         arms = {"this": None}
-        quant = {"this": args.quantize, "baseline": "none"}
+        quant = {"this": args.quantize, "baseline": args.quantize}   # another revision: the same settings
         labels = {"this": subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
                                          capture_output=True, text=True).stdout.strip() or "this"}
         if args.quantize != "none":
@@ -190,7 +190,7 @@ def main() -> None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", wt, args.baseline_rev],
                            check=True)
             arms = {"baseline": wt, "this": None}
-            labels["baseline"] = args.baseline_rev
+            labels["baseline"] = args.baseline_rev + (f" {args.quantize}" if args.quantize != "none" else "")
         elif args.baseline_dir:
             if not (Path(args.baseline_dir) / "velocity" / "__init__.py").is_file():
                 raise SystemExit(f"--baseline-dir {args.baseline_dir}: no velocity package in it")

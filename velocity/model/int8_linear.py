@@ -1,19 +1,32 @@
-"""CPU linears on int8 weights, with int8 activations quantized per call (dynamic quantization).
+"""CPU linears on int8 weights, with each row of the input quantized to int8 on its own.
 
 A CPU decode step reads every weight once, so it is bound by memory bandwidth: int8 weights
 are a quarter of the bytes. Weights are quantized symmetrically per output channel (scale =
-max |w| / 127); each call quantizes its input per tensor to 7 bits (fbgemm's reduce_range, no
-overflow without VNNI) and runs fbgemm's int8 GEMM (`quantized::linear_dynamic`, part of
-torch). Measured on the 2-core CI machine against the alternatives (a 20-layer ChatTTS-size
-stack, docs/benchmarks.md "int8 on CPU"): 3.2x faster than the oneDNN-prepacked float32
-linears at one row; torchao's Int8WeightOnly and Int8DynamicActivationInt8Weight were slower
-than float32 in eager mode here (no x86 kernels in its wheel) and still 2.7x slower than this
-under torch.compile.
+max |w| / 127). Each input row (one token) is scaled by its own max |x| and quantized with
+fixed parameters, and fbgemm's int8 GEMM runs on the result
+(`quantized::linear_with_input_q_dq_qweight_dq_output_fp32`, part of torch). A row's output
+therefore does not depend on the other rows in the batch.
 
-This changes the output (quantization error): opt-in (VELOCITY_QUANTIZE=int8).
+Why per row: on a real pretrained model (SmolLM2-135M, tests/test_int8_quality.py) one scale
+for the whole input, as `quantized::linear_dynamic` uses, let outlier channels crush every
+other value. Perplexity on real text went from 25.2 to 57.1. Per row it is 25.9 with 8-bit rows.
+Weight-only int8 would be 25.2, but it runs 1.5x slower at one row and slower than float32 from
+8 rows (docs/benchmarks.md "int8 on CPU").
+
+Rows get 8 bits where fbgemm accumulates in 32 bits (AVX-512 VNNI). Without VNNI, pairs of
+products are summed in 16 bits and could saturate, so rows get 7 bits there (fbgemm's
+reduce_range).
+
+Measured on the 2-core CI machine (a 20-layer ChatTTS-size stack, docs/benchmarks.md "int8 on
+CPU"): about 3x faster than the oneDNN-prepacked float32 linears at one row. torchao's
+Int8WeightOnly and Int8DynamicActivationInt8Weight were slower than float32 in eager mode here
+(no x86 kernels in its wheel), and still 2.7x slower than fbgemm under torch.compile.
+
+This changes the output (quantization error), so it is opt-in (VELOCITY_QUANTIZE=int8).
 """
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
@@ -29,27 +42,45 @@ def require_int8(device: torch.device, dtype: torch.dtype, what: str, setting: s
                          f"{device}: unset {setting}")
 
 
-class Int8Linear(nn.Module):
-    """nn.Linear's forward with int8 weights (per output channel) and dynamically quantized input."""
+@functools.cache
+def activation_bits() -> int:
+    """8 where the CPU has AVX-512 VNNI (fbgemm accumulates in 32 bits), else 7."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    return 8 if "avx512_vnni" in flags else 7
 
-    def __init__(self, linear: nn.Linear) -> None:
+
+class Int8Linear(nn.Module):
+    """nn.Linear's forward with int8 weights (per output channel) and int8 input rows (per row)."""
+
+    def __init__(self, linear: nn.Linear, bits: int | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.bits = bits or activation_bits()
+        levels = 2 ** (self.bits - 1) - 1                           # 127 or 63
+        self.x_scale, self.x_zero = 1.0 / levels, levels + 1        # a row scaled into [-1, 1] -> quint8 [1, 2 * levels + 1]
         w = linear.weight.detach().float()                          # [out, in]
         scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)         # [out]
-        bias = None if linear.bias is None else linear.bias.detach().float()
+        self.bias = None if linear.bias is None else linear.bias.detach().float()
         with warnings.catch_warnings():      # torch marks quantized tensors deprecated; the op is what runs
             warnings.simplefilter("ignore")
             q = torch.quantize_per_channel(w, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0,
                                            torch.qint8)
-            self.packed = torch.ops.quantized.linear_prepack(q, bias)
+            self.packed = torch.ops.quantized.linear_prepack(q, None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in] -> [..., out]
-        return torch.ops.quantized.linear_dynamic(x, self.packed, True)
+        r = x.abs().amax(-1, keepdim=True).clamp_min(1e-30)         # [..., 1]: each row's own scale
+        y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+            x / r, self.x_scale, self.x_zero, self.packed)
+        y.mul_(r)                                                   # y is the op's own new tensor
+        return y if self.bias is None else y.add_(self.bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 ({self.bits}-bit rows)"
 
 
 def quantize_linears(model: nn.Module, within: type) -> int:

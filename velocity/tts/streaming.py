@@ -271,9 +271,9 @@ class AudioDecoder:
         return self.quantize_int8() if mode == "int8" else 0
 
     def quantize_int8(self) -> int:
-        """The ConvNeXt blocks' linears (most of the decoders' work) on int8 weights with dynamically
-        quantized activations (velocity.model.int8_linear): about 3x faster on CPU, about 32 dB
-        SER against the float32 decode (docs/benchmarks.md "int8 on CPU"). Returns how many."""
+        """The ConvNeXt blocks' linears (most of the decoders' work) on int8 weights with per-row int8
+        activations (velocity.model.int8_linear): about 3x faster on CPU, about 40 dB SER against
+        the float32 decode (docs/benchmarks.md "int8 on CPU"). Returns how many."""
         from velocity.model.convnext import ConvNeXtBlock
         from velocity.model.int8_linear import quantize_linears, require_int8
         p = next(self.vocos.parameters())
