@@ -56,7 +56,10 @@ def make_handler(triton: str, run_dir: Path | None) -> type[BaseHTTPRequestHandl
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):   # a balancer's probe that hung up once it had the status
+                pass
 
         def log_message(self, *args) -> None:         # probes every few seconds: keep the log quiet
             pass
