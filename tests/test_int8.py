@@ -29,6 +29,23 @@ def test_an_int8_linear_is_within_its_quantization_error(inp, out, bias):
         assert 0 < rel < 0.04, (shape, rel)
 
 
+@pytest.mark.parametrize("bits", [8, 7])
+def test_an_int8_linear_quantizes_each_row_on_its_own(bits):
+    """A row's output is the same alone as in any batch, bit for bit: its activations' scale is
+    its own (one scale per call let the batch's largest value set every row's step)."""
+    torch.manual_seed(0)
+    q = Int8Linear(nn.Linear(768, 2304), bits)
+    x = torch.randn(2, 5, 768)
+    x[0, 1] *= 100                                   # an outlier row
+    x[1, 2] = 0                                      # a row of zeros
+    y = q(x)
+    assert torch.equal(y[1, 2], q.bias)
+    for i in range(2):
+        for j in range(5):
+            assert torch.equal(q(x[i, j:j + 1]), y[i, j:j + 1]), (i, j)
+    assert torch.equal(q(x[:, ::2].contiguous()), y[:, ::2])
+
+
 def test_the_engine_on_int8_layers_picks_what_float32_ranks_at_the_top(tmp_path):
     """Greedy generation with int8 layers, checked token by token against the float32 model
     (transformers) fed the same tokens: random weights leave near ties that quantization may

@@ -5,7 +5,7 @@ are a quarter of the bytes. Weights are quantized symmetrically per output chann
 max |w| / 127). Each input row (one token) is scaled by its own max |x| and quantized with
 fixed parameters, and fbgemm's int8 GEMM runs on the result
 (`quantized::linear_with_input_q_dq_qweight_dq_output_fp32`, part of torch). A row's output
-therefore does not depend on the other rows in the batch.
+is therefore the same, bit for bit, alone or beside any other rows.
 
 Why per row: on a real pretrained model (SmolLM2-135M, tests/test_int8_quality.py) one scale
 for the whole input, as `quantized::linear_dynamic` uses, let outlier channels crush every
