@@ -11,9 +11,9 @@ host work (scheduler, inputs, sampler, outputs): on a GPU that is what bounds a 
     .venv/bin/python scripts/bench_step.py --size full --device cuda
     .venv/bin/python scripts/bench_step.py --size full --quantize int8 --baseline-quantize none --batches 1,8,32
 
---baseline-rev REV measures velocity at git revision REV too, with the same --quantize (a temporary worktree, this script
-run with it first on the path), in alternating rounds (ABBA), and reports per batch size the
-median ratio of the baseline's step time to this checkout's; --baseline-dir DIR does the same
+--baseline-rev REV measures velocity at git revision REV too, with the same --quantize (a
+temporary worktree, this script run with it first on the path), in alternating rounds (ABBA),
+and reports per batch size the median ratio of the baseline's step time to this checkout's; --baseline-dir DIR does the same
 with a folder holding a `velocity` package (a copy without git, e.g. on a device machine);
 --baseline-quantize Q compares this checkout with --quantize against itself with Q. The weight
 bytes a step reads and, on CPU, the bound they set (bytes / read bandwidth measured in the run)

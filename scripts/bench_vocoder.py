@@ -4,7 +4,8 @@ batch 1 and 8 for codes -> DVAE -> Vocos and for GPT hidden states -> Decoder ->
 reference's default), measured in alternating rounds (this machine's speed drifts), the
 streaming seam error against lookahead for each, and, for the default path, the seam error and
 the stream's decode time against left context (what a shorter left context would save).
-Release-size DVAE, Decoder (768-wide hidden states) and Vocos with seeded random weights. Writes docs/benchmarks/vocoder_cpu.{json,png}.
+Release-size DVAE, Decoder (768-wide hidden states) and Vocos with seeded random weights.
+Writes docs/benchmarks/vocoder_cpu.{json,png}.
 
     .venv/bin/python scripts/bench_vocoder.py
 """

@@ -22,7 +22,6 @@ import json
 import logging
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -32,7 +31,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from client.bench import bench_texts, cpu_model
 from velocity.demo.smollm import teacher_forced, write_llama_folder
-from velocity.model.int8_linear import Int8Linear, activation_bits
+from velocity.model.int8_linear import Int8Linear, activation_bits, channel_scale
 from velocity.model.packed_linear import PackedLinear, replace_linears
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,25 +40,18 @@ SHAPES = [(768, 2304), (768, 768), (768, 6144), (3072, 768)]   # the ChatTTS GPT
 
 
 def channel_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-output-channel int8: (int8 [out, in], scale [out])."""
-    s = (w.abs().amax(1) / 127).clamp_min(1e-12)
+    """Symmetric per-output-channel int8, as Int8Linear's weights: (int8 [out, in], scale [out])."""
+    s = channel_scale(w)
     return (w / s[:, None]).round().clamp(-127, 127).to(torch.int8), s
 
 
-class PerCallInt8(nn.Module):
-    """velocity's former int8: one activation scale for the whole call (fbgemm, 7 bits)."""
-
-    def __init__(self, lin: nn.Linear) -> None:
-        super().__init__()
-        w = lin.weight.detach()
-        s = (w.abs().amax(1) / 127).clamp_min(1e-12)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            qw = torch.quantize_per_channel(w, s.double(), torch.zeros_like(s, dtype=torch.long), 0, torch.qint8)
-            self.packed = torch.ops.quantized.linear_prepack(qw, lin.bias)
+class PerCallInt8(Int8Linear):
+    """velocity's former int8: Int8Linear's weights, one activation scale for the whole call
+    (`quantized::linear_dynamic`, 7 bits)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.quantized.linear_dynamic(x, self.packed, True)
+        y = torch.ops.quantized.linear_dynamic(x, self.packed, True)
+        return y if self.bias is None else y + self.bias
 
 
 class WeightOnlyInt8(nn.Module):

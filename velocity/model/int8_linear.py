@@ -42,6 +42,11 @@ def require_int8(device: torch.device, dtype: torch.dtype, what: str, setting: s
                          f"{device}: unset {setting}")
 
 
+def channel_scale(w: torch.Tensor) -> torch.Tensor:
+    """Symmetric int8 scale per output channel: max |w| / 127. w: [out, in] -> [out]"""
+    return (w.abs().amax(dim=1) / 127).clamp_min(1e-12)
+
+
 @functools.cache
 def activation_bits() -> int:
     """8 where the CPU has AVX-512 VNNI (fbgemm accumulates in 32 bits), else 7."""
@@ -63,7 +68,7 @@ class Int8Linear(nn.Module):
         levels = 2 ** (self.bits - 1) - 1                           # 127 or 63
         self.x_scale, self.x_zero = 1.0 / levels, levels + 1        # a row scaled into [-1, 1] -> quint8 [1, 2 * levels + 1]
         w = linear.weight.detach().float()                          # [out, in]
-        scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)         # [out]
+        scale = channel_scale(w)                                    # [out]
         self.bias = None if linear.bias is None else linear.bias.detach().float()
         with warnings.catch_warnings():      # torch marks quantized tensors deprecated; the op is what runs
             warnings.simplefilter("ignore")
