@@ -3,6 +3,7 @@ generate_stream, `tts_offline`, the `voices` list and the metrics port. Used by 
 (client/tts_client.py), the benchmarks and the tests."""
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import queue
@@ -33,18 +34,24 @@ def check_ready(client, model: str, where: str) -> None:
 
 
 def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True,
-                texts: list | None = None, retries: int = 0) -> Iterator[tuple[int, np.ndarray]]:
+                texts: list | None = None, retries: int = 0,
+                deadline: float | None = None) -> Iterator[tuple[int, np.ndarray]]:
     """Yield (chunk index, audio) as the `tts` ensemble streams them over one gRPC stream; with
     text refine each sentence's refined text is appended to `texts` as its first chunk comes.
+    timeout: seconds to wait for each chunk here. deadline: seconds the server may take for the
+    whole request (Triton's request timeout: past it the server stops it and answers an error).
+    Closing the iterator early (Ctrl-C, a closed pipe) cancels the stream: the server stops its
+    work on it within a second.
     retries: a request refused before its first chunk (server busy or draining) is sent again,
     up to this many times, after a pause that grows by RETRY_PAUSE each time: behind a balancer
     the next try goes to another replica (the pause gives the balancer time to see a drain)."""
     for attempt in range(retries + 1):
         started = False
         try:
-            for item in _stream_grpc(url, values, timeout, check, texts):
-                started = True
-                yield item
+            with contextlib.closing(_stream_grpc(url, values, timeout, check, texts, deadline)) as chunks:
+                for item in chunks:
+                    started = True
+                    yield item
             return
         except ServerError as e:
             if started or attempt == retries or not any(m in str(e) for m in RETRYABLE):
@@ -52,8 +59,8 @@ def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True
         time.sleep(RETRY_PAUSE * (attempt + 1))
 
 
-def _stream_grpc(url: str, values: dict, timeout: float, check: bool,
-                 texts: list | None) -> Iterator[tuple[int, np.ndarray]]:
+def _stream_grpc(url: str, values: dict, timeout: float, check: bool, texts: list | None,
+                 deadline: float | None = None) -> Iterator[tuple[int, np.ndarray]]:
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
@@ -63,7 +70,8 @@ def _stream_grpc(url: str, values: dict, timeout: float, check: bool,
     client.start_stream(callback=lambda result, error: got.put((result, error)))
     ended = False        # the server ended the request (final flag or error): nothing to cancel
     try:
-        client.async_stream_infer("tts", make_inputs(grpcclient, values), enable_empty_final_response=True)
+        client.async_stream_infer("tts", make_inputs(grpcclient, values), enable_empty_final_response=True,
+                                  timeout=None if deadline is None else max(1, round(deadline * 1e6)))
         while True:
             result, error = got.get(timeout=timeout)
             if error is not None:

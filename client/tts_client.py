@@ -4,14 +4,19 @@
     velocity-tts-client --file story.txt -o story.wav --seed 7
     velocity-tts-client "Hello." -o h.wav --http                  # HTTP generate_stream (SSE)
     velocity-tts-client "Hello." -o h.wav --offline               # tts_offline, one response
+    velocity-tts-client "Hello." -o - | aplay                      # a WAV stream to stdout, as it comes
 
 Prints time to first audio, total time, audio seconds and the real-time factor. The WAV is
 16-bit PCM (`--format float` for 32-bit float). Any failure prints one line and exits non-zero.
+Ctrl-C, or a reader of stdout that goes away (exit 141), cancels the request: the server stops
+its work on it within a second.
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import struct
 import sys
 import time
 from collections.abc import Iterator
@@ -67,12 +72,45 @@ def stall(playable: list[tuple[float, float]]) -> float:
 WAV_FORMATS = {"pcm16": "PCM_16", "float": "FLOAT"}      # --format -> soundfile subtype
 
 
+class WavStream:
+    """A WAV of unknown length written as it comes to a stream that cannot seek (stdout): its
+    header's sizes are 0xFFFFFFFF, as ffmpeg and sox write to a pipe (soundfile needs to seek)."""
+
+    def __init__(self, out, subtype: str) -> None:
+        self.out, self.subtype = out, subtype
+        bits, tag = (16, 1) if subtype == "PCM_16" else (32, 3)          # PCM or IEEE float
+        block = bits // 8
+        self.out.write(b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVEfmt "
+                       + struct.pack("<IHHIIHH", 16, tag, 1, SAMPLE_RATE, SAMPLE_RATE * block, block, bits)
+                       + b"data" + struct.pack("<I", 0xFFFFFFFF))
+
+    def write(self, audio: np.ndarray) -> None:
+        """The samples as soundfile writes them into a file (the same rounding)."""
+        import io
+
+        import soundfile as sf
+        buf = io.BytesIO()
+        sf.write(buf, audio, SAMPLE_RATE, subtype=self.subtype, format="RAW", endian="LITTLE")
+        self.out.write(buf.getvalue())
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def close(self) -> None:
+        self.flush()
+
+
+def open_wav(path: str, subtype: str):
+    """The WAV file at path, or a WavStream to stdout for "-"."""
+    import soundfile as sf
+    return WavStream(sys.stdout.buffer, subtype) if path == "-" else sf.SoundFile(path, "w", SAMPLE_RATE, 1, subtype)
+
+
 def synthesize(chunks: Iterator[tuple[int, np.ndarray]], wav_path: str | None = None,
                subtype: str = "PCM_16") -> Result:
-    """Collect chunks in index order, appending each to the WAV file as soon as it is next in line.
-    Whatever happens, the chunk source is closed (a gRPC stream stops; nothing is left running)."""
-    import soundfile as sf
-
+    """Collect chunks in index order, appending each to the WAV file ("-": stdout) as soon as it is
+    next in line. Whatever happens, the chunk source is closed (a gRPC stream is cancelled; the
+    server stops its work on it)."""
     t0 = time.perf_counter()
     res = Result(np.zeros(0, np.float32))
     pending: dict[int, np.ndarray] = {}
@@ -86,7 +124,7 @@ def synthesize(chunks: Iterator[tuple[int, np.ndarray]], wav_path: str | None = 
                 parts.append(pending.pop(len(parts)))
                 res.playable.append((res.chunk_times[-1], len(parts[-1]) / SAMPLE_RATE))
                 if wav_path:
-                    out = out or sf.SoundFile(wav_path, "w", SAMPLE_RATE, 1, subtype)
+                    out = out or open_wav(wav_path, subtype)
                     out.write(parts[-1])
                     out.flush()
     finally:
@@ -106,8 +144,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="velocity-tts-client", description=__doc__.split("\n")[0])
     ap.add_argument("text", nargs="?", help="text to speak (or --file)")
     ap.add_argument("--file", help="read the text from this UTF-8 file")
-    ap.add_argument("-o", "--out", default="out.wav", help="WAV file to write (default out.wav)")
+    ap.add_argument("-o", "--out", default="out.wav", help="WAV file to write (default out.wav; -: stdout, as it comes)")
     ap.add_argument("--url", default=None, help="server address (default localhost:8001 gRPC, localhost:8000 HTTP)")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="gRPC stream: seconds the server may take for the request (Triton's request timeout): past it "
+                         "the server stops it and the client reports the error")
     ap.add_argument("--retries", type=int, default=0,
                     help="gRPC stream: send a request refused before its first chunk (busy, draining) "
                          "again, up to this many times (behind a balancer: to another replica)")
@@ -180,6 +221,8 @@ def read_sample(path: str | None, http: bool) -> bytes | str | None:
 
 def check_out(path: str) -> None:
     """Fail before the request when the WAV cannot be written where asked."""
+    if path == "-":
+        return
     folder = Path(path).resolve().parent
     if not folder.is_dir():
         raise ValueError(f"cannot write {path}: the folder {folder} does not exist")
@@ -215,15 +258,19 @@ def main(argv: list[str] | None = None) -> int:
     url = args.url or ("localhost:8000" if args.http else "localhost:8001")
     refined: list[str] = []
     source = stream_http(url, values) if args.http else offline_grpc(url, values) if args.offline else \
-        stream_grpc(url, values, texts=refined, retries=args.retries)
+        stream_grpc(url, values, texts=refined, retries=args.retries, deadline=args.timeout)
     try:
         res = synthesize(source, args.out, WAV_FORMATS[args.format])
     except ServerError as e:
         log.error("error: %s", e)
         return 1
     except KeyboardInterrupt:
-        log.error("interrupted")
+        log.error("interrupted: the request is cancelled")
         return 130
+    except BrokenPipeError:                      # the reader of -o - went away
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())    # no second error at exit
+        log.error("stdout was closed: the request is cancelled")
+        return 141
     except Exception as e:                       # one line, never a traceback or a hang
         log.error("error: %s: %s", type(e).__name__, e)
         return 1

@@ -4,8 +4,10 @@ not; SSE events; errors in OpenAI's shape."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
+import re
 import subprocess
 import sys
 import urllib.request
@@ -126,13 +128,13 @@ def test_sse_events(gateway):
     (dict(voice="nobody"), 400, "voice", "voice 'nobody' is not a voice here; voices: amber, basil"),
     (dict(response_format="ogg"), 400, "response_format", "response_format must be one of mp3, opus"),
     (dict(speed=5.0), 400, "speed", r"speed must be a number in \[0.25, 4.0\]"),
-    (dict(model="gpt-4"), 400, "model", "model must be one of tts-1, tts-1-hd, chattts"),
+    (dict(model="gpt-4"), 400, "model", "model must be a speech model"),
+    (dict(extra_body={"timeout": 0}), 400, "timeout", r"timeout must be seconds in \(0, 3600\]"),
+    (dict(instructions=3), 400, "instructions", "instructions must be a string"),
     (dict(input="x" * 2001), 400, "input", "TEXT has 2001 characters; the limit is 2000"),
     (dict(extra_body={"temperature": -1}), 400, "temperature", "TEMPERATURE must be >= 0"),
 ])
 def test_errors_have_openais_shape(openai_client, kw, status, param, match):
-    import re
-
     import openai
     args = dict(model="tts-1", voice="amber", input="Hi.", response_format="wav") | kw
     with pytest.raises(openai.APIStatusError) as e:
@@ -142,7 +144,7 @@ def test_errors_have_openais_shape(openai_client, kw, status, param, match):
 
 
 def test_models_voices_and_health(gateway, openai_client):
-    assert {m.id for m in openai_client.models.list()} == {"tts-1", "tts-1-hd", "chattts"}
+    assert {m.id for m in openai_client.models.list()} == {"tts-1", "tts-1-hd", "gpt-4o-mini-tts", "chattts"}
     voices = json.loads(urllib.request.urlopen(gateway + "/v1/audio/voices", timeout=10).read())
     assert voices["default"] == "amber" and {"amber", "basil", "clone"} <= set(voices["voices"])
     assert urllib.request.urlopen(gateway + "/health", timeout=10).status == 200
@@ -163,30 +165,132 @@ def test_the_readmes_gateway_examples(gateway, tmp_path):
     assert decoded_seconds((tmp_path / "hello.wav").read_bytes(), "wav") > 0.1
 
 
-def test_a_client_that_hangs_up_mid_stream_frees_its_blocks(gateway, tts_server):
-    """The gateway cancels its Triton stream when the HTTP client goes; Triton 2.51 does not pass
-    a cancel through the ensemble, so the llm runs on to MAX_NEW_TOKENS (the server's 200 here)
-    and then frees everything: no block stays in use, nothing runs."""
+def disconnects(gateway: str) -> float:
+    from client.triton import fetch_metrics, parse_metric
+    return parse_metric(fetch_metrics(gateway + "/metrics"), "velocity_gateway_disconnects_total")
+
+
+@pytest.mark.parametrize("stream_format,when", [("audio", "mid-stream"), ("sse", "mid-stream"),
+                                                ("audio", "before the first chunk")])
+def test_a_client_that_hangs_up_stops_the_servers_work(gateway, tts_server, stream_format, when):
+    """The gateway cancels its Triton stream when the HTTP client goes, and the server's work on
+    it stops within 2 s (Triton 2.51 does not pass that cancel through the ensemble: the vocoder
+    sees it and tells the llm); the gateway counts the hang-up."""
     import http.client
-    assert wait_for(lambda: tts_server.metric("velocity_kv_blocks_used") == 0)
-    idle_free = tts_server.metric("velocity_kv_blocks_free")
+    import socket
+    import time
+
+    from triton_server import LONG_TEXT, assert_work_stops
+    assert wait_for(lambda: tts_server.metric("velocity_active_requests") == 0, 60)
+    before = disconnects(gateway)
     host, port = gateway.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=120)
-    conn.request("POST", "/v1/audio/speech", body=json.dumps({"model": "tts-1", "voice": "amber", "input": "A long one.",
-                                                              "response_format": "pcm", "seed": 1}),
+    conn.request("POST", "/v1/audio/speech", body=json.dumps({"model": "tts-1", "voice": "amber", "input": LONG_TEXT,
+                                                              "response_format": "pcm", "seed": 1,
+                                                              "stream_format": stream_format}),
                  headers={"Content-Type": "application/json"})
-    r = conn.getresponse()
-    assert r.status == 200 and r.read(1024)             # audio flows
-    conn.sock.close()                                    # hang up mid-stream
-    assert wait_for(lambda: tts_server.metric("velocity_kv_blocks_used") == 0 and
-                    tts_server.metric("velocity_running_sequences") == 0, timeout=120)
-    # every block back (the gauges are a snapshot 4x a second: wait for the count itself)
-    assert wait_for(lambda: tts_server.metric("velocity_kv_blocks_free") == idle_free, timeout=60), tts_server.metric("velocity_kv_blocks_free")
+    if when == "mid-stream":
+        r = conn.getresponse()
+        assert r.status == 200 and r.read1(1024)             # audio flows
+    conn.sock.shutdown(socket.SHUT_RDWR)                      # hang up
+    left = time.monotonic()
+    conn.close()
+    assert_work_stops(tts_server, left)
+    assert wait_for(lambda: disconnects(gateway) == before + 1, 5)
     again = urllib.request.urlopen(urllib.request.Request(
         gateway + "/v1/audio/speech", data=json.dumps({"model": "tts-1", "voice": "amber", "input": "Still here.",
                                                        "response_format": "pcm"}).encode(),
         headers={"Content-Type": "application/json"}), timeout=120).read()
     assert len(again) > 0
+
+
+def test_a_timeout_ends_the_request_with_504(gateway, tts_server):
+    """A deadline in the body (or X-Request-Timeout) becomes Triton's request timeout: past it
+    the server stops the request, and before the first byte the client gets 504."""
+    import time
+
+    from triton_server import LONG_TEXT, assert_work_stops
+    for extra, headers in (({"timeout": 0.01}, {}), ({}, {"X-Request-Timeout": "0.01"})):
+        body = {"model": "tts-1", "voice": "amber", "input": LONG_TEXT, "response_format": "pcm"} | extra
+        req = urllib.request.Request(gateway + "/v1/audio/speech", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"} | headers)
+        t0 = time.monotonic()
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=120)
+        assert e.value.code == 504 and json.loads(e.value.read())["error"]["param"] == "timeout"
+        assert_work_stops(tts_server, t0)
+
+
+def test_openais_own_example_runs_unchanged(gateway, tmp_path):
+    """OpenAI's text-to-speech example as their guide gives it (gpt-4o-mini-tts, voice coral,
+    free-form instructions), pointed here by the client's OPENAI_BASE_URL alone."""
+    example = """
+from pathlib import Path
+from openai import OpenAI
+
+client = OpenAI()
+speech_file_path = Path(__file__).parent / "speech.mp3"
+
+with client.audio.speech.with_streaming_response.create(
+    model="gpt-4o-mini-tts",
+    voice="coral",
+    input="Today is a wonderful day to build something people love!",
+    instructions="Speak in a cheerful and positive tone.",
+) as response:
+    response.stream_to_file(speech_file_path)
+"""
+    (tmp_path / "example.py").write_text(example)
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("OPENAI_")}
+    subprocess.run([sys.executable, "example.py"], cwd=tmp_path, check=True, timeout=120,
+                   env=env | {"OPENAI_BASE_URL": gateway + "/v1", "OPENAI_API_KEY": "unused"})
+    assert decoded_seconds((tmp_path / "speech.mp3").read_bytes(), "mp3") > 0.5
+
+
+def test_openais_voice_names_are_our_voices(openai_client):
+    """Every OpenAI voice name is taken; each is one of the built-in voices by default (alloy is
+    amber), so the same seed gives the same audio."""
+    from velocity.tts.voices import OPENAI_ALIASES
+
+    def speak(voice: str, model: str = "tts-1") -> bytes:
+        return openai_client.audio.speech.create(model=model, voice=voice, input="Which voice is this?",
+                                                 response_format="pcm", extra_body={"seed": 5}).read()
+
+    assert set(OPENAI_ALIASES) == {"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage",
+                                   "shimmer", "verse"}
+    assert_same_pcm(speak("alloy", "gpt-4o-mini-tts"), speak("amber"))
+    assert_same_pcm(speak("ash", "gpt-4o-mini-tts-2025-03-20"), speak("basil"))
+    for voice in OPENAI_ALIASES:
+        assert len(speak(voice)) > 0
+
+
+def test_a_chunked_body_over_the_limit_is_refused_while_it_is_read(gateway, tts_server):
+    """A body without Content-Length (Transfer-Encoding: chunked) is refused with 413 once it
+    passes the limit (4 MiB by default): the gateway does not hold the 40 MB a client sends. Its
+    peak resident memory grows by less than twice the limit (it holds the body up to the limit
+    while reading; holding all of it grew it by 91 MB)."""
+    import socket
+    from pathlib import Path
+
+    pid = next(p for p in tts_server.processes()
+               if b"velocity.gateway.app" in Path(f"/proc/{p}/cmdline").read_bytes())
+
+    def peak_rss() -> int:
+        return int(re.search(r"VmHWM:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())[1]) << 10
+
+    before = peak_rss()
+    host, port = gateway.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")
+        part = b"%x\r\n%s\r\n" % (1 << 20, b" " * (1 << 20))
+        with contextlib.suppress(OSError):       # the gateway may close before it all went
+            for _ in range(40):
+                sock.sendall(part)
+            sock.sendall(b"0\r\n\r\n")
+        reply = sock.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+    assert b"VELOCITY_GATEWAY_MAX_BODY_BYTES" in reply
+    assert peak_rss() - before < 2 * (4 << 20), (before, peak_rss())
 
 
 def test_api_keys_body_limit_and_cors(tmp_path):

@@ -23,8 +23,8 @@ import tritonclient.grpc as grpcclient
 
 from client.soak import BAD_LLM, call_llm
 from client.triton import ServerError, stream_grpc
-from test_tts_server import llm_inputs
-from triton_server import ROOT, alive, free_port, listening, wait_for
+
+from triton_server import ROOT, alive, free_port, listening, llm_inputs, wait_for
 from velocity.serving.protocol import STREAM_SHUTTING_DOWN, stream_error
 from velocity.serving.settings import Settings
 from velocity.demo.checkpoint import write_checkpoint

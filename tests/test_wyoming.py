@@ -9,11 +9,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from client.triton import stream_grpc
-from triton_server import ROOT, assert_same_pcm, free_port, listening, wait_for
+from triton_server import LONG_TEXT, ROOT, assert_same_pcm, assert_work_stops, free_port, listening, wait_for
 from velocity.gateway.encode import pcm16
 from velocity.gateway.wyoming_server import split_complete
 
@@ -63,7 +64,8 @@ def test_describe_lists_the_servers_voices(wyoming, tts_server):
     from wyoming.info import Describe, Info
     info = Info.from_event(talk(wyoming, Describe(), until=("info",))[0])
     listing = json.loads(urllib.request.urlopen(tts_server.gateway_url + "/v1/audio/voices", timeout=10).read())
-    assert [v.name for v in info.tts[0].voices] == listing["voices"]
+    # OpenAI's voice names are aliases for the OpenAI API: not listed to Home Assistant
+    assert [v.name for v in info.tts[0].voices] == [v["name"] for v in listing["details"] if v["kind"] != "alias"]
     assert info.tts[0].supports_synthesize_streaming
 
 
@@ -112,6 +114,59 @@ def test_an_error_is_an_error_event_and_the_connection_goes_on(wyoming):
     assert events[-1].type == "info"
     err = Error.from_event(talk(wyoming, Synthesize(text="Hi.", voice=SynthesizeVoice(name="nobody")))[0])
     assert "nobody" in err.text
+
+
+def cancelled(server) -> float:
+    return server.metric('velocity_aborted_requests_total{model="llm",reason="cancelled"}')
+
+
+def test_a_connection_that_closes_mid_speech_stops_the_work(wyoming, tts_server):
+    from wyoming.client import AsyncTcpClient
+    from wyoming.tts import Synthesize
+
+    async def leave() -> float:
+        async with AsyncTcpClient("127.0.0.1", wyoming) as c:
+            await c.write_event(Synthesize(text=LONG_TEXT).event())
+            while (e := await asyncio.wait_for(c.read_event(), 120)).type != "audio-chunk":
+                pass
+        return time.monotonic()                             # closed with audio still to come
+
+    before = cancelled(tts_server)
+    assert_work_stops(tts_server, asyncio.run(leave()))
+    assert cancelled(tts_server) == before + 1
+
+
+def test_a_new_synthesize_while_speaking_barges_in(wyoming, tts_server):
+    """The first text's audio ends (audio-stop) soon after the second synthesize, its server work
+    stops within 2 s, and the second text is spoken in full, as it would be alone."""
+    from wyoming.audio import AudioChunk
+    from wyoming.client import AsyncTcpClient
+    from wyoming.tts import Synthesize
+
+    async def barge_in() -> tuple[list, float]:
+        async with AsyncTcpClient("127.0.0.1", wyoming) as c:
+            await c.write_event(Synthesize(text=LONG_TEXT).event())
+            while (e := await asyncio.wait_for(c.read_event(), 120)).type != "audio-chunk":
+                pass
+            await c.write_event(Synthesize(text="Sorry, go on.").event())
+            at, got = time.monotonic(), []
+            while (e := await asyncio.wait_for(c.read_event(), 120)) is not None:
+                got.append(e)
+                if [x.type for x in got].count("audio-stop") == 2:
+                    break
+        return got, at
+
+    before = cancelled(tts_server)
+    events, at = asyncio.run(barge_in())
+    types = [e.type for e in events]
+    first_stop = types.index("audio-stop")
+    assert set(types[:first_stop]) <= {"audio-chunk"}, types       # the rest of the first text: cut
+    second = types[first_stop + 1:]
+    assert second[0] == "audio-start" and second[-1] == "audio-stop" and set(second[1:-1]) == {"audio-chunk"}, types
+    assert wait_for(lambda: cancelled(tts_server) == before + 1, max(0.1, at + 2 - time.monotonic()))
+    audio = b"".join(AudioChunk.from_event(e).audio for e in events[first_stop + 2:-1])
+    assert_same_pcm(audio, direct_pcm(tts_server, "Sorry, go on.", "amber"))
+    assert_work_stops(tts_server, time.monotonic())
 
 
 @pytest.mark.parametrize("text,done,rest", [

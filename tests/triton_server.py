@@ -197,3 +197,42 @@ def assert_same_pcm(got: bytes, want: bytes) -> None:
     g, w = (np.frombuffer(b, "<i2").astype(np.float32) / 32768 for b in (got, want))
     assert g.shape == w.shape and len(g) > 0, (g.shape, w.shape)
     np.testing.assert_allclose(g, w, rtol=0, atol=1e-4 * float(np.abs(w).max()) + 2 / 32768)
+
+
+LONG_TEXT = " ".join(f"This is sentence number {n} of a story that goes on for a while." for n in range(1, 9))
+
+
+def assert_work_stops(server: TritonServer, left_at: float, within: float = 2.0) -> None:
+    """A client left at `left_at` (time.monotonic()): within `within` seconds no request is active
+    and no KV block is used, and then the frames counter and the vocoder's chunks stand still
+    (the server stopped its work, not just finished it). The gauges are published four times a
+    second, so only a scrape 0.3 s or more after the leave counts."""
+    import time
+
+    def idle() -> bool:
+        m = server.metrics()
+        return parse_metric(m, "velocity_active_requests") == 0 and parse_metric(m, "velocity_kv_blocks_used") == 0
+
+    time.sleep(max(0.0, left_at + 0.3 - time.monotonic()))
+    while time.monotonic() < left_at + within and not idle():
+        time.sleep(0.05)
+    waited = time.monotonic() - left_at
+    assert idle(), f"still busy {waited:.2f} s after the client left:\n{server.log()[-3000:]}"
+    counters = ("velocity_frames_generated_total", "velocity_vocoder_chunks_total")
+    before = [server.metric(c) for c in counters]
+    time.sleep(0.6)
+    after = [server.metric(c) for c in counters]
+    assert after == before, f"work went on after the server was idle: {counters} {before} -> {after}"
+
+
+def llm_inputs(url: str, values: dict) -> list:
+    """The llm model's inputs for a TTS request, made by text_frontend (a direct llm caller's)."""
+    import tritonclient.grpc as grpcclient
+
+    from client.triton import array_inputs, make_inputs
+
+    fe = grpcclient.InferenceServerClient(url).infer("text_frontend", make_inputs(grpcclient, values))
+    names = ["TOKEN_IDS", "SENTENCE_LENGTHS", "SPEAKER_VECTOR", "PARAMS_F", "PARAMS_I"]
+    if values.get("REFINE_TEXT"):
+        names += ["REFINE_IDS", "REFINE_LENGTHS", "REFINE_PARAMS_F", "REFINE_PARAMS_I", "CODE_PREFIX"]
+    return array_inputs(grpcclient, {name: fe.as_numpy(name) for name in names})

@@ -52,6 +52,11 @@ class AsyncLLMEngine:
         self._commands.put(("abort", request_id))
         self._wake.set()
 
+    def pause(self, request_id: str, paused: bool = True) -> None:
+        """Leave the request out of the steps, keeping its KV blocks (paused=False: take it back)."""
+        self._commands.put(("pause", request_id, paused))
+        self._wake.set()
+
     async def generate(self, request_id: str, prompt: list[Token], params: SamplingParams,
                        **kwargs) -> AsyncIterator[RequestOutput]:
         """Yield the request's outputs as they are produced; leaving the loop early aborts it."""
@@ -94,6 +99,8 @@ class AsyncLLMEngine:
                     cb(RequestOutput(rid, finished=True, finish_reason="error", error=str(e)))
             elif cmd[0] == "abort":
                 self._emit(self.engine.abort(cmd[1]))
+            elif cmd[0] == "pause":
+                self.engine.pause(cmd[1], cmd[2])
             else:
                 for rid in list(self.engine.requests):
                     self._emit(self.engine.abort(rid))
@@ -125,6 +132,10 @@ class AsyncLLMEngine:
             except Exception:  # a bug in scheduling: fail everyone rather than hang them
                 logger.exception("engine loop failed; aborting all requests")
                 outputs = [self.engine.abort(r) for r in list(self.engine.requests)]
+            if not outputs:              # every request is paused: wait for a command
+                self._wake.wait()
+                self._wake.clear()
+                continue
             for out in outputs:
                 self._emit(out)
             self.steps += 1

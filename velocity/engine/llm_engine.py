@@ -48,6 +48,7 @@ class EngineStats:
     kv_blocks_free: int
     preemptions: int
     prefix_cache_hits: int
+    paused: int = 0
 
 
 class LLMEngine:
@@ -105,6 +106,11 @@ class LLMEngine:
         self.scheduler.finish(seq, "abort")
         return self._output(seq, [])
 
+    def pause(self, request_id: str, paused: bool = True) -> None:
+        """Leave a request out of the steps (it keeps its KV blocks) until paused again with False."""
+        if (seq := self.requests.get(request_id)) is not None:
+            seq.paused = paused
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -159,4 +165,5 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         s, bm = self.scheduler, self.block_manager
         return EngineStats(len(s.running), len(s.waiting), len(s.swapped), bm.num_used_blocks,
-                           bm.num_free_blocks, s.num_preemptions, bm.num_prefix_hits)
+                           bm.num_free_blocks, s.num_preemptions, bm.num_prefix_hits,
+                           sum(seq.paused for seq in list(self.requests.values())))

@@ -33,6 +33,8 @@ class Scheduler:
     """Decodes of running sequences first, then swapped-in sequences, then new prefills
     join the same step while budgets and blocks allow. When a running sequence needs a
     block and none is free, the newest running sequence is preempted (recompute or swap).
+    A paused sequence (`seq.paused`: its stream has enough audio waiting for the vocoder) is
+    left out of every step until resumed: it keeps its blocks and is never preempted.
     """
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
@@ -56,7 +58,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         # 1. running decodes, oldest first; preempt the newest when blocks run out
-        running = sorted(self.running, key=lambda s: s.arrival_time)
+        paused = [s for s in self.running if s.paused]
+        running = sorted((s for s in self.running if not s.paused), key=lambda s: s.arrival_time)
         kept: list[Sequence] = []
         while running:
             seq = running.pop(0)
@@ -71,29 +74,32 @@ class Scheduler:
         self.running = kept
         budget = self.max_num_batched_tokens - len(kept)
         # 2. swapped sequences come back before anything new (FCFS)
-        while self.swapped and len(self.running) < self.max_num_seqs and not out.preempted:
-            seq = self.swapped[0]
+        swapped = [s for s in self.swapped if not s.paused]
+        while swapped and len(self.running) < self.max_num_seqs and not out.preempted:
+            seq = swapped[0]
             if not self.bm.can_swap_in(seq) or budget < 1:
                 break
-            self.swapped.popleft()
+            self.swapped.remove(swapped.pop(0))
             out.swap_in += self.bm.swap_in(seq)
             self.bm.append_slot(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             budget -= 1
         # 3. new prefills join while budgets and blocks allow (none while others are swapped out)
-        while self.waiting and not self.swapped and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+        waiting = [s for s in self.waiting if not s.paused]
+        while waiting and not swapped and len(self.running) < self.max_num_seqs:
+            seq = waiting[0]
             hits = self.bm.prefix_hits(seq)
             new_tokens = max(len(seq) - len(hits) * self.bm.block_size, 1)
             if (new_tokens > budget and self.running) or not self.bm.can_allocate(seq, hits):
                 break
             self.bm.allocate(seq)
-            self.waiting.popleft()
+            self.waiting.remove(waiting.pop(0))
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             budget -= seq.num_new_tokens
         out.seqs = list(self.running)
+        self.running += paused
         return out
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:

@@ -44,6 +44,7 @@ class Sequence:
         self.speaker = speaker             # audio models: the speaker embedding (a tensor), or None
         self.return_hidden = return_hidden # outputs carry the hidden state that sampled each token
         self.status = SequenceStatus.WAITING
+        self.paused = False                # skipped by the scheduler (keeps its blocks) until resumed
         self.finish_reason: str | None = None
         self.block_table: list[int] = []
         self.num_computed_tokens = 0

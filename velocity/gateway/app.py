@@ -4,11 +4,18 @@ the `tts` ensemble's chunks, encoded as they arrive, one gRPC stream per request
     velocity-tts-gateway --triton localhost:8001 --port 8080
 
 Also `GET /v1/models`, `GET /v1/audio/voices` (the server's `voices` model), `GET /health`
-(200 only while Triton's `tts` is ready) and the web page at `/` (page.html). Errors have
-OpenAI's shape, {"error": {"message", "type", "param", "code"}}: 400 for what the request got
-wrong, 503 with Retry-After when the server is busy or draining, 502 when Triton cannot be reached.
+(200 only while Triton's `tts` is ready and its server is not draining) and the web page at `/`
+(page.html). Errors have OpenAI's shape, {"error": {"message", "type", "param", "code"}}: 400
+for what the request got wrong, 413 for a body over the limit (however it is sent), 503 with
+Retry-After when the server is busy or draining, 504 when the request's timeout passed, 502 when
+Triton cannot be reached.
+
+A client that hangs up (before or during its audio) cancels its Triton stream, and the server
+stops its work on it within a second (velocity.serving.stream_board); the hang-ups are counted
+(velocity_gateway_disconnects_total).
 """
 import argparse
+import asyncio
 import base64
 import contextlib
 import json
@@ -18,14 +25,21 @@ import time
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
 from velocity.gateway.encode import FORMATS, Encoder
 from velocity.gateway.upstream import ApiError, Gateway
+from velocity.tts.normalizer import CONTROL
 
 log = logging.getLogger("velocity.gateway")
-MODELS = ("tts-1", "tts-1-hd", "chattts")
+MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "chattts")   # listed; any model name with "tts" is taken
 SAMPLE_RATE = 24000                  # the release's, what `tts` streams
+TIMEOUT_HEADER = "x-request-timeout"  # seconds, as the body's "timeout"
+MAX_TIMEOUT = 3600.0
+
+
+class ClientLeft(Exception):
+    """The HTTP client hung up before its first audio."""
 
 
 def speed_prompt(speed: float) -> str:
@@ -41,9 +55,37 @@ def of_type(v, kind: type) -> bool:
     return isinstance(v, (int, float) if kind is float else kind)
 
 
-def triton_values(body: dict, voices: list[str]) -> tuple[dict, str, str]:
+def instruction_inputs(instructions: str) -> dict:
+    """OpenAI's `instructions` -> `tts` inputs. ChatTTS follows no free-form instructions: text
+    that holds only its control tokens is used ([speed_N] in the prompt, the others such as
+    [oral_2][laugh_0][break_6] as text refine's prompt, which turns text refine on); any other
+    text is ignored, as documented."""
+    if not instructions.strip() or CONTROL.sub("", instructions).strip():
+        return {}
+    tokens = CONTROL.findall(instructions)
+    speed = [t for t in tokens if t.startswith("[speed_")]
+    refine = "".join(t for t in tokens if not t.startswith("[speed_"))
+    out = {"PROMPT": speed[-1]} if speed else {}
+    return out | ({"REFINE_TEXT": True, "REFINE_PROMPT": refine} if refine else {})
+
+
+def request_timeout(body: dict, header: str | None) -> float | None:
+    """The request's deadline in seconds (the body's `timeout`, else the X-Request-Timeout header)."""
+    v = body.get("timeout", header)
+    if v is None:
+        return None
+    try:
+        t = float(v) if not isinstance(v, bool) else math.nan
+    except (TypeError, ValueError):
+        t = math.nan
+    if not 0 < t <= MAX_TIMEOUT:
+        raise ApiError(400, f"timeout must be seconds in (0, {MAX_TIMEOUT:.0f}], got {v!r}", "timeout")
+    return t
+
+
+def triton_values(body: dict, voices: dict[str, str]) -> tuple[dict, str, str]:
     """The request body -> (the `tts` inputs, response_format, stream_format); ApiError 400 naming
-    the field and its allowed values."""
+    the field and its allowed values. voices: the server's voice names -> their kind."""
     def need(name: str, kind, allowed: str):
         v = body.get(name)
         if v is None or not of_type(v, kind):
@@ -51,10 +93,12 @@ def triton_values(body: dict, voices: list[str]) -> tuple[dict, str, str]:
         return v
 
     model = need("model", str, f"one of {', '.join(MODELS)}")
-    if model not in MODELS:
-        raise ApiError(400, f"model must be one of {', '.join(MODELS)}, got {model!r}", "model")
+    if model not in MODELS and "tts" not in model.lower():
+        raise ApiError(400, f"model must be a speech model ({', '.join(MODELS)}, or any name with \"tts\"), "
+                            f"got {model!r}", "model")
     text = need("input", str, "the text to speak")
-    voice = need("voice", str, f"a voice ({', '.join(voices)}) or a speaker string")
+    own = ", ".join(n for n, kind in voices.items() if kind != "alias")
+    voice = need("voice", str, f"a voice ({own}) or a speaker string")
     fmt = body.get("response_format", "mp3")
     if fmt not in FORMATS:
         raise ApiError(400, f"response_format must be one of {', '.join(FORMATS)}, got {fmt!r}", "response_format")
@@ -65,13 +109,19 @@ def triton_values(body: dict, voices: list[str]) -> tuple[dict, str, str]:
     if not of_type(speed, float) or not 0.25 <= speed <= 4.0:
         raise ApiError(400, f"speed must be a number in [0.25, 4.0], got {speed!r}", "speed")
     values: dict = {"TEXT": text, "PROMPT": speed_prompt(float(speed))}
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise ApiError(400, f"instructions must be a string, got {instructions!r}", "instructions")
+        values |= instruction_inputs(instructions)
     if voice in voices:
         values["VOICE"] = voice
     elif len(voice) > 32:                     # a speaker string (the release's are ~300 characters)
         values["SPEAKER"] = voice
     else:
-        raise ApiError(400, f"voice {voice!r} is not a voice here; voices: {', '.join(voices)} "
-                            "(or pass a speaker string)", "voice")
+        raise ApiError(400, f"voice {voice!r} is not a voice here; voices: {own}, OpenAI's names "
+                            f"({', '.join(n for n, kind in voices.items() if kind == 'alias')}) or a speaker string",
+                       "voice")
     # our extras: (body field, tts input, type)
     for field, name, kind in (("seed", "SEED", int), ("temperature", "TEMPERATURE", float), ("top_p", "TOP_P", float),
                               ("top_k", "TOP_K", int), ("max_new_tokens", "MAX_NEW_TOKENS", int),
@@ -86,8 +136,8 @@ def triton_values(body: dict, voices: list[str]) -> tuple[dict, str, str]:
 
 
 class GatewayMetrics:
-    """The gateway's Prometheus series (its own registry): time to the first audio byte, and
-    requests by format and HTTP status."""
+    """The gateway's Prometheus series (its own registry): time to the first audio byte, requests
+    by format and HTTP status, and clients that hung up before their audio was complete."""
 
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -98,6 +148,8 @@ class GatewayMetrics:
                                     buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5, 10), registry=self.registry)
         self.requests = Counter("velocity_gateway_requests", "Speech requests, by format and HTTP status",
                                 ["format", "status"], registry=self.registry)
+        self.disconnects = Counter("velocity_gateway_disconnects", "Clients that hung up before their audio "
+                                   "was complete (their Triton stream is cancelled)", registry=self.registry)
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest
@@ -171,7 +223,6 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
 
     @app.get("/metrics")
     async def prometheus():
-        from fastapi.responses import Response
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
@@ -184,10 +235,34 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
         return {"default": listing["default"], "voices": [v["name"] for v in listing["voices"]],
                 "details": listing["voices"]}
 
+    async def read_body(request: Request) -> bytes:
+        """The body, refused with 413 as soon as it passes the limit, however it is framed
+        (Content-Length is checked by the guard; a chunked body has none)."""
+        data = bytearray()
+        async for part in request.stream():
+            data += part
+            if len(data) > limit:
+                raise ApiError(413, f"the request body is over the limit of {limit} bytes "
+                                    "(VELOCITY_GATEWAY_MAX_BODY_BYTES)")
+        return bytes(data)
+
+    async def first_chunk(request: Request, chunks):
+        """The stream's first chunk (None: it had none); ClientLeft, with the stream cancelled,
+        when the client hangs up while it waits."""
+        task = asyncio.ensure_future(anext(chunks, None))
+        while not (await asyncio.wait({task}, timeout=0.2))[0]:
+            if await request.is_disconnected():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+                await chunks.aclose()
+                raise ClientLeft
+        return task.result()
+
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
         try:
-            body = await request.json()
+            body = json.loads(await read_body(request))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ApiError(400, f"the body must be JSON ({e})") from e
         if not isinstance(body, dict):
@@ -200,29 +275,41 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
         t0 = time.perf_counter()
         try:
             values, fmt, stream_format = triton_values(body, names)
-            chunks = gw.chunks(values)
-            first = await anext(chunks, None)          # errors before the first byte are real HTTP errors
+            chunks = gw.chunks(values, request_timeout(body, request.headers.get(TIMEOUT_HEADER)))
+            first = await first_chunk(request, chunks)   # errors before the first byte are real HTTP errors
         except ApiError as e:
             metrics.requests.labels(label, str(e.status)).inc()
             raise
+        except ClientLeft:
+            metrics.disconnects.inc()
+            metrics.requests.labels(label, "499").inc()
+            return Response(status_code=499)               # nginx's "client closed request": no one reads it
         metrics.first_byte.labels(fmt).observe(time.perf_counter() - t0)
         metrics.requests.labels(fmt, "200").inc()
         enc = Encoder(fmt, SAMPLE_RATE)
 
         async def audio():
+            complete = False
             try:
                 if first is not None:
                     yield enc.push(first)
                 async for chunk in chunks:
                     yield enc.push(chunk)
                 yield enc.finish()
+                complete = True
+            except ApiError:
+                complete = True                             # the server ended it: not a hang-up
+                raise
             finally:
+                if not complete:
+                    metrics.disconnects.inc()
                 await chunks.aclose()
 
         async def sse():
-            async for data in audio():
-                if data:
-                    yield f"data: {json.dumps({'type': 'speech.audio.delta', 'audio': base64.b64encode(data).decode()})}\n\n"
+            async with contextlib.aclosing(audio()) as parts:
+                async for data in parts:
+                    if data:
+                        yield f"data: {json.dumps({'type': 'speech.audio.delta', 'audio': base64.b64encode(data).decode()})}\n\n"
             yield f"data: {json.dumps({'type': 'speech.audio.done'})}\n\n"
 
         if stream_format == "sse":

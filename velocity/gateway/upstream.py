@@ -1,6 +1,7 @@
 """The gateways' side of Triton: one `tritonclient.grpc.aio` client, a `tts` stream per request,
 and Triton's errors turned into HTTP-style statuses (ApiError) that the OpenAI API answers with
 and the Wyoming server reports."""
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -8,6 +9,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 
 RETRYABLE = ("server busy", "shutting down")
+DEADLINE = "deadline exceeded"
 log = logging.getLogger("velocity.gateway")
 
 
@@ -24,9 +26,12 @@ class ApiError(Exception):
 
 
 def triton_error(message: str) -> ApiError:
-    """A `tts` stream's error -> 503 (retry: busy, draining), 500 (our fault) or 400 (the request's)."""
+    """A `tts` stream's error -> 503 (retry: busy, draining), 504 (its timeout passed), 500 (our
+    fault) or 400 (the request's)."""
     if any(m in message for m in RETRYABLE):
         return ApiError(503, message, code="server_busy")
+    if DEADLINE in message or "Request timeout expired" in message:
+        return ApiError(504, message, "timeout", code="timeout")
     if "generation failed" in message or "internal error" in message:
         return ApiError(500, message, code="internal_error")
     param = next((f for f, n in (("input", "TEXT"), ("voice", "VOICE"), ("voice", "SPEAKER"), ("speed", "PROMPT"),
@@ -53,7 +58,7 @@ class Gateway:
         self.url = ",".join(self.urls)
         self.retries = len(self.urls) - 1 if retries is None else retries
         self._clients: dict = {}
-        self._names: list[str] | None = None
+        self._names: dict[str, str] | None = None
         self._turn = 0                              # round robin over the upstreams
 
     def client_for(self, url: str):
@@ -69,44 +74,50 @@ class Gateway:
             await c.close()
 
     async def ready(self) -> bool:
-        """Some upstream's `tts` is ready."""
+        """Some upstream's `tts` is ready and that server is not draining (its `voices` says)."""
         for url in self.urls:
             try:
-                if await self.client_for(url).is_model_ready("tts"):
+                if await self.client_for(url).is_model_ready("tts") and not (await self._listing(url))["draining"]:
                     return True
             except Exception:
                 continue
         return False
 
+    async def _listing(self, url: str) -> dict:
+        res = await self.client_for(url).infer("voices", [])
+        return json.loads(res.as_numpy("VOICES").reshape(-1)[0])
+
     async def voices(self) -> dict:
         from tritonclient.utils import InferenceServerException
         for url in self.urls:                       # the first upstream that answers
             try:
-                res = await self.client_for(url).infer("voices", [])
-                return json.loads(res.as_numpy("VOICES").reshape(-1)[0])
+                return await self._listing(url)
             except InferenceServerException as e:
                 last = e
         raise ApiError(502, f"the Triton server at {self.url} did not answer ({last.message()})") from last
 
-    async def voice_names(self, fresh: bool = False) -> list[str]:
-        """The server's voice names: asked once, and again when a request names one not among
-        them (the voices change only when the server restarts)."""
+    async def voice_names(self, fresh: bool = False) -> dict[str, str]:
+        """The server's voice names and their kinds ("speaker", "sample", "alias"): asked once, and
+        again when a request names one not among them (the voices change only when the server restarts)."""
         if fresh or self._names is None:
-            self._names = [v["name"] for v in (await self.voices())["voices"]]
+            self._names = {v["name"]: v["kind"] for v in (await self.voices())["voices"]}
         return self._names
 
-    async def chunks(self, values: dict) -> AsyncIterator[np.ndarray]:
+    async def chunks(self, values: dict, timeout: float | None = None) -> AsyncIterator[np.ndarray]:
         """The request's audio chunks in order; ApiError for an error before or during the stream.
-        Leaving early (the client hung up) cancels the Triton stream. Retryable errors before
-        the first chunk move on to the next upstream (see the class)."""
+        Leaving early (the client hung up) cancels the Triton stream, which stops the server's
+        work on it within a second. timeout: seconds the request may take, sent as Triton's
+        request timeout (the server ends it past that; a 504). Retryable errors before the first
+        chunk move on to the next upstream (see the class)."""
         start, self._turn = self._turn, self._turn + 1
         for attempt in range(self.retries + 1):
             url = self.urls[(start + attempt) % len(self.urls)]
             started = False
             try:
-                async for wav in self._stream(url, values):
-                    started = True
-                    yield wav
+                async with contextlib.aclosing(self._stream(url, values, timeout)) as stream:
+                    async for wav in stream:
+                        started = True
+                        yield wav
                 return
             except ApiError as e:
                 if started or e.status not in (502, 503) or attempt == self.retries:
@@ -114,14 +125,15 @@ class Gateway:
                 log.info("%s before the first chunk (%s): trying again on %s", url, e.message,
                          self.urls[(start + attempt + 1) % len(self.urls)])
 
-    async def _stream(self, url: str, values: dict) -> AsyncIterator[np.ndarray]:
+    async def _stream(self, url: str, values: dict, timeout: float | None = None) -> AsyncIterator[np.ndarray]:
         """One `tts` stream on one upstream, chunks in order."""
         import tritonclient.grpc.aio as grpcclient
 
         from velocity.gateway.inputs import make_inputs
 
         async def requests():
-            yield {"model_name": "tts", "inputs": make_inputs(grpcclient, values), "enable_empty_final_response": True}
+            yield {"model_name": "tts", "inputs": make_inputs(grpcclient, values), "enable_empty_final_response": True,
+                   "timeout": None if timeout is None else max(1, round(timeout * 1e6))}
 
         stream = self.client_for(url).stream_infer(requests())
         pending: dict[int, np.ndarray] = {}

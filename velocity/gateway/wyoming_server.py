@@ -8,11 +8,18 @@ synthesize-chunk..., synthesize-stop, as Home Assistant sends an LLM's reply) is
 sentence at a time as sentences complete, each as its own audio-start ... audio-stop, then
 synthesize-stopped; the plain `synthesize` that such a client sends alongside is ignored.
 A failed request is answered with an `error` event; the connection stays usable.
+
+Speech runs beside the connection's reading: a new `synthesize` (or `synthesize-start`) while one
+is still speaking is a barge-in, which stops the current one (its audio ends with audio-stop) and
+cancels its Triton stream; a connection that closes cancels what it was speaking. Either way the
+server stops that work within a second.
 """
 import argparse
 import asyncio
+import contextlib
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from functools import partial
 
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
@@ -42,40 +49,73 @@ async def describe(gw: Gateway) -> Info:
     """The Wyoming `info`: one TTS program whose voices are the server's named voices."""
     listing = await gw.voices()
     voices = [TtsVoice(name=v["name"], description=f"{v['name']} ({v.get('source', 'server')} voice)", attribution=ATTRIBUTION,
-                       installed=True, version=None, languages=["en", "zh"]) for v in listing["voices"]]
+                       installed=True, version=None, languages=["en", "zh"])
+              for v in listing["voices"] if v["kind"] != "alias"]         # OpenAI's names: for OpenAI's API
     return Info(tts=[TtsProgram(name="velocity-tts", description="Streaming ChatTTS on Triton",
                                 attribution=ATTRIBUTION, installed=True, version="0.1.0", voices=voices,
                                 supports_synthesize_streaming=True)])
 
 
 class SpeechHandler(AsyncEventHandler):
-    """One Wyoming connection: describe, synthesize, and streamed synthesize."""
+    """One Wyoming connection: describe, synthesize, and streamed synthesize. What it says goes
+    out in order from one chain of tasks (self.speech), which a barge-in or a hang-up cancels."""
 
     def __init__(self, gw: Gateway, defaults: dict, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.gw, self.defaults = gw, defaults
         self.streaming: SynthesizeStart | None = None
         self.pending = ""
+        self.speech: asyncio.Task | None = None      # the last of the queued speech, awaiting the ones before
 
     async def handle_event(self, event: Event) -> bool:
-        if Describe.is_type(event.type):
-            await self.write_event((await describe(self.gw)).event())
+        if Describe.is_type(event.type):                    # answered in turn, after what is queued
+            self.then(self.describe)
         elif Synthesize.is_type(event.type):
             if self.streaming is None:              # sent beside a stream for old servers: ignored then
+                await self.barge_in()
                 s = Synthesize.from_event(event)
-                await self.speak(s.text, s.voice)
+                self.then(partial(self.speak, s.text, s.voice))
         elif SynthesizeStart.is_type(event.type):
+            await self.barge_in()
             self.streaming, self.pending = SynthesizeStart.from_event(event), ""
         elif SynthesizeChunk.is_type(event.type) and self.streaming is not None:
             done, self.pending = split_complete(self.pending + SynthesizeChunk.from_event(event).text)
             for sentence in done:
-                await self.speak(sentence, self.streaming.voice)
+                self.then(partial(self.speak, sentence, self.streaming.voice))
         elif SynthesizeStop.is_type(event.type) and self.streaming is not None:
             if self.pending.strip():
-                await self.speak(self.pending.strip(), self.streaming.voice)
+                self.then(partial(self.speak, self.pending.strip(), self.streaming.voice))
             self.streaming, self.pending = None, ""
-            await self.write_event(SynthesizeStopped().event())
+            self.then(partial(self.write_event, SynthesizeStopped().event()))
         return True
+
+    def then(self, step: Callable[[], Awaitable[None]]) -> None:
+        """Queue a step of speech after the ones queued before it."""
+        async def after(before: asyncio.Task | None) -> None:
+            if before is not None:
+                await before                         # cancelling this task cancels that one too
+            await step()
+        self.speech = asyncio.create_task(after(self.speech))
+
+    async def describe(self) -> None:
+        await self.write_event((await describe(self.gw)).event())
+
+    async def barge_in(self) -> None:
+        """Stop whatever is being said (its Triton streams are cancelled)."""
+        if self.speech is not None and not self.speech.done():
+            log.info("barge-in: the speech under way is stopped")
+            self.speech.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.speech
+        self.speech = None
+
+    async def disconnect(self) -> None:
+        """The client closed the connection: stop speaking to no one."""
+        if self.speech is not None and not self.speech.done():
+            log.info("the client left: the speech under way is stopped")
+            self.speech.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.speech
 
     async def speak(self, text: str, voice) -> None:
         """One text -> audio-start, audio-chunk..., audio-stop; an `error` event if it fails."""
@@ -85,18 +125,24 @@ class SpeechHandler(AsyncEventHandler):
             values["SPEAKER" if len(name) > 32 else "VOICE"] = name     # a speaker string, or a voice
         started = False
         try:
-            async for chunk in self.gw.chunks(values):
-                if not started:
-                    await self.write_event(AudioStart(rate=RATE, width=WIDTH, channels=CHANNELS).event())
-                    started = True
-                await self.write_event(AudioChunk(rate=RATE, width=WIDTH, channels=CHANNELS,
-                                                  audio=pcm16(chunk)).event())
+            async with contextlib.aclosing(self.gw.chunks(values)) as chunks:
+                async for chunk in chunks:
+                    if not started:
+                        await self.write_event(AudioStart(rate=RATE, width=WIDTH, channels=CHANNELS).event())
+                        started = True
+                    await self.write_event(AudioChunk(rate=RATE, width=WIDTH, channels=CHANNELS,
+                                                      audio=pcm16(chunk)).event())
         except ApiError as e:
             log.warning("synthesize failed (%s): %s", e.status, e.message)
             await self.write_event(Error(text=e.message, code=e.code or f"http_{e.status}").event())
             if started:
                 await self.write_event(AudioStop().event())
             return
+        except asyncio.CancelledError:               # barge-in: close the audio it began
+            if started:
+                with contextlib.suppress(Exception):
+                    await self.write_event(AudioStop().event())
+            raise
         if not started:                             # nothing to say (e.g. only punctuation)
             await self.write_event(AudioStart(rate=RATE, width=WIDTH, channels=CHANNELS).event())
         await self.write_event(AudioStop().event())

@@ -26,9 +26,10 @@ SLOTS = 64                     # bytes [0, SLOTS): claimed slots; [SLOTS, 2 * SL
 log = logging.getLogger(__name__)
 
 
-def board_path(run_dir: str = "") -> Path:
+def board_path(run_dir: str = "", kind: str = "cores") -> Path:
     """The board of the Triton server this model process belongs to (its parent: the python
     backend's stubs are children of tritonserver), keyed by the server's pid and start time.
+    kind: "cores" (this module's) or "streams" (velocity.serving.stream_board).
     run_dir: serve.sh's VELOCITY_RUN_DIR, removed when serve.sh exits, so a board whose models
     never finalized (stubs killed) goes with it; without it the board lies in board_dir()."""
     ppid = os.getppid()
@@ -36,17 +37,17 @@ def board_path(run_dir: str = "") -> Path:
         started = Path(f"/proc/{ppid}/stat").read_text().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
         started = "0"
-    return (Path(run_dir) if run_dir else board_dir()) / f"velocity-cores-{ppid}-{started}"
+    return (Path(run_dir) if run_dir else board_dir()) / f"velocity-{kind}-{ppid}-{started}"
 
 
 def board_dir() -> Path:
     return Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
 
 
-def find_boards(pid: int | str = "*") -> list[Path]:
+def find_boards(pid: int | str = "*", kind: str = "cores") -> list[Path]:
     """Boards of running servers on this machine (of the tritonserver `pid`): in serve.sh's run
     folders (`$TMPDIR/velocity-serve.*`) and in board_dir()."""
-    name = f"velocity-cores-{pid}-*"
+    name = f"velocity-{kind}-{pid}-*"
     runs = Path(tempfile.gettempdir()).glob(f"velocity-serve.*/{name}")
     return sorted({*runs, *board_dir().glob(name)})
 

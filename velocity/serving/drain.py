@@ -25,6 +25,11 @@ from pathlib import Path
 log = logging.getLogger("velocity.drain")
 
 
+def draining(run_dir: str) -> bool:
+    """serve.sh has asked this server to drain (for models other than the llm: a read, no handshake)."""
+    return bool(run_dir) and (Path(run_dir) / "draining").exists()
+
+
 class Drain:
     """One model instance's side of the handshake; inert when run_dir is empty."""
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 LATENCY = [0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5, 10]
 RTF = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5]
 
-# key -> (name, description, kind, histogram buckets or None)
+# Why the llm ended a stream before its audio was complete (velocity_aborted_requests_total's `reason`)
+ABORT_REASONS = ("cancelled", "deadline", "shutdown", "failed")
+
+# key -> (name, description, kind, histogram buckets, or for a labelled counter (label, its values), or None)
 LLM = {
     "ttfa": ("velocity_time_to_first_chunk_seconds", "Request arrival to its first code chunk", "HISTOGRAM", LATENCY),
     "rtf": ("velocity_request_rtf", "Generation time / audio seconds, per request", "HISTOGRAM", RTF),
@@ -22,6 +25,11 @@ LLM = {
                      "Seconds in engine steps, with their callbacks (not the responses, which a thread sends)",
                      "COUNTER", None),
     "refused": ("velocity_refused_requests_total", "Requests refused: server busy or shutting down", "COUNTER", None),
+    "aborted": ("velocity_aborted_requests_total", "Requests ended before their audio was complete, by reason: "
+                "the client cancelled or left, its deadline passed, the server shut down, or generation failed",
+                "COUNTER", ("reason", ABORT_REASONS)),
+    "paused": ("velocity_paused_sequences", "Sequences paused: their stream has enough audio waiting for the vocoder",
+               "GAUGE", None),
 }
 VOCODER = {
     "chunks": ("velocity_vocoder_chunks_total", "Chunks decoded by the vocoder", "COUNTER", None),
@@ -29,16 +37,23 @@ VOCODER = {
     "queue": ("velocity_vocoder_queue_seconds_total", "Seconds chunks waited in the vocoder's queue", "COUNTER", None),
     "decode": ("velocity_vocoder_decode_seconds_total", "Seconds spent decoding chunks", "COUNTER", None),
     "late": ("velocity_vocoder_late_seconds_total", "Seconds chunks were decoded past their deadline", "COUNTER", None),
+    "backlog": ("velocity_vocoder_backlog_chunks", "Chunks the llm sent that wait in the vocoder's queue", "GAUGE", None),
+    "dropped": ("velocity_vocoder_dropped_chunks_total", "Chunks not decoded because their client had left",
+                "COUNTER", None),
 }
 _FAMILIES: list = []      # a MetricFamily must outlive its metrics
 
 
 def make_metrics(pb_utils, model: str, specs: dict) -> dict:
-    """One metric per spec, labelled with the model's name: {key: metric}."""
+    """One metric per spec, labelled with the model's name: {key: metric}; a labelled counter
+    gives {key: {label value: metric}}."""
     MF = pb_utils.MetricFamily
     out = {}
-    for key, (name, desc, kind, buckets) in specs.items():
-        _FAMILIES.append(MF(name=name, description=desc, kind=getattr(MF, kind)))
-        kw = {"buckets": buckets} if buckets else {}
-        out[key] = _FAMILIES[-1].Metric(labels={"model": model}, **kw)
+    for key, (name, desc, kind, extra) in specs.items():
+        _FAMILIES.append(family := MF(name=name, description=desc, kind=getattr(MF, kind)))
+        if kind == "COUNTER" and extra:
+            label, values = extra
+            out[key] = {v: family.Metric(labels={"model": model, label: v}) for v in values}
+        else:
+            out[key] = family.Metric(labels={"model": model}, **({"buckets": extra} if extra else {}))
     return out

@@ -9,6 +9,13 @@ an error, and what the vocoder reads back (and refuses, naming the input and its
     START        [1, 1] int32           frames of the stream's audio before the chunk (its deadline)
     CHUNK_INDEX  [1, 1] int32           the chunk's number in its stream, or a STREAM_* code < 0
     TEXT         [1, 1] bytes           the refined text of the sentence the chunk begins (text refine), else ""
+    STREAM       [1, 1] int64           the stream's slot on the stream board (0: none, a direct caller)
+
+A probe (CHUNK_INDEX STREAM_PROBE, LENGTH 0) carries no audio: the llm sends one while a stream
+of the `tts` ensemble has been quiet for a while (before its first chunk, between large chunks,
+while it waits for the vocoder), so that the vocoder gets a new request of that stream, which
+Triton marks cancelled once the client has left (velocity.serving.stream_board). The vocoder
+(decoupled) answers a probe with the final flag alone: the client never sees it.
 
 Inside the ensemble the llm never answers with an error response: Triton 2.51's ensemble then
 may never retire the request (it stays "in flight", the server cannot unload `tts` and stopping
@@ -29,6 +36,8 @@ STREAM_SHUTTING_DOWN = -1     # ended by the drain on stop
 STREAM_FAILED = -2            # generation failed (the llm logs why)
 STREAM_BUSY = -3              # refused: VELOCITY_MAX_CONCURRENT_REQUESTS in flight
 STREAM_DRAINING = -4          # refused: the server is stopping
+STREAM_DEADLINE = -5          # ended: the request's timeout passed
+STREAM_PROBE = -6             # not an error: a probe (see above), dropped by the vocoder
 
 NO_HIDDEN = np.zeros((1, 0, 0), np.float32)
 
@@ -42,21 +51,25 @@ def text_tensor(text: str) -> np.ndarray:
     return np.array([[text.encode()]], object)
 
 
-def chunk_outputs(c: CodeChunk) -> dict[str, np.ndarray]:
-    """The llm's response tensors for one chunk."""
+def chunk_outputs(c: CodeChunk, stream: int = 0) -> dict[str, np.ndarray]:
+    """The llm's response tensors for one chunk of the stream with board reference `stream`."""
     return {"CODES": np.asarray(c.codes, np.int32).T[None], "CONTEXT": _i32(c.context), "LENGTH": _i32(c.length),
             "CHUNK_INDEX": _i32(c.index), "LAST": _i32(int(c.last)), "START": _i32(c.start), "TEXT": text_tensor(c.text),
-            "HIDDEN": NO_HIDDEN if c.hidden is None else np.stack(c.hidden).astype(np.float32, copy=False)[None]}
+            "HIDDEN": NO_HIDDEN if c.hidden is None else np.stack(c.hidden).astype(np.float32, copy=False)[None],
+            "STREAM": np.array([[stream]], np.int64)}
 
 
-def error_outputs(code: int, num_vq: int) -> dict[str, np.ndarray]:
-    """The llm's last response of a stream that ends with a STREAM_* code."""
+def error_outputs(code: int, num_vq: int, stream: int = 0) -> dict[str, np.ndarray]:
+    """The llm's last response of a stream that ends with a STREAM_* code (or a probe: STREAM_PROBE)."""
     return {"CODES": np.zeros((1, num_vq, 1), np.int32), "CONTEXT": _i32(0), "LENGTH": _i32(0),
-            "CHUNK_INDEX": _i32(code), "LAST": _i32(0), "START": _i32(0), "HIDDEN": NO_HIDDEN, "TEXT": text_tensor("")}
+            "CHUNK_INDEX": _i32(code), "LAST": _i32(0), "START": _i32(0), "HIDDEN": NO_HIDDEN, "TEXT": text_tensor(""),
+            "STREAM": np.array([[stream]], np.int64)}
 
 
 def stream_error(code: int, settings: Settings) -> tuple[str, bool]:
     """-> (the message for a STREAM_* code, whether it is UNAVAILABLE (retry) rather than INTERNAL)."""
+    if code == STREAM_DEADLINE:
+        return "deadline exceeded: the request's timeout passed before its audio was complete", True
     if code == STREAM_SHUTTING_DOWN:
         return "server shutting down: this stream was ended before it finished; retry on another instance", True
     if code == STREAM_BUSY:
@@ -78,6 +91,7 @@ class ChunkIn:
     last: bool
     start: int                        # frames before it (0 when not sent: due at once)
     text: bytes = b""                 # TEXT (the refined text of its sentence), passed on
+    stream: int = 0                   # STREAM: its stream's reference on the stream board (0: none)
 
     @property
     def number(self) -> int:
@@ -91,7 +105,7 @@ class ChunkIn:
 
 
 def read_chunk(get) -> ChunkIn:
-    """get(name) -> np.ndarray | None: the vocoder's inputs (HIDDEN, LAST and START optional)."""
+    """get(name) -> np.ndarray | None: the vocoder's inputs (HIDDEN, LAST, START, TEXT and STREAM optional)."""
     def scalar(name: str, default: int = 0) -> int:
         v = get(name)
         return default if v is None or v.size == 0 else int(v.reshape(-1)[0])
@@ -100,7 +114,7 @@ def read_chunk(get) -> ChunkIn:
     return ChunkIn(get("CHUNK_INDEX").copy(), get("CODES").astype(np.int64),
                    None if hidden is None or hidden.size == 0 else hidden.astype(np.float32),
                    scalar("CONTEXT"), scalar("LENGTH"), bool(scalar("LAST")), scalar("START"),
-                   b"" if text is None or text.size == 0 else bytes(text.reshape(-1)[0]))
+                   b"" if text is None or text.size == 0 else bytes(text.reshape(-1)[0]), scalar("STREAM"))
 
 
 def chunk_problem(c: ChunkIn, num_vq: int, num_codes: int, hidden_size: int) -> str | None:

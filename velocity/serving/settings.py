@@ -24,6 +24,14 @@ class Settings:
     # Sentences after the one being spoken that generate at the same time (their frames held
     # until it ends): the next sentence's audio is ready when the current one's ends. 0: one by one.
     sentences_ahead: int = 2                 # VELOCITY_SENTENCES_AHEAD
+    # Audio a stream may have generated but not yet decoded (seconds; 0: no bound). A stream that
+    # has this much waiting for the vocoder pauses in the scheduler, keeping its KV blocks, and the
+    # batch goes to streams that need frames. At least one largest chunk and its lookahead.
+    backlog_seconds: float = 6.0             # VELOCITY_BACKLOG_SECONDS
+    # A stream of the tts ensemble that sent nothing for this long sends a probe, on which the
+    # vocoder learns of a client's cancel (velocity.serving.stream_board): a client that leaves
+    # is noticed within about this long plus the llm's 20 ms look at the board.
+    cancel_probe_seconds: float = 0.25       # VELOCITY_CANCEL_PROBE_SECONDS
     max_text_chars: int = 2000               # VELOCITY_MAX_TEXT_CHARS
     max_new_tokens: int = 2048               # VELOCITY_MAX_NEW_TOKENS: upper limit per request
     max_sample_seconds: float = 20.0         # VELOCITY_MAX_SAMPLE_SECONDS: the longest SPEAKER_SAMPLE
@@ -108,6 +116,14 @@ class Settings:
                             gpu_memory_utilization=self.gpu_memory_utilization, max_num_seqs=self.max_num_seqs,
                             pack_cpu_weights=bool(self.pack_cpu_weights), cpu_kernel=bool(self.cpu_kernel),
                             quantize=self.quantize)
+
+    def backlog_frames(self) -> int:
+        """VELOCITY_BACKLOG_SECONDS in frames (0: no bound), raised to one largest chunk and its
+        lookahead: below that a stream could pause before it has the frames for its next chunk."""
+        from velocity.tts.streaming import FRAMES_PER_SECOND
+        if self.backlog_seconds <= 0:
+            return 0
+        return max(round(self.backlog_seconds * FRAMES_PER_SECOND), self.schedule.largest + self.lookahead + 1)
 
     @property
     def schedule(self) -> ChunkSchedule:

@@ -2,6 +2,13 @@
 sent in order by one response thread (not the engine loop), a limit on streams in flight, the
 drain on stop, and the engine's gauges. Triton's objects stay in the adapter: this module gets a
 `send(sender, outputs or None, final)` function and each request's sender and cancel check.
+
+A stream of the `tts` ensemble also holds a slot on the stream board (velocity.serving.stream_board),
+which a monitor thread looks at every 20 ms: a cancelled stream (its client left) is aborted, a
+stream with VELOCITY_BACKLOG_SECONDS of audio waiting for the vocoder pauses in the scheduler, a
+quiet stream sends a probe, and a stream whose request timeout passed is ended. Its final flag
+waits until the vocoder has decoded all its audio, so that a client that leaves during the last
+chunks is still noticed and those chunks are not decoded.
 """
 from __future__ import annotations
 
@@ -13,20 +20,23 @@ from collections.abc import Callable
 from functools import partial
 
 from velocity.serving.drain import Drain
-from velocity.serving.protocol import (STREAM_BUSY, STREAM_DRAINING, STREAM_FAILED, STREAM_SHUTTING_DOWN,
-                                       chunk_outputs, error_outputs)
+from velocity.serving.protocol import (STREAM_BUSY, STREAM_DEADLINE, STREAM_DRAINING, STREAM_FAILED, STREAM_PROBE,
+                                       STREAM_SHUTTING_DOWN, chunk_outputs, error_outputs)
 from velocity.serving.settings import Settings
+from velocity.serving.stream_board import CANCELLED, ENDED, StreamBoard
 from velocity.tts.streaming import FRAMES_PER_SECOND, FrameChunker, Refine, SentenceStream
 
 log = logging.getLogger("velocity.llm")
 Send = Callable[[object, "dict | None", bool], None]       # (sender, outputs or None: only the flag, final)
+TICK = 0.02                    # seconds between the monitor's looks at the board
+HOLD_LIMIT = 60.0              # seconds a finished stream waits for the vocoder at most (a vocoder that died)
 
 
 class Stream:
     """One request: its sentences spoken in order with one speaker, ended exactly once."""
 
     def __init__(self, host: "Streams", sender, cancelled: Callable[[], bool], sentences: list, speaker, params,
-                 hidden: bool, refine: Refine | None = None) -> None:
+                 hidden: bool, refine: Refine | None = None, ref: int = 0, timeout: float = 0.0) -> None:
         self.host, self.sender, self.cancelled = host, sender, cancelled
         self.speaker, self.params, self.hidden = speaker, params, hidden
         s = host.settings
@@ -34,11 +44,19 @@ class Stream:
                                         refine, ahead=s.sentences_ahead)
         self.rid = f"{id(self)}"                 # in logs; its engine requests are rid-<sentence>[r]
         self.running: dict[int, str] = {}        # sentence -> its engine request in flight
+        self.paused: set[str] = set()            # engine requests paused for the vocoder
         self.done = False
         self._lock = threading.Lock()
-        self.stop_code: int | None = None       # set by another thread: end with this STREAM_* code
-        self.t0 = time.monotonic()
+        # set by another thread: end with this STREAM_* code (None: the final flag alone) for this reason
+        self.stop_code: int | None = None
+        self.stop_reason: str | None = None
+        self.ref = ref                           # its slot on the stream board (0: none, a direct caller)
+        self.t0 = self.last_sent = time.monotonic()
+        self.deadline = self.t0 + timeout if timeout > 0 else None
         self.first_chunk_at: float | None = None
+        self.sent_frames = 0                     # frames of audio in the chunks sent
+        self.unsent_frames = 0                   # generated but not yet in a chunk (held ahead, or uncut)
+        self.generated_at: float | None = None   # every frame generated (the final flag waits for the vocoder)
 
     def start_requests(self) -> None:
         """Start the sentences' engine requests that may run now (the current one and those ahead)."""
@@ -50,10 +68,17 @@ class Stream:
         for rid in list(self.running.values()):
             self.host.engine.abort(rid)
 
-    def stop(self, code: int) -> None:
-        """From any thread: end this stream with a STREAM_* error code at its next output."""
-        self.stop_code = code
+    def stop(self, code: int | None, reason: str) -> None:
+        """From any thread: end this stream at its next output, with a STREAM_* error code (None:
+        the final flag alone, for a client that left); reason: velocity.serving.metrics.ABORT_REASONS."""
+        if self.stop_reason is not None or self.done:
+            return
+        self.stop_code, self.stop_reason = code, reason
+        if self.ref:                             # the vocoder decodes none of its queued chunks
+            self.host.board.mark(self.ref, ENDED)
         self.abort_all()                         # a waiting sequence has no next output: make one
+        if not self.running or self.generated_at is not None:
+            self.end(code)                       # nothing left to abort: end it here
 
     def end(self, code: int | None = None) -> None:
         """Queue the final flag (with a STREAM_* code, on an error chunk); once, from any thread."""
@@ -61,21 +86,46 @@ class Stream:
             if self.done:
                 return
             self.done = True
+        if self.stop_reason is not None:
+            self.host.metrics["aborted"][self.stop_reason].increment(1)
         if code is not None:
-            self.host.respond(self, error_outputs(code, self.host.num_vq), final=True)
+            self.host.respond(self, error_outputs(code, self.host.num_vq, self.ref), final=True)
             return
         self.host.respond(self, None, final=True)
         if frames := self.sentences.chunker.total:
             self.host.metrics["rtf"].observe((time.monotonic() - self.t0) / (frames / FRAMES_PER_SECOND))
 
+    def probe(self) -> None:
+        """A probe to the vocoder (see velocity.serving.protocol): nothing for the client."""
+        self.last_sent = time.monotonic()
+        self.host.respond(self, error_outputs(STREAM_PROBE, self.host.num_vq, self.ref))
+
+    def pace(self, decoded: int, bound: int) -> None:
+        """Pause or resume its audio requests by the frames waiting for the vocoder: the sentence
+        being spoken by those it sent and the vocoder has not decoded yet, a sentence ahead by
+        those and every frame generated but not yet sent (from the monitor thread)."""
+        behind = self.sent_frames - decoded
+        for i, rid in list(self.running.items()):
+            if rid.endswith("r"):                # text refine: no audio
+                continue
+            want = (behind if i == self.sentences.sentence else behind + self.unsent_frames) >= bound
+            if want != (rid in self.paused):
+                self.host.engine.pause(rid, want)
+                (self.paused.add if want else self.paused.discard)(rid)
+
     def on_output(self, i: int, out) -> None:    # on the engine thread: sentence i's output
         try:
             if out.finished:
-                self.running.pop(i, None)
+                self.paused.discard(self.running.pop(i, None))
             if self.done:
                 self.abort_all()                 # an ended stream's sentences still ahead
                 return
-            if self.cancelled() or self.stop_code is not None:
+            if self.stop_reason is None:
+                if self.cancelled():
+                    self.stop(None, "cancelled")
+                elif self.deadline is not None and time.monotonic() >= self.deadline:
+                    self.stop(STREAM_DEADLINE, "deadline")     # no chunk goes out past it
+            if self.stop_reason is not None:
                 self.abort_all()
                 self.end(self.stop_code)
                 return
@@ -87,7 +137,11 @@ class Stream:
                 self.first_chunk_at = time.monotonic()
                 self.host.metrics["ttfa"].observe(self.first_chunk_at - self.t0)
             for c in chunks:
-                self.host.respond(self, chunk_outputs(c))
+                self.host.respond(self, chunk_outputs(c, self.ref))
+                self.sent_frames += c.length
+            if chunks:
+                self.last_sent = time.monotonic()
+            self.unsent_frames = self.sentences.unsent_frames()
             if not out.finished:
                 if chunks:
                     self.start_requests()        # the sentences ahead start after the first chunk
@@ -95,26 +149,34 @@ class Stream:
             if out.error:
                 log.error("request %s failed: %s", out.request_id, out.error)
                 self.abort_all()
+                self.stop_reason = "failed"
                 self.end(STREAM_FAILED)
             elif out.finish_reason == "abort" or self.sentences.done:
                 self.abort_all()
-                self.end()
+                if self.ref and out.finish_reason != "abort":
+                    self.generated_at = time.monotonic()     # the monitor ends it once all is decoded
+                else:
+                    self.end()
             else:
                 self.start_requests()
         except Exception:                        # never leave a client hanging
             log.exception("stream %s failed", self.rid)
             self.abort_all()
+            self.stop_reason = self.stop_reason or "failed"
             self.end(STREAM_FAILED)
 
 
 class Streams:
     """The streams in flight, the response thread that answers them, and the monitor thread
-    (engine gauges four times a second, serve.sh's drain request)."""
+    (the stream board every 20 ms; engine gauges and serve.sh's drain request four times a second)."""
 
-    def __init__(self, engine, settings: Settings, metrics: dict, send: Send, lender=None) -> None:
+    def __init__(self, engine, settings: Settings, metrics: dict, send: Send, lender=None,
+                 board: StreamBoard | None = None) -> None:
         self.engine, self.settings, self.metrics, self.send, self.lender = engine, settings, metrics, send, lender
+        self.board = board
         model = engine.engine.worker.model
         self.end_code, self.num_vq = model.num_audio_tokens - 1, model.num_vq
+        self.backlog_frames = settings.backlog_frames()
         self.live: dict[int, Stream] = {}
         self.drain = Drain(settings.run_dir)
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -132,9 +194,12 @@ class Streams:
         return STREAM_BUSY if limit and len(self.live) >= limit else None
 
     def start(self, sender, cancelled: Callable[[], bool], sentences: list, speaker, params, hidden: bool,
-              refine: Refine | None = None) -> None:
-        """Start a checked request; it holds a slot until its final flag is sent."""
-        stream = Stream(self, sender, cancelled, sentences, speaker, params, hidden, refine)
+              refine: Refine | None = None, in_ensemble: bool = False, timeout: float = 0.0) -> None:
+        """Start a checked request; it holds a slot until its final flag is sent. in_ensemble: the
+        `tts` ensemble's vocoder follows (the stream takes a board slot: probes, backpressure);
+        timeout: seconds it may take (0: no limit)."""
+        ref = (self.board.open() or 0) if in_ensemble and self.board is not None else 0
+        stream = Stream(self, sender, cancelled, sentences, speaker, params, hidden, refine, ref, timeout)
         self.live[id(stream)] = stream
         try:
             stream.start_requests()
@@ -158,21 +223,54 @@ class Streams:
         finally:
             if final:                            # the slot is free once the final flag is sent
                 self.live.pop(id(stream), None)
+                if stream.ref:
+                    self.board.close(stream.ref)
 
     def _respond_loop(self) -> None:
         """Send queued responses in order."""
         while (item := self.outbox.get()) is not None:
             self._send(*item)
 
+    def _look(self, stream: Stream, now: float) -> None:
+        """One stream's board slot and deadline (from the monitor thread)."""
+        if stream.done or stream.stop_reason is not None:
+            return
+        if stream.deadline is not None and now >= stream.deadline:
+            stream.stop(STREAM_DEADLINE, "deadline")
+            return
+        if not stream.ref:
+            return
+        state, decoded = self.board.read(stream.ref)
+        if state:
+            stream.stop(None if state == CANCELLED else STREAM_FAILED, "cancelled" if state == CANCELLED else "failed")
+        elif stream.generated_at is not None:
+            if decoded >= stream.sent_frames or now - stream.generated_at > HOLD_LIMIT:
+                stream.end()
+            elif now - stream.last_sent >= self.settings.cancel_probe_seconds:
+                stream.probe()
+        else:
+            if self.backlog_frames:
+                stream.pace(decoded, self.backlog_frames)
+            if now - stream.last_sent >= self.settings.cancel_probe_seconds:
+                stream.probe()
+
     def _watch(self) -> None:
         seen_preemptions = seen_lent = seen_steps = 0
-        seen_seconds = 0.0
-        while not self._stop.wait(0.25):
+        seen_seconds, next_gauges = 0.0, 0.0
+        while not self._stop.wait(TICK):
+            now = time.monotonic()
+            for stream in list(self.live.values()):
+                try:
+                    self._look(stream, now)
+                except Exception:                # one stream's fault must not stop the monitor
+                    log.exception("llm: monitor failed on stream %s", stream.rid)
+            if now < next_gauges:
+                continue
+            next_gauges = now + 0.25
             if self.drain.poll():
                 if self.drain.expired():
                     for stream in list(self.live.values()):
-                        if stream.stop_code is None:
-                            stream.stop(STREAM_SHUTTING_DOWN)
+                        stream.stop(STREAM_SHUTTING_DOWN, "shutdown")
                 if not self.live:
                     self.drain.done()
             st, m = self.engine.engine.stats(), self.metrics
@@ -180,6 +278,7 @@ class Streams:
             m["waiting"].set(st.waiting + st.swapped)
             m["kv_used"].set(st.kv_blocks_used)
             m["kv_free"].set(st.kv_blocks_free)
+            m["paused"].set(st.paused)
             m["active"].set(len(self.live))
             if st.preemptions > seen_preemptions:
                 m["preemptions"].increment(st.preemptions - seen_preemptions)
@@ -198,6 +297,8 @@ class Streams:
         self._stop.set()
         self.engine.shutdown()
         for stream in list(self.live.values()):
+            if not stream.done:
+                stream.stop_reason = stream.stop_reason or "shutdown"
             stream.end(STREAM_SHUTTING_DOWN)
         self.outbox.put(None)
         for t in self._threads:

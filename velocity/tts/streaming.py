@@ -208,6 +208,12 @@ class SentenceStream:
     def done(self) -> bool:
         return self.sentence >= len(self.sentences)
 
+    def unsent_frames(self) -> int:
+        """Frames generated but not yet in a chunk: the current sentence's not yet cut, and those
+        held for the sentences ahead."""
+        held = sum(len(frames) for outputs in self.held for frames, _, _ in outputs)
+        return len(self.chunker.frames) - self.chunker.emitted + held
+
     def feed(self, i: int, out) -> list[CodeChunk]:
         """Sentence i's engine output (velocity.engine.llm_engine.RequestOutput) -> the chunks now
         ready. A sentence that ends ("stop" or "length") lets the next one speak; a refine that

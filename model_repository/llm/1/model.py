@@ -3,7 +3,9 @@
 Parse and check each request, then hand it to velocity.serving.stream.Streams: its sentences
 are spoken in order as one stream of chunks (the tensors of velocity.serving.protocol, with the
 GPT's hidden states on the Decoder path, DECODER "hidden", the default), answered by a response
-thread, not the engine loop. Every request ends with the final flag, errors too.
+thread, not the engine loop. Every request ends with the final flag, errors too. A request of
+the tts ensemble (IN_ENSEMBLE) takes a slot on the stream board, through which the vocoder tells
+of a client's cancel and of its progress (velocity.serving.stream_board).
 """
 import json
 import logging
@@ -17,9 +19,10 @@ from velocity.serving.core_board import CoreBoard, ThreadLender, board_path
 from velocity.serving.metrics import LLM, make_metrics
 from velocity.serving.protocol import error_outputs
 from velocity.serving.llm_request import llm_inputs
-from velocity.serving.requests import decoder_input, input_reader
+from velocity.serving.requests import decoder_input, flag_input, input_reader
 from velocity.serving.settings import Settings
 from velocity.serving.stream import Streams
+from velocity.serving.stream_board import StreamBoard
 from velocity.tts.frontend import TextFrontend
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -57,9 +60,11 @@ class TritonPythonModel:
                 self.lender = ThreadLender(self.cores, own, s.threads_lent(own), torch.set_num_threads)
             self.engine = AsyncLLMEngine(s.engine_config(), before_step=self.lender)
             self.frontend = TextFrontend(s.weights)          # the tokenizer, for text refine
+            # what the vocoder tells the llm of each stream of the tts ensemble (cancel, progress)
+            self.board = StreamBoard(board_path(s.run_dir, "streams"))
         except Exception as e:
             raise pb_utils.TritonModelException(f"llm: cannot start the engine on {s.weights}: {e}") from e
-        self.streams = Streams(self.engine, s, make_metrics(pb_utils, "llm", LLM), send, self.lender)
+        self.streams = Streams(self.engine, s, make_metrics(pb_utils, "llm", LLM), send, self.lender, self.board)
 
     def execute(self, requests: list) -> None:
         for request in requests:
@@ -73,7 +78,9 @@ class TritonPythonModel:
             send(request.get_response_sender(), error_outputs(refusal, self.streams.num_vq), final=True)
             return
         try:
-            sentences, speaker, params, hidden, refine = self._parse(request)
+            get = input_reader(request, pb_utils)
+            sentences, speaker, params, hidden, refine = self._parse(get)
+            in_ensemble = flag_input(get("IN_ENSEMBLE"), "IN_ENSEMBLE")
         except ValueError as e:                  # what the caller sent
             send_failure(request.get_response_sender(), str(e), pb_utils.TritonError.INVALID_ARG)
             return
@@ -82,13 +89,13 @@ class TritonPythonModel:
             send_failure(request.get_response_sender(), f"llm: internal error ({e}); see the server log",
                          pb_utils.TritonError.INTERNAL)
             return
+        # Triton's request timeout (microseconds, 0: none): the stream ends with an error after it
         self.streams.start(request.get_response_sender(), request.is_cancelled, sentences, speaker, params, hidden,
-                           refine)
+                           refine, in_ensemble, request.timeout() / 1e6)
 
-    def _parse(self, request) -> tuple[list, object, SamplingParams, bool, object]:
+    def _parse(self, get) -> tuple[list, object, SamplingParams, bool, object]:
         """The request's sentences, speaker, sampling, whether it takes the Decoder path and its
-        text refine (or None), checked as the engine will check them."""
-        get = input_reader(request, pb_utils)
+        text refine (or None), checked as the engine will check them. get: its input reader."""
         inputs = llm_inputs(get, self.settings.max_new_tokens, self.streams.num_vq)
         sentences, spk, params = inputs.sentences, inputs.speaker, inputs.params
         engine = self.engine.engine
@@ -111,5 +118,6 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.streams.close()                 # in-flight requests end with the final flag
+        self.board.close_file(unlink=True)
         if self.cores is not None:
             self.cores.close(unlink=True)

@@ -32,4 +32,5 @@ class TritonPythonModel:
             pb_utils.Tensor("TOKEN_IDS", ids), pb_utils.Tensor("SENTENCE_LENGTHS", lengths),
             pb_utils.Tensor("SPEAKER_VECTOR", vec[None]), pb_utils.Tensor("PARAMS_F", pf),
             pb_utils.Tensor("PARAMS_I", pi), pb_utils.Tensor("DECODER", np.array([[req.decoder.encode()]], object)),
-            pb_utils.Tensor("SAMPLE_CODES", sample[None])])
+            pb_utils.Tensor("SAMPLE_CODES", sample[None]),
+            pb_utils.Tensor("IN_ENSEMBLE", np.ones((1, 1), np.bool_))])      # the llm's stream takes a board slot

@@ -8,8 +8,17 @@ execute() only queues: a decode thread takes chunks earliest deadline first
 (velocity.serving.chunk_queue), with other queued chunks of the same length up to
 VELOCITY_VOCODER_BATCH (one call for all: on a GPU it costs about what one chunk does), and
 answers each as soon as it is decoded, through the request's response sender (one response
-with the final flag: allowed in default mode since Triton 24.06). So a new stream's first chunk
-does not wait behind a batch of later chunks.
+with the final flag). So a new stream's first chunk does not wait behind a batch of later chunks.
+
+Decoupled, so that a chunk may also get no response at all, only the final flag: a probe of the
+llm (see velocity.serving.protocol), and a chunk of a stream whose client has left. A chunk
+request that Triton marks cancelled (the client left the `tts` ensemble) marks its stream on the
+stream board, where the llm sees it and aborts the stream; queued chunks of a stream that is no
+longer live are not decoded. Each decoded chunk advances its stream's decoded frames there (the
+llm's backpressure). Triton 2.51 leaves an ensemble request in flight for ever when a step
+answers with an error after data unless that error answers the llm's final response, so a chunk
+that fails to decode is not answered with its error: the stream is marked FAILED and the llm
+ends it with an error chunk (its final response), which is answered with the error.
 """
 import contextlib
 import logging
@@ -26,9 +35,10 @@ from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.serving.chunk_queue import ChunkQueue
 from velocity.serving.core_board import CoreBoard, board_path
 from velocity.serving.metrics import VOCODER, make_metrics
-from velocity.serving.protocol import ChunkIn, chunk_problem, read_chunk, stream_error
+from velocity.serving.protocol import STREAM_PROBE, ChunkIn, chunk_problem, read_chunk, stream_error
 from velocity.serving.requests import input_reader
 from velocity.serving.settings import Settings
+from velocity.serving.stream_board import CANCELLED, FAILED, StreamBoard
 from velocity.tts.streaming import AudioDecoder, default_decode_batch
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -68,6 +78,7 @@ class TritonPythonModel:
         if s.lend_vocoder_cores and dev.type == "cpu":     # tell the llm when this one decodes
             self.cores = CoreBoard(board_path(s.run_dir))
             self.cores.claim()
+        self.board = StreamBoard(board_path(s.run_dir, "streams"))
         # a chunk is due once the audio before it (START frames) has played
         self.queue = ChunkQueue(lambda start: start / self.decoder.frames_per_second)
         self.metrics = make_metrics(pb_utils, "vocoder", VOCODER)
@@ -76,11 +87,21 @@ class TritonPythonModel:
 
     def execute(self, requests: list) -> None:
         for r in requests:
+            chunk, sender = read_chunk(input_reader(r, pb_utils)), r.get_response_sender()
+            if chunk.stream and r.is_cancelled():           # the client left: tell the llm
+                self.board.mark(chunk.stream, CANCELLED)
+                self.metrics["dropped"].increment(int(chunk.number >= 0))
+                sender.send(flags=FINAL)
+                continue
+            if chunk.number == STREAM_PROBE:
+                sender.send(flags=FINAL)
+                continue
             # An error chunk (index < 0) is queued too, behind its stream's chunks: answered at once
             # it could overtake them, and one such run left the ensemble request in flight (Triton 2.51)
-            job = Job(read_chunk(input_reader(r, pb_utils)), r.get_response_sender(), time.monotonic())
-            job.error = self._refusal(job.chunk)
-            self.queue.put(-1 if job.chunk.number < 0 else job.chunk.start, job)
+            job = Job(chunk, sender, time.monotonic())
+            job.error = self._refusal(chunk)
+            self.queue.put(-1 if chunk.number < 0 else chunk.start, job)
+        self.metrics["backlog"].set(len(self.queue))
         return None
 
     def _refusal(self, c: ChunkIn):
@@ -95,15 +116,32 @@ class TritonPythonModel:
 
     def _decode_loop(self) -> None:
         while batch := self.queue.get_due(self.batch, key=same_shape):
-            jobs = [job for _, job in batch]
-            for job, response in zip(jobs, self._decode(jobs, [deadline for deadline, _ in batch])):
-                try:
-                    job.sender.send(response, flags=FINAL)
-                except Exception:                 # a broken sender must not stop the loop
-                    log.exception("vocoder: could not answer chunk %d", job.chunk.number)
+            self.metrics["backlog"].set(len(self.queue))
+            keep = []
+            for deadline, job in batch:
+                if job.error is None and self.board.ended(job.chunk.stream):     # its client left
+                    self.metrics["dropped"].increment(1)
+                    self._answer(job, None)
+                else:
+                    keep.append((deadline, job))
+            if keep:
+                jobs = [job for _, job in keep]
+                for job, response in zip(jobs, self._decode(jobs, [deadline for deadline, _ in keep])):
+                    self._answer(job, response)
+
+    def _answer(self, job: Job, response) -> None:
+        """The job's response with the final flag (None: the final flag alone)."""
+        try:
+            if response is None:
+                job.sender.send(flags=FINAL)
+            else:
+                job.sender.send(response, flags=FINAL)
+        except Exception:                         # a broken sender must not stop the loop
+            log.exception("vocoder: could not answer chunk %d", job.chunk.number)
 
     def _decode(self, jobs: list[Job], deadlines: list[float]) -> list:
-        """Responses for jobs of one shape (decoded in one call), or for one refused job."""
+        """Responses for jobs of one shape (decoded in one call), or for one refused job (None: the
+        final flag alone, for a chunk of a stream marked FAILED)."""
         if jobs[0].error is not None:
             return [jobs[0].error]
         start = time.monotonic()
@@ -116,6 +154,9 @@ class TritonPythonModel:
             if len(jobs) > 1:             # a failed batch (e.g. out of GPU memory): each chunk on its own
                 return [r for j, d in zip(jobs, deadlines) for r in self._decode([j], [d])]
             log.exception("vocoder: chunk %d failed", jobs[0].chunk.number)
+            if jobs[0].chunk.stream:      # the llm ends the stream with the error (see the top)
+                self.board.mark(jobs[0].chunk.stream, FAILED)
+                return [None]
             Err = pb_utils.TritonError
             return [pb_utils.InferenceResponse(error=Err(
                 f"vocoder failed on chunk {jobs[0].chunk.number}: {e}", Err.INTERNAL))]
@@ -126,6 +167,8 @@ class TritonPythonModel:
         m["queue"].increment(sum(start - j.queued for j in jobs))
         m["decode"].increment(done - start)
         m["late"].increment(sum(max(0.0, done - d) for d in deadlines))
+        for j in jobs:
+            self.board.decoded_to(j.chunk.stream, j.chunk.start + j.chunk.length)
         return [pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("WAVEFORM", a), pb_utils.Tensor("CHUNK_INDEX", j.chunk.index),
             pb_utils.Tensor("TEXT", np.array([[j.chunk.text]], object))]) for j, a in zip(jobs, audio)]
@@ -134,5 +177,6 @@ class TritonPythonModel:
         """Decode what is queued, then stop."""
         self.queue.close()
         self.thread.join(timeout=60)
+        self.board.close_file(unlink=True)
         if self.cores is not None:
             self.cores.close(unlink=True)     # whichever of llm and vocoder stops last finds it gone

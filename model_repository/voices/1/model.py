@@ -1,9 +1,11 @@
-"""Triton adapter: the named voices (velocity.tts.voices), listed as JSON."""
+"""Triton adapter: the named voices (velocity.tts.voices), listed as JSON, with whether the server
+drains (serve.sh's stop under way): the gateway's /health says 503 then."""
 import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from velocity.serving.drain import draining
 from velocity.serving.requests import input_reader, text_input
 from velocity.serving.settings import Settings
 from velocity.tts.speaker import load_speaker_stats, speaker_dim
@@ -12,7 +14,7 @@ from velocity.tts.voices import Voices
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        s = Settings.from_env()
+        self.settings = s = Settings.from_env()
         s.configure_logging()
         try:
             dim = speaker_dim(s.weights)
@@ -26,7 +28,7 @@ class TritonPythonModel:
     def _one(self, request):
         try:
             name = (text_input(input_reader(request, pb_utils)("NAME"), "NAME", required=False) or "").strip()
-            listing = self.voices.listing()
+            listing = self.voices.listing() | {"draining": draining(self.settings.run_dir)}
             if name:
                 self.voices.get(name)                    # ValueError listing the names
                 listing["voices"] = [v for v in listing["voices"] if v["name"] == name]

@@ -1,0 +1,121 @@
+"""The stream board: what the vocoder tells the llm about each stream, through shared memory.
+
+Triton 2.51 does not tell a running step of an ensemble (the llm) that its client cancelled:
+only the requests of later steps that start after the cancel carry it (the vocoder's next chunk
+sees `is_cancelled()`). And the llm cannot see how far behind it the vocoder is. So each stream
+the llm starts through the `tts` ensemble takes a slot on this board (a memory-mapped file, one
+per server, beside the core board), its chunks carry the slot's reference (STREAM), and the
+vocoder writes into the slot:
+
+- `state`: CANCELLED when a chunk or a probe of the stream arrives cancelled (the client left),
+  FAILED when the vocoder could not decode one of its chunks;
+- `decoded`: the frames of the stream's audio decoded so far.
+
+The llm polls the slots of its streams: it aborts a cancelled one, ends a failed one with an
+error, and pauses one that has too much audio generated but not yet decoded (the backlog bound).
+When the llm ends a stream early itself (deadline, shutdown) it marks it ENDED. The vocoder
+decodes no queued chunk of a stream that is not LIVE, even after the llm closed its slot: a
+closed slot keeps its token and state until it is reused. A reference is `token * SLOTS + slot`;
+a slot gets a new token whenever it is reused (round robin over all slots), so a late chunk of
+an ended stream never reads or writes another stream's slot. Free of torch and Triton.
+"""
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+SLOTS = 4096                  # streams at once (VELOCITY_MAX_CONCURRENT_REQUESTS is 256 by default)
+LIVE, CANCELLED, FAILED, ENDED = 0, 1, 2, 3
+
+
+class StreamBoard:
+    """Slots of live streams: the llm opens and closes them, the vocoder marks and advances them."""
+
+    def __init__(self, path: str | Path, slots: int = SLOTS) -> None:
+        self.path, self.slots = Path(path), slots
+        off_state = 8 + 4 * slots                          # [next number: int64][tokens: uint32 * slots]
+        off_decoded = -(-(off_state + 2 * slots) // 8) * 8  # [states, used: uint8 * slots][decoded: int64 * slots]
+        size = off_decoded + 8 * slots
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        with self._locked():
+            if os.fstat(self._fd).st_size < size:
+                os.ftruncate(self._fd, size)
+        self._mm = mmap.mmap(self._fd, size)
+        self._next = np.ndarray((1,), np.int64, self._mm, 0)
+        self.tokens = np.ndarray((slots,), np.uint32, self._mm, 8)
+        self.state = np.ndarray((slots,), np.uint8, self._mm, off_state)
+        self.used = np.ndarray((slots,), np.uint8, self._mm, off_state + slots)
+        self.decoded = np.ndarray((slots,), np.int64, self._mm, off_decoded)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _slot(self, ref: int) -> int | None:
+        """The slot `ref` names while its stream holds it, else None."""
+        token, slot = divmod(int(ref), self.slots)
+        return slot if ref > 0 and slot < self.slots and int(self.tokens[slot]) == token else None
+
+    # -- llm side --------------------------------------------------------------------
+    def open(self) -> int | None:
+        """A slot for a new stream: its reference (> 0), or None when every slot is taken."""
+        with self._locked():
+            n = int(self._next[0])
+            free = np.flatnonzero(self.used == 0)
+            if not len(free):
+                return None
+            slot = int(free[np.searchsorted(free, n % self.slots) % len(free)])    # round robin
+            token = n % 0xFFFFFFFF + 1
+            self._next[0] = n + 1
+            self.tokens[slot] = token
+            self.state[slot], self.decoded[slot], self.used[slot] = LIVE, 0, 1
+            return token * self.slots + slot
+
+    def close(self, ref: int) -> None:
+        """The stream ended: its slot may be reused (its state stays until then)."""
+        with self._locked():
+            if (slot := self._slot(ref)) is not None:
+                self.used[slot] = 0
+
+    def read(self, ref: int) -> tuple[int, int]:
+        """(state, frames decoded) of the stream."""
+        slot = self._slot(ref)
+        return (LIVE, 0) if slot is None else (int(self.state[slot]), int(self.decoded[slot]))
+
+    def in_use(self) -> int:
+        return int(np.count_nonzero(self.used))
+
+    def mark(self, ref: int, state: int) -> None:
+        """CANCELLED or FAILED (the vocoder: the llm ends the stream at its next look) or ENDED (the
+        llm ended it early); a stream's first mark stays."""
+        if (slot := self._slot(ref)) is not None and not self.state[slot]:
+            self.state[slot] = state
+
+    # -- vocoder side ----------------------------------------------------------------
+    def ended(self, ref: int) -> bool:
+        """The stream was cancelled or failed (its queued chunks need no decoding)."""
+        slot = self._slot(ref)
+        return slot is not None and bool(self.state[slot])
+
+    def decoded_to(self, ref: int, frame: int) -> None:
+        """The stream's audio is decoded up to `frame` (chunks come in order; max() keeps it so)."""
+        if (slot := self._slot(ref)) is not None and frame > self.decoded[slot]:
+            self.decoded[slot] = frame
+
+    def close_file(self, unlink: bool = False) -> None:
+        """Unmap; unlink: also remove the file (the llm, at finalize)."""
+        del self._next, self.tokens, self.state, self.used, self.decoded   # views of the map: before it closes
+        self._mm.close()
+        os.close(self._fd)
+        if unlink:
+            self.path.unlink(missing_ok=True)
