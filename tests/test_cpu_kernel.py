@@ -112,3 +112,37 @@ def test_without_a_compiler_the_fallback_is_a_warning_that_says_what_to_do(tmp_p
                        env={**os.environ, "CXX": "/nonexistent/g++"}, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "WARNING C++ CPU kernels unavailable" in p.stderr and "apt-get install g++" in p.stderr
+
+
+LOAD = """
+import logging, time
+import torch
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+from velocity.model import cpu_kernels
+t = time.perf_counter()
+assert cpu_kernels.kernels() is not None
+print(time.perf_counter() - t)
+"""
+
+
+@pytest.mark.parametrize("first_on_path", ["/usr/bin", "venv"])
+def test_a_new_process_loads_the_built_kernels_without_building(first_on_path):
+    """Built once (scripts/setup.sh), the kernels load in a new process from their file in well under
+    a few seconds, with no build step, whichever ninja comes first on PATH (Debian's 1.11 and the
+    venv's 1.13 rebuilt each other's builds: 40 s a start)."""
+    import os
+    import subprocess
+    import sys
+
+    from velocity.model.cpu_kernels import build_directory, kernels, module_name
+    assert kernels() is not None                              # built (by setup, or now)
+    so = Path(build_directory()) / f"{module_name()}.so"
+    built_at = so.stat().st_mtime
+    venv_bin = str(Path(sys.executable).parent)
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p not in ("/usr/bin", venv_bin)]
+    path = ["/usr/bin", venv_bin, *path] if first_on_path == "/usr/bin" else [venv_bin, "/usr/bin", *path]
+    p = subprocess.run([sys.executable, "-c", LOAD], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PATH": os.pathsep.join(path)})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert float(p.stdout.strip()) < 3.0, p.stdout
+    assert "building" not in p.stderr and so.stat().st_mtime == built_at, p.stderr

@@ -130,3 +130,33 @@ def test_the_metrics_table_is_the_metrics():
     want = [(name, kind.lower(), model) for model, specs in (("llm", LLM), ("vocoder", VOCODER))
             for name, _, kind, _ in specs.values()]
     assert sorted(rows) == sorted(want)
+
+
+# What the README's status may name as missing, and how to tell the code has it: (a path under the
+# repository, a pattern its text matches; a folder: any file in it). A status item that matches
+# no entry fails too: add one saying where the feature would live.
+FEATURES = {
+    r"named voices": ("velocity/tts/voices.py", r"class Voices\b"),
+    r"OpenAI": ("velocity/gateway/app.py", r'"/v1/audio/speech"'),
+    r"web page": ("velocity/gateway/page.html", r"<html"),
+    r"Wyoming": ("velocity/gateway/wyoming_server.py", r"class SpeechHandler\b"),
+    r"Kubernetes": ("deploy/kubernetes", r"kind: Deployment"),
+    r"first sentence's voice": ("velocity", r"def \w*carr(y|ies)\w*voice"),
+}
+
+
+def has(path: str, pattern: str) -> bool:
+    p = ROOT / path
+    files = [f for f in p.rglob("*") if f.is_file()] if p.is_dir() else [p] if p.is_file() else []
+    return any(re.search(pattern, f.read_text(errors="replace")) for f in files)
+
+
+def test_the_status_names_as_missing_only_what_the_code_lacks():
+    status = re.search(r"^> Status: (.*?)(?=\n\n)", README, re.S | re.M)[1].replace("\n> ", " ")
+    missing = [m.strip() for m in re.split(r",|\band\b", status.split("Not yet:", 1)[1]) if m.strip(" .")]
+    assert missing, status
+    for item in missing:
+        found = [k for k in FEATURES if re.search(k, item)]
+        assert found, f"the status names {item!r} as missing: say in FEATURES where the code would have it"
+        for k in found:
+            assert not has(*FEATURES[k]), f"the README's status says {item!r} is missing, but {FEATURES[k][0]} has it"

@@ -8,12 +8,17 @@ scripts/setup.sh, or on first use:
 
 The build (about 30 s) is cached inside the Python environment (sys.prefix/velocity-kernels), so
 checkouts with venvs of their own never rebuild each other's; torch's default cache is used
-where that folder is not writable.
+where that folder is not writable. A built module is named by a hash of its source, flags, torch
+version and the CPU (-march=native), and a later process imports it straight from its file: no
+build step (ninja) runs at load time, so the two ninja binaries a machine may have (Debian's on
+PATH, the venv's) can never make one process see another's build as stale and rebuild it.
 
     python -m velocity.model.cpu_kernels     # build now; exit 1 (with the reason) if it cannot
 """
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import logging
 import os
 import sys
@@ -150,23 +155,48 @@ bool built_with_openmp() {
 
 _module = None
 _tried = False
+CFLAGS = ["-O3", "-fopenmp", "-march=native"]      # -fopenmp: without it at::parallel_for runs on one thread
+FUNCTIONS = ["paged_decode", "sort_rows", "built_with_openmp"]
+
+
+def module_name() -> str:
+    """velocity_cpu_kernels_<hash of the source, flags, torch version and this CPU's model and flags>."""
+    try:
+        cpu = [ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith(("model name", "flags"))][:2]
+    except OSError:
+        cpu = []
+    key = "\n".join([SOURCE, *CFLAGS, *FUNCTIONS, torch.__version__, *cpu])
+    return "velocity_cpu_kernels_" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def load_built(name: str, folder: str | None):
+    """The module built before into folder (name.so), imported from its file; None if there is none."""
+    path = Path(folder or "") / f"{name}.so"
+    if not folder or not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def kernels():
     """The compiled module (functions paged_decode and sort_rows), or None where it cannot be
-    built (EngineConfig.cpu_kernel=False, in serving VELOCITY_CPU_KERNEL=0, does without it)."""
+    built (EngineConfig.cpu_kernel=False, in serving VELOCITY_CPU_KERNEL=0, does without it).
+    Imported from the file an earlier build left (scripts/setup.sh builds it), else built now."""
     global _module, _tried
     if _tried:
         return _module
     _tried = True
+    name, folder = module_name(), build_directory()
     try:
-        from torch.utils.cpp_extension import load_inline
+        _module = load_built(name, folder)
+        if _module is None:
+            from torch.utils.cpp_extension import load_inline
 
-        _module = load_inline(name="velocity_cpu_kernels_v3", cpp_sources=SOURCE,
-                              functions=["paged_decode", "sort_rows", "built_with_openmp"],
-                              # -fopenmp: without it at::parallel_for runs on one thread
-                              extra_cflags=["-O3", "-fopenmp", "-march=native"], extra_ldflags=["-fopenmp"], verbose=False,
-                              build_directory=build_directory())
+            logger.info("building the C++ CPU kernels (about 30 s, once)")
+            _module = load_inline(name=name, cpp_sources=SOURCE, functions=FUNCTIONS, extra_cflags=CFLAGS,
+                                  extra_ldflags=["-fopenmp"], verbose=False, build_directory=folder)
         logger.info("using the C++ CPU kernels (paged decode attention, the sampler's sort)")
     except Exception as e:   # no compiler or ninja: the torch and numpy paths serve
         logger.warning("C++ CPU kernels unavailable, using the slower torch paths: %s "
