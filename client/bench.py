@@ -137,12 +137,15 @@ def run_level(url: str, texts: list[str], concurrency: int, n_requests: int, val
               metrics_url: str = "") -> dict:
     """n_requests over `concurrency` worker threads, each request its own gRPC stream."""
     results, errors, lock = [], [], threading.Lock()
+    later: list[float] = []      # first audio of the requests that arrived while others were mid-stream
 
     def one(i: int) -> None:
         try:
             r = synthesize(stream_grpc(url, {**values, "TEXT": texts[i % len(texts)], "SEED": i}, check=False))
             with lock:
                 results.append(r)
+                if i >= concurrency and r.first_audio is not None:
+                    later.append(r.first_audio)
         except (ServerError, Exception) as e:    # count it, keep the sweep going
             with lock:
                 errors.append(str(e)[:300])
@@ -157,6 +160,8 @@ def run_level(url: str, texts: list[str], concurrency: int, n_requests: int, val
         "concurrency": concurrency, "requests": n_requests, "errors": len(errors), "error_samples": errors[:3],
         "wall_s": wall, "audio_s": audio, "audio_s_per_s": audio / wall,
         "first_audio_s": summary([r.first_audio for r in results if r.first_audio is not None]),
+        "first_audio_samples": [r.first_audio for r in results if r.first_audio is not None],
+        "first_audio_later_samples": later,
         "second_chunk_s": summary([r.chunk_times[1] for r in results if len(r.chunk_times) > 1]),
         "total_s": summary([r.total for r in results]),
         "rtf": summary([r.rtf for r in results if r.seconds]),

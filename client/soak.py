@@ -108,17 +108,22 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def tree_rss(pid: int) -> int:
-    """Resident bytes of pid and all its descendants (the server and its python stubs)."""
+def rss_bytes(pids: list[int], field: str = "VmRSS") -> int:
+    """Summed resident bytes of the processes (field "VmHWM": each one's peak)."""
     total = 0
-    for p in [pid, *descendants(pid)]:
+    for p in pids:
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     total += int(line.split()[1]) * 1024
         except OSError:
             pass
     return total
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of pid and all its descendants (the server and its python stubs)."""
+    return rss_bytes([pid, *descendants(pid)])
 
 
 def one(url: str, r: random.Random, max_new: int, stats: Counter, problems: list, texts: list[str]) -> None:

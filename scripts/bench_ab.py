@@ -14,9 +14,16 @@ velocity.serving.core_board), `other` (a second server, --other-url: another bui
 settings, e.g. VELOCITY_RESPONSE_THREAD=0), `triton-refine` (the same server, the requests with
 REFINE_TEXT: the text head refines each sentence first) and `in-process` (the same requests through velocity
 and the decoder in this process, no Triton; needs --weights). Server arms also report the
-engine's mean step time (velocity_engine_step_seconds_total / _steps_total). `arm@c` runs that arm at concurrency c instead of
+engine's mean step time (velocity_engine_step_seconds_total / _steps_total), the llm->vocoder
+backlog (velocity_vocoder_backlog_chunks, sampled every 0.1 s: max and mean) and, for a server
+on this machine, its vocoder's peak resident memory. First audio is also pooled over all rounds
+(p50/p99), and separately over the requests that arrived while others were mid-stream (each
+round's requests after the first --concurrency). `arm@c` runs that arm at concurrency c instead of
 --concurrency, so `triton@1,triton@32` is the throughput ratio of 32 streams to one. Writes JSON
-and a PNG.
+and a PNG. A backpressure A/B: a second server with VELOCITY_BACKLOG_SECONDS=0 as `other`:
+
+    .venv/bin/python scripts/bench_ab.py --arms other,triton --other-url localhost:9001 --concurrency 8 \
+        --requests 24 --sentences 3 --out docs/benchmarks/backpressure/tiny_c8
 """
 from __future__ import annotations
 
@@ -24,15 +31,18 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from client.bench import ROOT, InProcess, bench_texts, metrics_url_of, run_level  # noqa: E402
+from client.bench import ROOT, InProcess, bench_texts, metrics_url_of, pct, run_level  # noqa: E402
+from client.soak import descendants, rss_bytes  # noqa: E402
 from client.triton import fetch_metrics, parse_metric  # noqa: E402
 from velocity.serving.core_board import CoreBoard, find_boards  # noqa: E402
 
@@ -47,6 +57,48 @@ def engine_counters(metrics_url: str) -> tuple[float, float] | None:
         return parse_metric(text, "velocity_engine_steps_total"), parse_metric(text, "velocity_engine_step_seconds_total")
     except (OSError, KeyError):
         return None
+
+
+class GaugeWatch:
+    """A server gauge sampled every 0.1 s while the block runs: .max and .mean (None without it)."""
+
+    def __init__(self, metrics_url: str, name: str) -> None:
+        self.url, self.name, self.samples = metrics_url, name, []
+        self._stop = threading.Event()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            with contextlib.suppress(OSError, KeyError):
+                self.samples.append(parse_metric(fetch_metrics(self.url), self.name))
+
+    def __enter__(self) -> "GaugeWatch":
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def result(self) -> dict:
+        return {"max": max(self.samples), "mean": statistics.fmean(self.samples)} if self.samples else {}
+
+
+def vocoder_peak_rss_mib(grpc_url: str) -> float | None:
+    """The peak resident memory of the vocoder of the tritonserver on this machine that serves
+    grpc_url's port (None if there is none here)."""
+    port = grpc_url.rsplit(":", 1)[1]
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            args = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if args and args[0].endswith(b"tritonserver") and f"--grpc-port={port}".encode() in args:
+            for child in descendants(int(d)):
+                with contextlib.suppress(OSError):
+                    if b"vocoder/1/model.py" in Path(f"/proc/{child}/cmdline").read_bytes():
+                        return rss_bytes([child], "VmHWM") / 2**20
+    return None
 
 
 def server_board(path: str | None) -> CoreBoard:
@@ -115,8 +167,9 @@ def main() -> None:
         before = engine_counters(murl)
         refine = {"REFINE_TEXT": True, "REFINE_MAX_NEW_TOKENS": args.refine_max_new_tokens} \
             if kind[arm] == "triton-refine" else {}
-        with hold:
+        with hold, GaugeWatch(murl, "velocity_vocoder_backlog_chunks") as backlog:
             out = run_level(url, texts, conc[arm], n[arm], values | refine, bar, murl)
+        out["vocoder_backlog_chunks"] = backlog.result()
         time.sleep(0.6)                                                 # the llm exports its counters 4x a second
         after = engine_counters(murl)
         if before and after and after[0] > before[0]:
@@ -142,6 +195,15 @@ def main() -> None:
                "errors": sum(x.get("errors", 0) for x in lv)}
         if all("engine_step_ms" in x for x in lv):
             out["engine_step_ms"] = statistics.mean(x["engine_step_ms"] for x in lv)
+        for key in ("first_audio_samples", "first_audio_later_samples"):
+            xs = [v for x in lv for v in x.get(key, [])]
+            out[key.replace("_samples", "")] = {"p50": pct(xs, 50), "p99": pct(xs, 99), "n": len(xs)}
+        backlog = [x["vocoder_backlog_chunks"] for x in lv if x.get("vocoder_backlog_chunks")]
+        if backlog:
+            out["vocoder_backlog_chunks"] = {"max": max(b["max"] for b in backlog),
+                                             "mean": statistics.fmean(b["mean"] for b in backlog)}
+        if kind[arm] != "in-process":
+            out["vocoder_peak_rss_mib"] = vocoder_peak_rss_mib(urls.get(kind[arm], (args.url,))[0])
         return out
 
     base = arms[0]

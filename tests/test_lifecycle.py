@@ -31,12 +31,11 @@ from velocity.demo.checkpoint import write_checkpoint
 
 pytestmark = pytest.mark.server
 DRAIN = 20
-# after the drain: the vocoder's backlog of chunks the llm already sent, then unloading. Nothing
-# holds the llm back to the vocoder's pace yet, and the tiny llm outruns the release-size vocoder
-# by far: its backlog grows with every step the llm gets faster (30 s was too few for the long
-# stream on a loaded CI machine after the 2026-11-24 kernel fixes). A full-size llm on CPU runs
-# slower than real time and leaves no backlog to speak of.
-EXIT = 60
+# after the drain: unloading (Triton's default). The vocoder's backlog no longer outlasts the
+# drain: the llm pauses a stream with VELOCITY_BACKLOG_SECONDS of audio waiting for the vocoder,
+# a stream ended by the drain has its queued chunks dropped, and a finished one sends its final
+# flag only once its audio is decoded (60 s were needed when the tiny llm ran unbounded ahead).
+EXIT = 30
 LONG = {"TEXT": "This sentence goes on. " * 40, "MAX_NEW_TOKENS": 2000, "REPETITION_PENALTY": 1.0}
 
 
@@ -65,6 +64,16 @@ class Listener(threading.Thread):
         self.first.set()
 
 
+def gateway_health(s) -> int:
+    """The status of the gateway's GET /health."""
+    import urllib.error
+    import urllib.request
+    try:
+        return urllib.request.urlopen(s.gateway_url + "/health", timeout=5).status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
 def refusal(url: str, text: str = "Am I let in?") -> str | None:
     try:
         list(stream_grpc(url, {"TEXT": text, "MAX_NEW_TOKENS": 20, "SEED": 1}, timeout=120))
@@ -75,12 +84,9 @@ def refusal(url: str, text: str = "Am I let in?") -> str | None:
 
 def test_request_limit_then_drain_on_stop(start_triton, tmp_path):
     ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
-    # one sentence at a time: the tiny llm outruns the release-size vocoder by far, and sentences
-    # generated ahead would grow the vocoder's backlog past EXIT (what it must decode after the drain)
     s = start_triton(ROOT / "model_repository", env={
         "VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_MAX_CONCURRENT_REQUESTS": "2", "VELOCITY_MAX_TEXT_CHARS": "5000",
-        "VELOCITY_SENTENCES_AHEAD": "0", "DRAIN_TIMEOUT": str(DRAIN),
-        "EXIT_TIMEOUT": str(EXIT)})
+        "DRAIN_TIMEOUT": str(DRAIN), "EXIT_TIMEOUT": str(EXIT)})
 
     # malformed direct llm calls are refused, name the input, and give their slot back: with
     # the limit at 2 they used to lock every later request out ("server busy")
@@ -121,13 +127,16 @@ def test_request_limit_then_drain_on_stop(start_triton, tmp_path):
     assert medium.first.wait(120) and medium.outcome is None, medium.outcome
     pids = s.processes()
     assert s.health("ready", port=s.health_port)
+    assert gateway_health(s) == 200
     t_stop = time.monotonic()
     s.proc.send_signal(signal.SIGTERM)
 
     # draining: new requests are refused (one sent before the llm sees the drain may get in);
-    # Triton still says ready, serve.sh's health port says not ready (what balancers probe)
+    # Triton still says ready, serve.sh's health port says not ready (what balancers probe), and
+    # so does the gateway's /health (it asks the server's `voices` model, which sees the drain)
     assert wait_for(lambda: "[serve] draining" in s.log(), timeout=10), s.log()
     assert not s.health("ready", port=s.health_port) and s.health("ready")
+    assert wait_for(lambda: gateway_health(s) == 503, timeout=5)
     deadline = time.monotonic() + 10
     while (msg := refusal(s.grpc_url)) is None or "new requests are refused" not in msg:
         assert time.monotonic() < deadline, f"still admitting new requests while draining: {msg}"

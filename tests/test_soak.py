@@ -4,6 +4,7 @@ resident memory back within the stated margin, every good request's audio comple
 vocoder batches chunks on this server (VELOCITY_VOCODER_BATCH=4, the GPU's default is 32)."""
 from __future__ import annotations
 
+import re
 import threading
 
 import numpy as np
@@ -42,41 +43,56 @@ def vocoder_inputs(codes: np.ndarray, context: int, length: int, index: int) -> 
 def test_vocoder_batches_queued_chunks_and_refuses_bad_codes(server):
     """Chunks queued behind a long one are decoded in one call (fewer calls than chunks) and each
     gets its own audio (within float32 rounding of a batched convolution: 1e-4 of the peak, as
-    tests/test_streaming.py); bad codes are refused with INVALID_ARG naming the range, alone."""
-    g = grpcclient.InferenceServerClient(server.grpc_url)
+    tests/test_streaming.py); bad codes are refused with INVALID_ARG naming the range, alone.
+    The vocoder is decoupled (it answers a probe with nothing): a direct caller streams."""
     rng = np.random.default_rng(0)
     chunks = [rng.integers(0, 625, (4, 24)) for _ in range(4)]
     chunks_before, calls_before = (server.metric(f"velocity_vocoder_{m}_total") for m in ("chunks", "calls"))
     got, lock = {}, threading.Lock()
 
-    def keep(name):
-        def done(result, error):
-            with lock:
-                got[name] = (result, error)
-        return done
+    def keep(result, error):
+        with lock:
+            got[len(got)] = (result, error)
 
-    g.async_infer("vocoder", vocoder_inputs(rng.integers(0, 625, (4, 600)), 0, 600, 0), keep("long"))
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    g.start_stream(callback=keep)
+    g.async_stream_infer("vocoder", vocoder_inputs(rng.integers(0, 625, (4, 600)), 0, 600, 0))
     for i, c in enumerate(chunks):                     # queued while the long chunk decodes
-        g.async_infer("vocoder", vocoder_inputs(c, 4, 16, i + 1), keep(i))
+        g.async_stream_infer("vocoder", vocoder_inputs(c, 4, 16, i + 1))
     assert wait_for(lambda: len(got) == 5, 300), got
+    g.stop_stream()
     assert all(err is None for _, err in got.values()), got
+    by_index = {int(r.as_numpy("CHUNK_INDEX").reshape(-1)[0]): r for r, _ in got.values()}
     assert server.metric("velocity_vocoder_chunks_total") - chunks_before == 5
     assert server.metric("velocity_vocoder_calls_total") - calls_before < 5
     for i, c in enumerate(chunks):
-        alone = g.infer("vocoder", vocoder_inputs(c, 4, 16, i + 1)).as_numpy("WAVEFORM")
-        batched = got[i][0].as_numpy("WAVEFORM")
-        assert batched.shape == alone.shape == (1, 16 * 512)
-        np.testing.assert_allclose(batched, alone, rtol=0, atol=1e-4 * np.abs(alone).max())
-        assert got[i][0].as_numpy("CHUNK_INDEX").reshape(-1)[0] == i + 1
+        alone, error = vocoder_once(server, vocoder_inputs(c, 4, 16, i + 1))
+        batched = by_index[i + 1].as_numpy("WAVEFORM")
+        assert error is None and batched.shape == alone.as_numpy("WAVEFORM").shape == (1, 16 * 512)
+        np.testing.assert_allclose(batched, alone.as_numpy("WAVEFORM"), rtol=0,
+                                   atol=1e-4 * np.abs(alone.as_numpy("WAVEFORM")).max())
     bad = chunks[0].copy()
     bad[2, 5] = 625
     for codes, match in [(bad, r"CODES must hold codes in \[0, 625\), got values in \[\d+, 625\]"),
                          (chunks[0][:3], r"CODES must be \[1, 4, frames\], got \[1, 3, 24\]"),
                          (chunks[0], "does not hold CONTEXT=20 \\+ LENGTH=16 frames")]:
-        with pytest.raises(InferenceServerException, match=match) as e:
-            g.infer("vocoder", vocoder_inputs(codes, 20 if codes is chunks[0] else 4, 16, 1))
-        assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
-    assert g.infer("vocoder", vocoder_inputs(chunks[1], 4, 16, 2)).as_numpy("WAVEFORM").shape == (1, 16 * 512)
+        _, error = vocoder_once(server, vocoder_inputs(codes, 20 if codes is chunks[0] else 4, 16, 1))
+        assert isinstance(error, InferenceServerException) and re.search(match, error.message()), error
+    result, error = vocoder_once(server, vocoder_inputs(chunks[1], 4, 16, 2))
+    assert error is None and result.as_numpy("WAVEFORM").shape == (1, 16 * 512)
+
+
+def vocoder_once(server, inputs: list):
+    """One chunk on a gRPC stream of its own: (result, error)."""
+    import queue
+    q: queue.Queue = queue.Queue()
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    g.start_stream(callback=lambda result, error: q.put((result, error)))
+    try:
+        g.async_stream_infer("vocoder", inputs)
+        return q.get(timeout=120)
+    finally:
+        g.stop_stream()
 
 
 def test_soak(server):

@@ -119,11 +119,12 @@ class Voices:
             for name in voices:                        # a voice of the file wins over a default alias
                 self.aliases.pop(name, None)
             self.voices |= voices
+            for name in aliases:
+                self.voices.pop(name, None)
+            self.aliases |= aliases
             for name, target in aliases.items():
                 if target not in self.voices and target not in self.aliases:
                     raise ValueError(f"{f}: voice {name!r} is an alias of {target!r}, which is not a voice here")
-                self.voices.pop(name, None)
-                self.aliases[name] = target
         for name in self.aliases:
             self.resolve(name)                         # no alias that leads nowhere or in a circle
         if default and default not in self.voices and default not in self.aliases:

@@ -1,0 +1,148 @@
+"""What hang-ups cost a running server: N clients of the OpenAI API start streaming, each reads its
+first audio and hangs up; then the seconds until the server is idle (no request active, no KV
+block used: the llm's gauges) and the first audio of a new request sent right after the hang-ups,
+against one sent to the idle server before them. In rounds; writes JSON and a PNG.
+
+    .venv/bin/python scripts/bench_hangup.py --gateway http://localhost:8080 \\
+        --metrics http://localhost:8002/metrics --clients 12 --rounds 4 --out docs/benchmarks/hangup/tiny
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import logging
+import socket
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from client.bench import ROOT, bench_texts, cpu_model  # noqa: E402
+from client.triton import fetch_metrics, parse_metric  # noqa: E402
+
+log = logging.getLogger("bench_hangup")
+
+
+def speech(gateway: str, text: str, seed: int) -> http.client.HTTPConnection:
+    """A streaming /v1/audio/speech request, sent (the response not read yet)."""
+    u = urlparse(gateway)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
+    conn.request("POST", "/v1/audio/speech", json.dumps({"model": "tts-1", "voice": "amber", "input": text,
+                                                         "response_format": "pcm", "seed": seed}),
+                 {"Content-Type": "application/json"})
+    return conn
+
+
+def first_audio(gateway: str, text: str, seed: int, hang_up: bool = True) -> float:
+    """Seconds from sending to the first audio bytes; then hang up (or read it all)."""
+    t0 = time.perf_counter()
+    conn = speech(gateway, text, seed)
+    r = conn.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
+    r.read1(1)
+    took = time.perf_counter() - t0
+    if hang_up:
+        conn.sock.shutdown(socket.SHUT_RDWR)
+    else:
+        r.read()
+    conn.close()
+    return took
+
+
+def idle(metrics: str) -> bool:
+    m = fetch_metrics(metrics)
+    return parse_metric(m, "velocity_active_requests") == 0 and parse_metric(m, "velocity_kv_blocks_used") == 0
+
+
+def wait_idle(metrics: str, limit: float) -> float:
+    t0 = time.perf_counter()
+    time.sleep(0.3)                    # the gauges are published four times a second
+    while not idle(metrics):
+        if time.perf_counter() - t0 > limit:
+            return float("inf")
+        time.sleep(0.05)
+    return time.perf_counter() - t0
+
+
+def one_round(args, texts: list[str], r: int) -> dict:
+    wait_idle(args.metrics, 300)
+    before = first_audio(args.gateway, texts[0], 1000 + r, hang_up=False)
+    wait_idle(args.metrics, 300)
+    frames0 = parse_metric(fetch_metrics(args.metrics), "velocity_frames_generated_total")
+    times: list[float] = []
+    threads = [threading.Thread(target=lambda i=i: times.append(first_audio(args.gateway, texts[i % len(texts)], i)))
+               for i in range(args.clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    left = time.perf_counter()
+    probe: dict = {}
+    prober = threading.Thread(target=lambda: probe.setdefault("s", first_audio(args.gateway, texts[0], 2000 + r,
+                                                                               hang_up=False)))
+    prober.start()                     # a new request right after the hang-ups
+    idle_s = wait_idle(args.metrics, 300)
+    prober.join()
+    wait_idle(args.metrics, 300)
+    frames = parse_metric(fetch_metrics(args.metrics), "velocity_frames_generated_total") - frames0
+    return {"first_audio_before_s": before, "first_audio_right_after_s": probe["s"], "idle_after_s": idle_s,
+            "hung_up_clients_first_audio_s": statistics.median(times), "frames_generated": frames,
+            "since_left_s": time.perf_counter() - left}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gateway", default="http://localhost:8080")
+    ap.add_argument("--metrics", default="http://localhost:8002/metrics")
+    ap.add_argument("--clients", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--sentences", type=int, default=4, help="sentences per request (long requests: work to stop)")
+    ap.add_argument("--label", default="", help="what the server is (in the plot and JSON)")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "hangup" / "hangup"))
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    base = bench_texts()
+    texts = [" ".join(base[(i + k) % len(base)] for k in range(args.sentences)) for i in range(len(base))]
+    rounds = []
+    for r in range(args.rounds):
+        rounds.append(one_round(args, texts, r))
+        log.info("round %d: %s", r + 1, json.dumps({k: round(v, 3) for k, v in rounds[-1].items()}))
+    med = {k: statistics.median(rd[k] for rd in rounds) for k in rounds[0]}
+    res = {"clients": args.clients, "sentences": args.sentences, "label": args.label, "cpu": cpu_model(),
+           "median": med, "rounds": rounds}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=2))
+    plot(res, out.with_suffix(".png"))
+    log.info("median %s; wrote %s and .png", json.dumps(med), out.with_suffix(".json"))
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    n = range(1, len(res["rounds"]) + 1)
+    a.plot(n, [rd["idle_after_s"] for rd in res["rounds"]], "o-")
+    a.set(xlabel="round", ylabel="seconds", ylim=(0, None),
+          title=f"{res['clients']} clients hang up: until the server is idle")
+    for key, label in (("first_audio_before_s", "before the hang-ups"), ("first_audio_right_after_s", "right after")):
+        b.plot(n, [rd[key] for rd in res["rounds"]], "o-", label=label)
+    b.set(xlabel="round", ylabel="seconds", ylim=(0, None), title="a new request's first audio")
+    b.legend()
+    for ax in (a, b):
+        ax.set_xticks(list(n))
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{res['label']} ({res['cpu']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
