@@ -15,8 +15,8 @@ settings, e.g. VELOCITY_RESPONSE_THREAD=0), `triton-refine` (the same server, th
 REFINE_TEXT: the text head refines each sentence first) and `in-process` (the same requests through velocity
 and the decoder in this process, no Triton; needs --weights). Server arms also report the
 engine's mean step time (velocity_engine_step_seconds_total / _steps_total), the llm->vocoder
-backlog (velocity_vocoder_backlog_chunks, sampled every 0.1 s: max and mean) and, for a server
-on this machine, its vocoder's peak resident memory. First audio is also pooled over all rounds
+backlog (velocity_vocoder_backlog_chunks) and, for a server on this machine, its vocoder's
+resident memory, both sampled every 0.1 s (max and mean). First audio is also pooled over all rounds
 (p50/p99), and separately over the requests that arrived while others were mid-stream (each
 round's requests after the first --concurrency). `arm@c` runs that arm at concurrency c instead of
 --concurrency, so `triton@1,triton@32` is the throughput ratio of 32 streams to one. Writes JSON
@@ -59,19 +59,19 @@ def engine_counters(metrics_url: str) -> tuple[float, float] | None:
         return None
 
 
-class GaugeWatch:
-    """A server gauge sampled every 0.1 s while the block runs: .max and .mean (None without it)."""
+class Sampler:
+    """fn() sampled every 0.1 s while the block runs: .result() gives the max and mean."""
 
-    def __init__(self, metrics_url: str, name: str) -> None:
-        self.url, self.name, self.samples = metrics_url, name, []
+    def __init__(self, fn) -> None:
+        self.fn, self.samples = fn, []
         self._stop = threading.Event()
 
     def _run(self) -> None:
         while not self._stop.wait(0.1):
-            with contextlib.suppress(OSError, KeyError):
-                self.samples.append(parse_metric(fetch_metrics(self.url), self.name))
+            with contextlib.suppress(OSError, KeyError, TypeError):
+                self.samples.append(float(self.fn()))
 
-    def __enter__(self) -> "GaugeWatch":
+    def __enter__(self) -> "Sampler":
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
@@ -84,9 +84,8 @@ class GaugeWatch:
         return {"max": max(self.samples), "mean": statistics.fmean(self.samples)} if self.samples else {}
 
 
-def vocoder_peak_rss_mib(grpc_url: str) -> float | None:
-    """The peak resident memory of the vocoder of the tritonserver on this machine that serves
-    grpc_url's port (None if there is none here)."""
+def vocoder_pid(grpc_url: str) -> int | None:
+    """The vocoder process of the tritonserver on this machine that serves grpc_url's port."""
     port = grpc_url.rsplit(":", 1)[1]
     for d in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -97,7 +96,7 @@ def vocoder_peak_rss_mib(grpc_url: str) -> float | None:
             for child in descendants(int(d)):
                 with contextlib.suppress(OSError):
                     if b"vocoder/1/model.py" in Path(f"/proc/{child}/cmdline").read_bytes():
-                        return rss_bytes([child], "VmHWM") / 2**20
+                        return child
     return None
 
 
@@ -167,9 +166,11 @@ def main() -> None:
         before = engine_counters(murl)
         refine = {"REFINE_TEXT": True, "REFINE_MAX_NEW_TOKENS": args.refine_max_new_tokens} \
             if kind[arm] == "triton-refine" else {}
-        with hold, GaugeWatch(murl, "velocity_vocoder_backlog_chunks") as backlog:
+        pid = vocoder_pid(url)
+        with hold, Sampler(lambda: parse_metric(fetch_metrics(murl), "velocity_vocoder_backlog_chunks")) as backlog, \
+                Sampler(lambda: rss_bytes([pid]) / 2**20 if pid else None) as rss:
             out = run_level(url, texts, conc[arm], n[arm], values | refine, bar, murl)
-        out["vocoder_backlog_chunks"] = backlog.result()
+        out["vocoder_backlog_chunks"], out["vocoder_rss_mib"] = backlog.result(), rss.result()
         time.sleep(0.6)                                                 # the llm exports its counters 4x a second
         after = engine_counters(murl)
         if before and after and after[0] > before[0]:
@@ -198,12 +199,10 @@ def main() -> None:
         for key in ("first_audio_samples", "first_audio_later_samples"):
             xs = [v for x in lv for v in x.get(key, [])]
             out[key.replace("_samples", "")] = {"p50": pct(xs, 50), "p99": pct(xs, 99), "n": len(xs)}
-        backlog = [x["vocoder_backlog_chunks"] for x in lv if x.get("vocoder_backlog_chunks")]
-        if backlog:
-            out["vocoder_backlog_chunks"] = {"max": max(b["max"] for b in backlog),
-                                             "mean": statistics.fmean(b["mean"] for b in backlog)}
-        if kind[arm] != "in-process":
-            out["vocoder_peak_rss_mib"] = vocoder_peak_rss_mib(urls.get(kind[arm], (args.url,))[0])
+        for key in ("vocoder_backlog_chunks", "vocoder_rss_mib"):     # max and mean of the samples
+            got = [x[key] for x in lv if x.get(key)]
+            if got:
+                out[key] = {"max": max(b["max"] for b in got), "mean": statistics.fmean(b["mean"] for b in got)}
         return out
 
     base = arms[0]

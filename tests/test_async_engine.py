@@ -104,3 +104,29 @@ def test_before_step_runs_on_the_engine_thread_once_per_step(setup):
     finally:
         engine.before_step = None
     assert len(outs) == 6 and calls == ["velocity-engine"] * 6     # one prefill step + five decode steps
+
+
+def test_a_paused_request_waits_keeps_its_blocks_and_then_ends_as_it_would_have(setup):
+    """pause(): no outputs while paused (the engine thread sleeps when nothing else runs), its KV
+    blocks stay, and once resumed it finishes with the same tokens as without the pause."""
+    import queue
+    import time
+
+    engine, model = setup
+    p = prompts([9], seed=5)[0]
+    got: queue.Queue = queue.Queue()
+    engine.add_request("p", p, greedy(20), got.put)
+    first = got.get(timeout=60)
+    engine.pause("p")
+    time.sleep(0.2)                                            # outputs already under way drain
+    while not got.empty():
+        got.get()
+    steps, used = engine.steps, engine.engine.block_manager.num_used_blocks
+    time.sleep(0.5)
+    assert got.empty() and engine.steps == steps and used > 0          # asleep, blocks kept
+    assert engine.engine.stats().paused == 1
+    engine.pause("p", False)
+    while not (out := got.get(timeout=60)).finished:
+        pass
+    assert out.token_ids == hf_greedy(model, p, 20) and first.token_ids == out.token_ids[:1]
+    assert engine.engine.block_manager.num_used_blocks == 0

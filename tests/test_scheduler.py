@@ -117,3 +117,23 @@ def test_many_sequences_on_a_tiny_cache_all_finish(mode):
                 s.finish(q, "length")
     assert all(q.is_finished and len(q.output_token_ids) == 6 for q in seqs)
     assert s.num_preemptions > 0 and bm.num_free_blocks == 6
+
+
+def test_a_paused_sequence_sits_out_keeps_its_blocks_and_is_never_preempted():
+    """Backpressure: a paused sequence is left out of every step, holds its blocks, is not the
+    victim when blocks run out (the one that needs the block is), and comes back where it was."""
+    s, bm = make(num_blocks=2, block_size=4)
+    a, b = add(s, "a", 4, 0), add(s, "b", 4, 1)
+    step(s)                                           # both prefilled: a block each, none free
+    a.paused = True
+    blocks = list(a.block_table)
+    out = step(s)
+    assert [q.request_id for q in out.seqs] == [] and out.preempted == [b]   # b needed a block: b, not a
+    assert a.block_table == blocks and a.status is SequenceStatus.RUNNING and len(a) == 5
+    assert b.status is SequenceStatus.WAITING and not step(s).seqs        # b waits for a's blocks
+    a.paused = False
+    assert [q.request_id for q in step(s).seqs] == ["a"] and len(a) == 6
+    c = add(s, "c", 3, 2)
+    c.paused = True                                   # a paused waiting sequence is not admitted
+    s.finish(a, "stop")
+    assert [q.request_id for q in step(s).seqs] == ["b"] and c.status is SequenceStatus.WAITING

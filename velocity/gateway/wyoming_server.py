@@ -101,21 +101,21 @@ class SpeechHandler(AsyncEventHandler):
         await self.write_event((await describe(self.gw)).event())
 
     async def barge_in(self) -> None:
-        """Stop whatever is being said (its Triton streams are cancelled)."""
+        """A new text: stop whatever is being said."""
+        await self.stop_speech("barge-in")
+
+    async def disconnect(self) -> None:
+        """The client closed the connection: stop speaking to no one."""
+        await self.stop_speech("the client left")
+
+    async def stop_speech(self, why: str) -> None:
+        """Cancel the speech under way (its Triton streams are cancelled; the server stops)."""
         if self.speech is not None and not self.speech.done():
-            log.info("barge-in: the speech under way is stopped")
+            log.info("%s: the speech under way is stopped", why)
             self.speech.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.speech
         self.speech = None
-
-    async def disconnect(self) -> None:
-        """The client closed the connection: stop speaking to no one."""
-        if self.speech is not None and not self.speech.done():
-            log.info("the client left: the speech under way is stopped")
-            self.speech.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self.speech
 
     async def speak(self, text: str, voice) -> None:
         """One text -> audio-start, audio-chunk..., audio-stop; an `error` event if it fails."""

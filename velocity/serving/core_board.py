@@ -52,25 +52,35 @@ def find_boards(pid: int | str = "*", kind: str = "cores") -> list[Path]:
     return sorted({*runs, *board_dir().glob(name)})
 
 
+@contextmanager
+def flocked(fd: int) -> Iterator[None]:
+    """An exclusive lock on the open file fd for the duration of the block (between processes)."""
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def map_file(path: Path, size: int) -> tuple[int, mmap.mmap]:
+    """A board's file opened (created if need be, at least `size` bytes) and mapped: (fd, map)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    with flocked(fd):
+        if os.fstat(fd).st_size < size:
+            os.ftruncate(fd, size)
+    return fd, mmap.mmap(fd, size)
+
+
 class CoreBoard:
     """Busy marks of the vocoder instances, shared between processes through one mmap'ed file."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        with self._locked():
-            if os.fstat(self._fd).st_size < 2 * SLOTS:
-                os.ftruncate(self._fd, 2 * SLOTS)
-        self._mm = mmap.mmap(self._fd, 2 * SLOTS)
+        self._fd, self._mm = map_file(self.path, 2 * SLOTS)
         self.slot: int | None = None
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+    def _locked(self):
+        return flocked(self._fd)
 
     # -- vocoder side ----------------------------------------------------------------
     def claim(self) -> int | None:

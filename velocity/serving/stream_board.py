@@ -21,14 +21,12 @@ an ended stream never reads or writes another stream's slot. Free of torch and T
 """
 from __future__ import annotations
 
-import fcntl
-import mmap
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+
+from velocity.serving.core_board import flocked, map_file
 
 SLOTS = 4096                  # streams at once (VELOCITY_MAX_CONCURRENT_REQUESTS is 256 by default)
 LIVE, CANCELLED, FAILED, ENDED = 0, 1, 2, 3
@@ -42,24 +40,15 @@ class StreamBoard:
         off_state = 8 + 4 * slots                          # [next number: int64][tokens: uint32 * slots]
         off_decoded = -(-(off_state + 2 * slots) // 8) * 8  # [states, used: uint8 * slots][decoded: int64 * slots]
         size = off_decoded + 8 * slots
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        with self._locked():
-            if os.fstat(self._fd).st_size < size:
-                os.ftruncate(self._fd, size)
-        self._mm = mmap.mmap(self._fd, size)
+        self._fd, self._mm = map_file(self.path, size)
         self._next = np.ndarray((1,), np.int64, self._mm, 0)
         self.tokens = np.ndarray((slots,), np.uint32, self._mm, 8)
         self.state = np.ndarray((slots,), np.uint8, self._mm, off_state)
         self.used = np.ndarray((slots,), np.uint8, self._mm, off_state + slots)
         self.decoded = np.ndarray((slots,), np.int64, self._mm, off_decoded)
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+    def _locked(self):
+        return flocked(self._fd)
 
     def _slot(self, ref: int) -> int | None:
         """The slot `ref` names while its stream holds it, else None."""
