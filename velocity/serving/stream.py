@@ -199,6 +199,9 @@ class Streams:
         `tts` ensemble's vocoder follows (the stream takes a board slot: probes, backpressure);
         timeout: seconds it may take (0: no limit)."""
         ref = (self.board.open() or 0) if in_ensemble and self.board is not None else 0
+        if in_ensemble and self.board is not None and not ref:
+            log.warning("the stream board is full (%d streams): this stream will not notice its client leaving",
+                        self.board.slots)
         stream = Stream(self, sender, cancelled, sentences, speaker, params, hidden, refine, ref, timeout)
         self.live[id(stream)] = stream
         try:
