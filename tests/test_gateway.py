@@ -333,3 +333,21 @@ def test_gateway_metrics_count_requests_and_time_to_first_byte(gateway, openai_c
     assert 'velocity_gateway_requests_total{format="flac",status="200"}' in text
     assert 'velocity_gateway_requests_total{format="flac",status="400"}' in text
     assert 'velocity_gateway_time_to_first_byte_seconds_count{format="flac"}' in text
+
+
+def test_instructions_pass_through_only_as_control_tokens():
+    """No server: OpenAI's `instructions` become text refine's prompt (and the speed) when they
+    hold only ChatTTS's control tokens, and are ignored otherwise."""
+    from velocity.gateway.app import triton_values
+
+    def values(instructions: str) -> dict:
+        body = {"model": "gpt-4o-mini-tts", "voice": "alloy", "input": "Hi.", "instructions": instructions}
+        return triton_values(body, {"amber": "speaker", "alloy": "alias"})[0]
+
+    plain = values("")
+    assert plain == {"TEXT": "Hi.", "PROMPT": "[speed_5]", "VOICE": "alloy"}
+    assert values("Speak in a cheerful and positive tone.") == plain
+    assert values("[oral_2] and be cheerful") == plain                      # not only tokens: ignored
+    assert values("[oral_2][laugh_0][break_6]") == plain | {"REFINE_TEXT": True,
+                                                             "REFINE_PROMPT": "[oral_2][laugh_0][break_6]"}
+    assert values(" [speed_3] ") == plain | {"PROMPT": "[speed_3]"}
