@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from velocity.gateway.inputs import AUDIO_MAGIC, INPUTS, array_inputs, make_inputs  # noqa: F401 (re-exported)
-from velocity.gateway.upstream import RETRYABLE
+from velocity.serving.inputs import array_inputs, make_inputs  # noqa: F401 (re-exported)
+from velocity.gateway.upstream import Retry
 
 RETRY_PAUSE = 0.5     # seconds: a balancer that checks every 300 ms has seen a drain by then
 
@@ -45,6 +45,7 @@ def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True
     retries: a request refused before its first chunk (server busy or draining) is sent again,
     up to this many times, after a pause that grows by RETRY_PAUSE each time: behind a balancer
     the next try goes to another replica (the pause gives the balancer time to see a drain)."""
+    retry = Retry(retries, RETRY_PAUSE)
     for attempt in range(retries + 1):
         started = False
         try:
@@ -54,9 +55,9 @@ def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True
                     yield item
             return
         except ServerError as e:
-            if started or attempt == retries or not any(m in str(e) for m in RETRYABLE):
+            if not retry.again(attempt, started, str(e)):
                 raise
-        time.sleep(RETRY_PAUSE * (attempt + 1))
+        time.sleep(retry.wait(attempt))
 
 
 def _stream_grpc(url: str, values: dict, timeout: float, check: bool, texts: list | None,

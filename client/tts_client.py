@@ -25,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from client.triton import AUDIO_MAGIC, ServerError, list_voices, offline_grpc, stream_grpc, stream_http
+from client.triton import ServerError, list_voices, offline_grpc, stream_grpc, stream_http
+from velocity.tts.audio_file import looks_like_audio
 
 SAMPLE_RATE = 24000                 # the release's (the server's Vocos); the WAV's rate
 log = logging.getLogger("velocity-tts-client")
@@ -140,6 +141,28 @@ def synthesize(chunks: Iterator[tuple[int, np.ndarray]], wav_path: str | None = 
     return res
 
 
+VOICE_FLAGS = ("SPEAKER", "SPEAKER_SEED", "VOICE")     # one of them at most
+
+
+def add_input_flags(ap: argparse.ArgumentParser) -> None:
+    """An option for each request input that has one (velocity.serving.inputs: its type, choices
+    and help); unset options are not sent, so the server's defaults apply."""
+    from velocity.serving.inputs import INPUTS, JSON
+
+    voice = ap.add_mutually_exclusive_group()
+    for i in INPUTS:
+        if i.cli_flag is None:
+            continue
+        group = voice if i.name in VOICE_FLAGS else ap
+        help = i.describe().replace("%", "%%")
+        if i.dtype == "BOOL":
+            group.add_argument(i.cli_flag, dest=i.name, action="store_true", default=None, help=help)
+        elif i.binary:
+            group.add_argument(i.cli_flag, dest=i.name, metavar="FILE", help=help + " (here: the file)")
+        else:
+            group.add_argument(i.cli_flag, dest=i.name, type=JSON[i.dtype], choices=i.choices or None, help=help)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="velocity-tts-client", description=__doc__.split("\n")[0])
     ap.add_argument("text", nargs="?", help="text to speak (or --file)")
@@ -155,28 +178,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--http", action="store_true", help="HTTP generate_stream instead of a gRPC stream")
     mode.add_argument("--offline", action="store_true", help="tts_offline: the whole waveform in one response")
-    spk = ap.add_mutually_exclusive_group()
-    spk.add_argument("--speaker", help="a speaker string from the ChatTTS release")
-    spk.add_argument("--speaker-seed", type=int, help="a random speaker made by the server from this seed")
-    spk.add_argument("--voice", help="a named voice (--list-voices); none: the server's default voice")
     ap.add_argument("--list-voices", action="store_true", help="print the server's voices and exit")
-    ap.add_argument("--sample", help="clone this voice: a recording (WAV, FLAC, Ogg; the server encodes it) "
-                                     "or a file holding a sample string (velocity-tts-voice)")
-    ap.add_argument("--sample-text", help="what the --sample recording says")
-    ap.add_argument("--refine", action="store_true",
-                    help="text refine first (the reference's default pass: adds [uv_break], [laugh], ...); "
-                         "prints the refined text (gRPC stream)")
-    ap.add_argument("--refine-prompt", help="control tokens ending the refine prompt, e.g. [oral_2][laugh_0][break_6]")
-    ap.add_argument("--prompt", help="control tokens, e.g. [speed_5] (server default)")
-    ap.add_argument("--temperature", type=float)
-    ap.add_argument("--top-p", type=float)
-    ap.add_argument("--top-k", type=int)
-    ap.add_argument("--repetition-penalty", type=float)
-    ap.add_argument("--max-new-tokens", type=int)
-    ap.add_argument("--seed", type=int, help="sampling seed: the same seed gives the same audio")
-    ap.add_argument("--decoder", choices=["hidden", "codes"],
-                    help="hidden: the GPT's hidden states through the Decoder (server default, as ChatTTS); "
-                         "codes: the audio codes through the DVAE")
+    add_input_flags(ap)
     ap.add_argument("--format", choices=sorted(WAV_FORMATS), default="pcm16",
                     help="WAV samples: pcm16 (default; what every player and Python's wave module read) "
                          "or float (32-bit, the server's exact output)")
@@ -208,7 +211,7 @@ def read_sample(path: str | None, http: bool) -> bytes | str | None:
         data = Path(path).read_bytes()
     except OSError as e:
         raise ValueError(f"cannot read --sample {path}: {e.strerror}") from e
-    if data[:4] not in AUDIO_MAGIC:
+    if not looks_like_audio(data):
         try:
             return data.decode("utf-8").strip()
         except UnicodeDecodeError as e:
@@ -245,16 +248,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         text = read_text(args)
-        sample = read_sample(args.sample, args.http)
+        sample = read_sample(args.SPEAKER_SAMPLE, args.http)
         check_out(args.out)
     except ValueError as e:
         log.error("error: %s", e)
         return 2
-    values = {"TEXT": text, "SPEAKER": args.speaker, "SPEAKER_SEED": args.speaker_seed, "VOICE": args.voice, "PROMPT": args.prompt,
-              "TEMPERATURE": args.temperature, "TOP_P": args.top_p, "TOP_K": args.top_k,
-              "REPETITION_PENALTY": args.repetition_penalty, "MAX_NEW_TOKENS": args.max_new_tokens,
-              "SEED": args.seed, "DECODER": args.decoder, "SPEAKER_SAMPLE": sample, "SAMPLE_TEXT": args.sample_text,
-              "REFINE_TEXT": True if args.refine else None, "REFINE_PROMPT": args.refine_prompt}
+    from velocity.serving.inputs import INPUTS
+
+    values = {i.name: getattr(args, i.name) for i in INPUTS if i.cli_flag} | {"TEXT": text, "SPEAKER_SAMPLE": sample}
     url = args.url or ("localhost:8000" if args.http else "localhost:8001")
     refined: list[str] = []
     source = stream_http(url, values) if args.http else offline_grpc(url, values) if args.offline else \

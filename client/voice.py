@@ -14,7 +14,8 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     from velocity.serving.settings import Settings
     from velocity.tts.speaker import encode_sample
-    from velocity.tts.voice_sample import SAMPLE_RATE, VoiceEncoder, read_audio
+    from velocity.tts.audio_file import SAMPLE_RATE, read_audio
+    from velocity.tts.voice_sample import VoiceEncoder
     from velocity.tts.voices import VOICES_FILE, add_voice
 
     ap = argparse.ArgumentParser(prog="velocity-tts-voice", description=__doc__.split("\n")[0])

@@ -147,7 +147,7 @@ def main() -> None:
             name = f"velocity_c{c}" + ("_eager" if eager else "") + ("" if packed else "_unpacked")
             runs[name] = sum(olens[:sub]) / (time.perf_counter() - t)
             if c == 1:
-                steps[name] = decode_step_time(lambda n: llm.generate([prompts[0]], params(n)))
+                steps[name] = decode_step_time(lambda n, llm=llm: llm.generate([prompts[0]], params(n)))
             del llm
             gc.collect()
             log.info("%s: resident %.2f GiB after", name, resident_gib())

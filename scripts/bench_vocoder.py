@@ -26,7 +26,8 @@ from client.bench import cpu_model
 from velocity.demo.audio_weights import random_decoder_tensors
 from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.demo.checkpoint import write_checkpoint
-from velocity.tts.streaming import AudioDecoder, ChunkSchedule, StreamingDecoder
+from velocity.tts.audio_decoder import AudioDecoder, StreamingDecoder
+from velocity.tts.chunking import ChunkSchedule
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench_vocoder")

@@ -5,7 +5,7 @@ import itertools
 import threading
 
 from velocity.serving.chunk_queue import ChunkQueue
-from velocity.tts.streaming import FRAMES_PER_SECOND, ChunkSchedule
+from velocity.tts.chunking import FRAMES_PER_SECOND, ChunkSchedule
 
 
 class Clock:
@@ -95,7 +95,7 @@ def test_get_blocks_until_put_and_close_ends_the_consumer():
 def test_each_chunks_start_is_the_frames_before_it():
     """START travels with each chunk (the vocoder's deadline): the frames of the stream before it,
     across sentences, which is the schedule's bounds within one sentence."""
-    from velocity.tts.streaming import FrameChunker
+    from velocity.tts.chunking import FrameChunker
     s = ChunkSchedule(12, 36, 144)
     ends = [b for b, _ in zip(s.bounds(), range(6))]
     fc = FrameChunker(s, left=4, lookahead=2)

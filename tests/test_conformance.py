@@ -19,7 +19,7 @@ from triton_server import ROOT
 from velocity.release import RELEASE_FILES, sha256_file
 from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.demo.checkpoint import write_checkpoint
-from velocity.tts.streaming import AudioDecoder
+from velocity.tts.audio_decoder import AudioDecoder
 
 FIXTURES = ROOT / "tests" / "fixtures" / "chattts_0.2.5"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
@@ -208,7 +208,7 @@ def test_text_to_speech_equals_the_reference(demo, greedy_ref, decoder):
     several, and seams fall inside it) against the reference's whole decode of the same text
     (Chat._decode_to_wavs, use_decoder=True for "hidden"): the same length, >= 100 dB SNR."""
     from velocity.tts.pipeline import TTSPipeline, chattts_params
-    from velocity.tts.streaming import ChunkSchedule
+    from velocity.tts.chunking import ChunkSchedule
 
     pipe = TTSPipeline(demo, device="cpu", schedule=ChunkSchedule(4, 8))
     frames = len(greedy_ref[f"frames_{cases(greedy_ref)[0][0]}"])
@@ -334,7 +334,7 @@ def test_the_pipeline_with_a_voice_sample_speaks_the_references_frames(demo, clo
     """TTSPipeline(sample=the reference's string, sample_text=...) greedy: the audio of the
     reference's frames (the same length; the codes path decodes them bit for bit as a whole)."""
     from velocity.tts.pipeline import TTSPipeline, chattts_params
-    from velocity.tts.streaming import AudioDecoder
+    from velocity.tts.audio_decoder import AudioDecoder
 
     pipe = TTSPipeline(demo, device="cpu")
     key, text, _ = cloned_cases(cloned_ref)[0]
@@ -391,7 +391,7 @@ def test_the_pipeline_refines_then_speaks_the_refined_texts_prompt(demo, refine_
     the audio is that of greedy frames from the reference's audio prompt for it."""
     from velocity import LLM, SamplingParams
     from velocity.tts.pipeline import TTSPipeline, chattts_params, refine_params
-    from velocity.tts.streaming import AudioDecoder
+    from velocity.tts.audio_decoder import AudioDecoder
 
     key, text, prompt = refine_cases(refine_ref)[1]
     pipe = TTSPipeline(demo, device="cpu")

@@ -103,7 +103,7 @@ def test_audio_decoder_and_pipeline_on_cuda(tmp_path):
     from velocity.model.audio_models import load_dvae, load_vocos
     from velocity.demo.checkpoint import write_checkpoint
     from velocity.tts.pipeline import TTSPipeline, chattts_params
-    from velocity.tts.streaming import AudioDecoder
+    from velocity.tts.audio_decoder import AudioDecoder
 
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)

@@ -351,3 +351,18 @@ def test_instructions_pass_through_only_as_control_tokens():
     assert values("[oral_2][laugh_0][break_6]") == plain | {"REFINE_TEXT": True,
                                                              "REFINE_PROMPT": "[oral_2][laugh_0][break_6]"}
     assert values(" [speed_3] ") == plain | {"PROMPT": "[speed_3]"}
+
+
+def test_one_retry_policy_for_the_gateway_and_the_client():
+    """No server: upstream.Retry decides for both the gateway's async streams and the client's
+    sync ones. Only before the first chunk, only busy, draining or unreachable, only so often."""
+    from velocity.gateway.upstream import Retry
+
+    r = Retry(2, 0.5)
+    assert r.again(0, False, "server busy: 64 requests in flight") and r.again(1, False, "shutting down")
+    assert r.again(0, False, "connection refused", unreachable=True)
+    assert not r.again(2, False, "server busy")                     # out of tries
+    assert not r.again(0, True, "server busy")                      # the client already has audio
+    assert not r.again(0, False, "TEXT is required")                # the request's own fault
+    assert [r.wait(a) for a in range(3)] == [0.5, 1.0, 1.5]
+    assert not Retry().again(0, False, "server busy")                # by default, never

@@ -5,7 +5,7 @@ import pytest
 from velocity.sampling_params import SamplingParams
 from velocity.demo.checkpoint import write_checkpoint
 from velocity.tts.pipeline import TTSPipeline, chattts_params
-from velocity.tts.streaming import ChunkSchedule
+from velocity.tts.chunking import ChunkSchedule
 
 
 @pytest.fixture(scope="module")

@@ -13,15 +13,10 @@ import numpy as np
 import pytest
 
 from triton_server import ROOT
+from velocity.serving.inputs import BY_NAME, INPUTS
 
 pytestmark = pytest.mark.server
 README = (ROOT / "README.md").read_text()
-TRITON_TYPES = {"TYPE_STRING": "BYTES", "TYPE_FP32": "FP32", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64", "TYPE_BOOL": "BOOL"}
-
-
-def input_table() -> dict[str, str]:
-    """README's table of inputs: name -> Triton type."""
-    return dict(re.findall(r"^\| `([A-Z_]+)` \| (BYTES|FP32|INT32|INT64|BOOL) \|", README, re.M))
 
 
 def python_snippet() -> str:
@@ -48,18 +43,6 @@ def example_values(weights: Path) -> dict:
             "REFINE_MAX_NEW_TOKENS": 8}
 
 
-# inputs that mean something only with another: (its partner, the partner's Triton type)
-PARTNERS = {"SAMPLE_TEXT": ("SPEAKER_SAMPLE", "BYTES"), **{n: ("REFINE_TEXT", "BOOL") for n in (
-    "REFINE_PROMPT", "REFINE_TEMPERATURE", "REFINE_TOP_P", "REFINE_TOP_K", "REFINE_REPETITION_PENALTY",
-    "REFINE_MAX_NEW_TOKENS")}}
-
-
-def test_the_input_table_is_the_models_inputs():
-    config = (ROOT / "model_repository" / "tts" / "config.pbtxt").read_text().split("\noutput [")[0]
-    inputs = dict(re.findall(r'\{ name: "([A-Z_]+)", data_type: (TYPE_\w+), dims: \[ 1, 1 \]', config))
-    assert input_table() == {k: TRITON_TYPES[v] for k, v in inputs.items()}
-
-
 def run_snippet(code: str, server) -> np.ndarray:
     code = code.replace("localhost:8001", server.grpc_url)
     code += "\nimport sys; np.save(sys.stdout.buffer, audio)\n"
@@ -76,15 +59,15 @@ def test_the_python_snippet(tts_server):
     assert np.array_equal(run_snippet(code, tts_server), audio)          # SEED 7: the same audio again
     line = next(x for x in code.splitlines() if x.startswith("inputs = ["))
     values = example_values(Path(tts_server.env["VELOCITY_WEIGHTS"]))
-    for name, dtype in input_table().items():
-        if name == "TEXT":
+    for i in INPUTS:                     # each input of docs/api.md, with the one it needs
+        if i.name == "TEXT":
             continue
-        one = f'inputs = [inp("TEXT", "Hello world.", "BYTES"), inp({name!r}, {values[name]!r}, {dtype!r})'
-        if name in PARTNERS:
-            partner, ptype = PARTNERS[name]
-            one += f', inp({partner!r}, {values[partner]!r}, {ptype!r})'
+        one = f'inputs = [inp("TEXT", "Hello world.", "BYTES"), inp({i.name!r}, {values[i.name]!r}, {i.dtype!r})'
+        if i.requires:
+            partner = BY_NAME[i.requires[0]]
+            one += f', inp({partner.name!r}, {values[partner.name]!r}, {partner.dtype!r})'
         got = run_snippet(code.replace(line, one + "]"), tts_server)
-        assert len(got) > 0 and len(got) % 512 == 256, name
+        assert len(got) > 0 and len(got) % 512 == 256, i.name
 
 
 def test_the_curl_commands(tts_server):

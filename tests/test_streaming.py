@@ -6,7 +6,8 @@ import torch
 
 from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.demo.checkpoint import write_checkpoint
-from velocity.tts.streaming import AudioDecoder, ChunkSchedule, StreamingDecoder
+from velocity.tts.audio_decoder import AudioDecoder, StreamingDecoder
+from velocity.tts.chunking import ChunkSchedule
 
 T = 150   # frames: 3.2 s of audio
 
@@ -179,7 +180,8 @@ def test_sentences_generated_ahead_give_the_chunks_of_one_by_one(ahead):
     """SentenceStream with sentences generating at once: the chunks (indices, frames, marks) are
     those of the sentences one after another, and the requests it asks for stay within `ahead`
     (none before the first chunk)."""
-    from velocity.tts.streaming import FrameChunker, SentenceStream
+    from velocity.tts.chunking import FrameChunker
+    from velocity.tts.sentence_stream import SentenceStream
 
     lengths = {0: 30, 1: 7, 2: 55, 3: 1, 4: 20}
 

@@ -91,7 +91,7 @@ def test_served_audio_equals_the_in_process_pipeline_for_both_decoders(server, d
     the same frames, so the same length (each sentence 512 T - 256 samples), and the same audio
     within float32 rounding (>= 100 dB SNR; the vocoder runs in another process)."""
     from velocity.tts.pipeline import TTSPipeline, chattts_params
-    from velocity.tts.streaming import ChunkSchedule
+    from velocity.tts.chunking import ChunkSchedule
 
     values = dict(GOOD, **({} if decoder == "hidden" else {"DECODER": decoder}))
     chunks, err = stream_tts(server.grpc_url, values)
@@ -163,7 +163,7 @@ def test_sixteen_concurrent_streams(server):
     ({"TEXT": "hi", "MAX_NEW_TOKENS": 5000}, r"MAX_NEW_TOKENS must be in \[1, 200\]"),
     ({"TEXT": "hi", "SPEAKER": "not a speaker"}, "SPEAKER is not a valid speaker string"),
     ({"TEXT": "hi", "PROMPT": "say it"}, "PROMPT must hold only control tokens"),
-    ({"TEXT": "hi", "DECODER": "mel"}, r'DECODER must be "hidden" \(the default\) or "codes"'),
+    ({"TEXT": "hi", "DECODER": "mel"}, r"DECODER must be one of 'hidden', 'codes' \(default 'hidden'\), got 'mel'"),
     ({"TEXT": "hi", "SAMPLE_TEXT": "hello"}, "SAMPLE_TEXT is the transcript of SPEAKER_SAMPLE"),
     ({"TEXT": "hi", "SPEAKER_SAMPLE": "not a sample"}, "SPEAKER_SAMPLE string"),
     ({"TEXT": "hi", "SPEAKER_SAMPLE": b"RIFF\x00\x01garbage"}, "nor audio soundfile can read"),
@@ -190,6 +190,18 @@ def test_bad_inputs_invalid_arg_then_good_request(server, bad, match):
     assert e.value.status() == "400" and re.search(match, e.value.message()), e.value
     ok, err2 = stream_tts(server.grpc_url, {"TEXT": "fine.", "MAX_NEW_TOKENS": 8, "SEED": 1})
     assert err2 is None and ok
+
+
+def test_the_models_declare_the_request_tables_inputs(server):
+    """text_frontend and tts_offline declare their inputs at load (auto_complete_config) from
+    velocity/serving/inputs.py; the ensemble's are written from it (test_inputs.py checks that)."""
+    from velocity.serving.inputs import triton_inputs
+
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    for model in ("text_frontend", "tts_offline", "tts"):
+        got = c.get_model_config(model, as_json=True)["config"]["input"]
+        assert [(i["name"], i["data_type"], [int(d) for d in i["dims"]], bool(i.get("optional"))) for i in got] == \
+            [(i["name"], i["data_type"], i["dims"], i["optional"]) for i in triton_inputs(model)], model
 
 
 def test_a_stream_without_text_is_an_error_not_silence(server):
@@ -377,7 +389,7 @@ def test_a_voice_sample_as_audio_or_as_its_string_gives_the_pipelines_audio(serv
     string velocity-tts-voice makes of the same file: the same audio, through tts and tts_offline,
     equal to the in-process pipeline with that string; and not the audio without a sample."""
     from velocity.tts.pipeline import TTSPipeline, chattts_params
-    from velocity.tts.streaming import ChunkSchedule
+    from velocity.tts.chunking import ChunkSchedule
 
     flac = tmp_path / "me.flac"
     flac.write_bytes(wav_bytes(1.5, fmt="FLAC"))
@@ -418,7 +430,7 @@ def test_text_refine_through_the_server_equals_the_pipeline_and_returns_the_refi
     the same audio as TTSPipeline(refine=...); tts_offline joins the texts; without refine, other audio."""
     from client.triton import stream_grpc
     from velocity.tts.pipeline import TTSPipeline, chattts_params, refine_params
-    from velocity.tts.streaming import ChunkSchedule
+    from velocity.tts.chunking import ChunkSchedule
 
     values = {"TEXT": "First one. Second one.", "TEMPERATURE": 0.0, "MAX_NEW_TOKENS": 12, "REFINE_TEXT": True,
               "REFINE_TEMPERATURE": 0.0, "REFINE_MAX_NEW_TOKENS": 10, "REFINE_PROMPT": "[oral_2][laugh_0][break_6]"}

@@ -29,6 +29,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 
 from velocity.gateway.encode import FORMATS, Encoder
 from velocity.gateway.upstream import ApiError, Gateway
+from velocity.serving.inputs import INPUTS, JSON
 from velocity.tts.normalizer import CONTROL
 
 log = logging.getLogger("velocity.gateway")
@@ -122,16 +123,12 @@ def triton_values(body: dict, voices: dict[str, str]) -> tuple[dict, str, str]:
         raise ApiError(400, f"voice {voice!r} is not a voice here; voices: {own}, OpenAI's names "
                             f"({', '.join(n for n, kind in voices.items() if kind == 'alias')}) or a speaker string",
                        "voice")
-    # our extras: (body field, tts input, type)
-    for field, name, kind in (("seed", "SEED", int), ("temperature", "TEMPERATURE", float), ("top_p", "TOP_P", float),
-                              ("top_k", "TOP_K", int), ("max_new_tokens", "MAX_NEW_TOKENS", int),
-                              ("refine", "REFINE_TEXT", bool),
-                              ("speaker_sample", "SPEAKER_SAMPLE", str), ("sample_text", "SAMPLE_TEXT", str)):
-        if field in body and body[field] is not None:
-            v = body[field]
-            if not of_type(v, kind):
-                raise ApiError(400, f"{field} must be {kind.__name__}, got {v!r}", field)
-            values[name] = v
+    for i in INPUTS:                          # our extras: the inputs with a body field
+        v = body.get(i.api_field) if i.api_field else None
+        if v is not None:
+            if not of_type(v, JSON[i.dtype]):
+                raise ApiError(400, f"{i.api_field} must be {JSON[i.dtype].__name__}, got {v!r}", i.api_field)
+            values[i.name] = v
     return values, fmt, stream_format
 
 

@@ -5,12 +5,32 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import numpy as np
 
 RETRYABLE = ("server busy", "shutting down")
 DEADLINE = "deadline exceeded"
 log = logging.getLogger("velocity.gateway")
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """When a request is sent again, for the gateway's async streams and the client's sync ones:
+    only when it failed before its first chunk with a retryable error (busy, draining,
+    unreachable), up to `retries` times, after a pause that grows by `pause` seconds a try
+    (behind a balancer: time for it to see a drain). After the first chunk, never: the client
+    already has audio."""
+    retries: int = 0
+    pause: float = 0.0
+
+    def again(self, attempt: int, started: bool, message: str, unreachable: bool = False) -> bool:
+        return (not started and attempt < self.retries
+                and (unreachable or any(m in message for m in RETRYABLE)))
+
+    def wait(self, attempt: int) -> float:
+        """Seconds to pause before try attempt + 1."""
+        return self.pause * (attempt + 1)
 
 
 class ApiError(Exception):
@@ -56,7 +76,7 @@ class Gateway:
         if not self.urls:
             raise ValueError("the Triton address is empty: give host:port (or several, comma-separated)")
         self.url = ",".join(self.urls)
-        self.retries = len(self.urls) - 1 if retries is None else retries
+        self.retry = Retry(len(self.urls) - 1 if retries is None else retries)
         self._clients: dict = {}
         self._names: dict[str, str] | None = None
         self._turn = 0                              # round robin over the upstreams
@@ -110,7 +130,7 @@ class Gateway:
         request timeout (the server ends it past that; a 504). Retryable errors before the first
         chunk move on to the next upstream (see the class)."""
         start, self._turn = self._turn, self._turn + 1
-        for attempt in range(self.retries + 1):
+        for attempt in range(self.retry.retries + 1):
             url = self.urls[(start + attempt) % len(self.urls)]
             started = False
             try:
@@ -120,7 +140,7 @@ class Gateway:
                         yield wav
                 return
             except ApiError as e:
-                if started or e.status not in (502, 503) or attempt == self.retries:
+                if not self.retry.again(attempt, started, e.message, unreachable=e.status == 502):
                     raise
                 log.info("%s before the first chunk (%s): trying again on %s", url, e.message,
                          self.urls[(start + attempt + 1) % len(self.urls)])
@@ -129,7 +149,7 @@ class Gateway:
         """One `tts` stream on one upstream, chunks in order."""
         import tritonclient.grpc.aio as grpcclient
 
-        from velocity.gateway.inputs import make_inputs
+        from velocity.serving.inputs import make_inputs
 
         async def requests():
             yield {"model_name": "tts", "inputs": make_inputs(grpcclient, values), "enable_empty_final_response": True,

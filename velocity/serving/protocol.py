@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from velocity.serving.settings import Settings
-from velocity.tts.streaming import CodeChunk
+from velocity.tts.chunking import CodeChunk
 
 STREAM_SHUTTING_DOWN = -1     # ended by the drain on stop
 STREAM_FAILED = -2            # generation failed (the llm logs why)

@@ -1,85 +1,22 @@
-"""Readers of request inputs, each checked: every error names the input and its allowed range.
-And the sampling parameters as they travel between the models (PARAMS_F / PARAMS_I)."""
+"""Readers of the inputs the models pass each other (the request's own inputs are read by the
+table in velocity.serving.inputs), each checked: every error names the input and its allowed
+range. And the sampling parameters as they travel between the models (PARAMS_F / PARAMS_I)."""
 from __future__ import annotations
 
 import numpy as np
 
-from velocity.sampling_params import SamplingParams, chattts_params
-from velocity.serving.settings import Settings
-from velocity.tts.streaming import DECODERS
-
-PARAM_INPUTS = ("TEMPERATURE", "TOP_P", "TOP_K", "REPETITION_PENALTY", "MAX_NEW_TOKENS", "SEED")
-REFINE_MAX_NEW_TOKENS = 1024           # the text head's tokens per sentence (the reference's default: 384)
+from velocity.sampling_params import SamplingParams
+from velocity.serving.inputs import BY_NAME, Input
 
 
 def text_input(value: np.ndarray | None, name: str, required: bool, max_chars: int | None = None) -> str | None:
-    """A BYTES tensor holding one UTF-8 string."""
-    if value is None or value.size == 0:
-        if required:
-            raise ValueError(f"{name} is required: one UTF-8 string")
-        return None
-    if value.size != 1:
-        raise ValueError(f"{name} must hold exactly one string, got {value.size}")
-    raw = value.reshape(-1)[0]
-    try:
-        text = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{name} must be UTF-8 text ({e})") from e
-    if required and not text.strip():
-        raise ValueError(f"{name} must not be empty or only whitespace")
-    if max_chars is not None and len(text) > max_chars:
-        raise ValueError(f"{name} has {len(text)} characters; the limit is {max_chars}")
-    return text
-
-
-def _scalar(value: np.ndarray | None, name: str, integer: bool = False):
-    """One number from a tensor (None when absent); integer inputs must be integers."""
-    if value is None or value.size == 0:
-        return None
-    if value.size != 1:
-        raise ValueError(f"{name} must hold one value, got {value.size}")
-    kinds = "iu" if integer else "iuf"
-    if value.dtype.kind not in kinds:
-        raise ValueError(f"{name} must be {'an integer' if integer else 'a number'}, got data type {value.dtype}")
-    return value.reshape(-1)[0].item()
-
-
-# input name -> SamplingParams field; the ranges are SamplingParams.validate's (plus the server's
-# VELOCITY_MAX_NEW_TOKENS), its messages renamed to the input
-SAMPLING_INPUTS = {"TEMPERATURE": "temperature", "TOP_P": "top_p", "TOP_K": "top_k",
-                   "REPETITION_PENALTY": "repetition_penalty", "MAX_NEW_TOKENS": "max_new_tokens"}
-
-
-def sampling_inputs(get, settings: Settings, prefix: str = "", defaults=chattts_params,
-                    max_new_tokens: int | None = None) -> SamplingParams:
-    """get(name) -> np.ndarray | None. The optional sampling inputs (named with `prefix`: "" for
-    the audio's, "REFINE_" for text refine's) over the reference's defaults."""
-    limit = max_new_tokens or settings.max_new_tokens
-    values: dict = {"max_new_tokens": defaults().max_new_tokens if max_new_tokens else limit}
-    for name, fld in SAMPLING_INPUTS.items():
-        v = _scalar(get(prefix + name), prefix + name, integer=fld in ("top_k", "max_new_tokens"))
-        if v is not None:
-            values[fld] = v
-    if not 1 <= values["max_new_tokens"] <= limit:
-        raise ValueError(f"{prefix}MAX_NEW_TOKENS must be in [1, {limit}], got {values['max_new_tokens']}")
-    values["seed"] = seed_input(get, "SEED")
-    try:
-        return defaults(**values)
-    except ValueError as e:
-        msg = str(e)
-        for name, fld in SAMPLING_INPUTS.items():
-            if msg.startswith(fld + " "):          # the input is already known to be an integer
-                raise ValueError(prefix + name + msg[len(fld):].replace(" an integer ", " ")) from e
-        raise
+    """A BYTES tensor holding one UTF-8 string (None: absent)."""
+    return Input(name, "BYTES", "one UTF-8 string", max_chars=max_chars, required=required).read(value, None)
 
 
 def flag_input(value: np.ndarray | None, name: str) -> bool:
     """An optional BOOL input (false when absent)."""
-    if value is None or value.size == 0:
-        return False
-    if value.size != 1 or value.dtype.kind not in "biu":
-        raise ValueError(f"{name} must be one BOOL, got {value.size} of {value.dtype}")
-    return bool(value.reshape(-1)[0])
+    return bool(Input(name, "BOOL", "").read(value, None))
 
 
 def params_arrays(p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
@@ -107,21 +44,8 @@ def params_from_arrays(pf: np.ndarray, pi: np.ndarray, max_new_tokens: int, what
 
 
 def decoder_input(value: np.ndarray | None) -> str:
-    """DECODER: "hidden" (the default: the GPT's hidden states through asset/Decoder.safetensors)
-    or "codes" (the audio codes through the DVAE)."""
-    name = text_input(value, "DECODER", required=False)
-    name = "hidden" if name is None or not name.strip() else name.strip()
-    if name not in DECODERS:
-        raise ValueError(f'DECODER must be "hidden" (the default) or "codes", got {name!r}')
-    return name
-
-
-def seed_input(get, name: str) -> int | None:
-    """An optional INT64 seed input, in [0, 2^63)."""
-    v = _scalar(get(name), name, integer=True)
-    if v is not None and not 0 <= v < 2**63:
-        raise ValueError(f"{name} must be in [0, 2^63), got {v}")
-    return None if v is None else int(v)
+    """DECODER, as the request table checks it: "hidden" (the default) or "codes"."""
+    return BY_NAME["DECODER"].read(value, None) or BY_NAME["DECODER"].default
 
 
 def input_reader(request, pb_utils):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
-from velocity.tts.streaming import ChunkSchedule
+from velocity.tts.chunking import ChunkSchedule
 
 
 @dataclass(slots=True)
@@ -120,7 +120,7 @@ class Settings:
     def backlog_frames(self) -> int:
         """VELOCITY_BACKLOG_SECONDS in frames (0: no bound), raised to one largest chunk and its
         lookahead: below that a stream could pause before it has the frames for its next chunk."""
-        from velocity.tts.streaming import FRAMES_PER_SECOND
+        from velocity.tts.chunking import FRAMES_PER_SECOND
         if self.backlog_seconds <= 0:
             return 0
         return max(round(self.backlog_seconds * FRAMES_PER_SECOND), self.schedule.largest + self.lookahead + 1)

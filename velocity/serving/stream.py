@@ -24,7 +24,8 @@ from velocity.serving.protocol import (STREAM_BUSY, STREAM_DEADLINE, STREAM_DRAI
                                        STREAM_SHUTTING_DOWN, chunk_outputs, error_outputs)
 from velocity.serving.settings import Settings
 from velocity.serving.stream_board import CANCELLED, ENDED, StreamBoard
-from velocity.tts.streaming import FRAMES_PER_SECOND, FrameChunker, Refine, SentenceStream
+from velocity.tts.chunking import FRAMES_PER_SECOND, FrameChunker
+from velocity.tts.sentence_stream import Refine, SentenceStream
 
 log = logging.getLogger("velocity.llm")
 Send = Callable[[object, "dict | None", bool], None]       # (sender, outputs or None: only the flag, final)

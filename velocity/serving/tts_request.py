@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from velocity.sampling_params import SamplingParams, refine_params
-from velocity.serving.requests import (REFINE_MAX_NEW_TOKENS, SAMPLING_INPUTS, decoder_input, flag_input,
-                                       input_reader, sampling_inputs, seed_input, text_input)
+from velocity.sampling_params import SamplingParams, chattts_params, refine_params
+from velocity.serving.inputs import read_inputs
+from velocity.serving.requests import input_reader
 from velocity.serving.settings import Settings
 
 
@@ -53,51 +53,55 @@ class TTSFront:
 
 
 def parse_tts_request(get, front: TTSFront) -> TTSRequest:
-    """get(name) -> np.ndarray | None for TEXT, PROMPT, the voice (SPEAKER, SPEAKER_SEED,
-    SPEAKER_SAMPLE with SAMPLE_TEXT, or VOICE), DECODER, the sampling inputs and text refine's.
+    """get(name) -> np.ndarray | None for the inputs of velocity.serving.inputs: TEXT, PROMPT, the
+    voice (SPEAKER, SPEAKER_SEED, SPEAKER_SAMPLE with SAMPLE_TEXT, or VOICE), DECODER, the sampling
+    inputs and text refine's.
 
     Raises ValueError naming the bad input and its allowed range (INVALID_ARG for Triton).
     """
     from velocity.tts.frontend import DEFAULT_PROMPT
 
-    settings, frontend = front.settings, front.text
-    text = text_input(get("TEXT"), "TEXT", required=True, max_chars=settings.max_text_chars)
-    prompt = text_input(get("PROMPT"), "PROMPT", required=False) or DEFAULT_PROMPT
-    params = sampling_inputs(get, settings)
-    decoder = decoder_input(get("DECODER"))
-    vec, sample, sample_text = voice_inputs(get, front)
-    sentences, _ = frontend.encode(text, speaker=vec.size > 0, prompt=prompt, sample_text=sample_text)
+    v, frontend = read_inputs(get, front.settings), front.text
+    params = sampling(v, "", chattts_params, front.settings.max_new_tokens)
+    vec, sample, sample_text = voice_inputs(v, front)
+    prompt = v["PROMPT"] or DEFAULT_PROMPT
+    sentences, _ = frontend.encode(v["TEXT"], speaker=vec.size > 0, prompt=prompt, sample_text=sample_text)
     if not sentences:
         raise ValueError("TEXT has nothing to speak after normalisation")
-    req = TTSRequest(sentences, vec, params, decoder, sample)
-    refine_prompt = text_input(get("REFINE_PROMPT"), "REFINE_PROMPT", required=False) or ""
-    if flag_input(get("REFINE_TEXT"), "REFINE_TEXT"):
-        req.refine = sampling_inputs(get, settings, "REFINE_", refine_params, max_new_tokens=REFINE_MAX_NEW_TOKENS)
+    req = TTSRequest(sentences, vec, params, v["DECODER"] or "hidden", sample)
+    if v["REFINE_TEXT"]:
+        req.refine = sampling(v, "REFINE_", refine_params)
         try:
-            req.refine_prompts = [frontend.refine_prompt(s.text, refine_prompt) for s in sentences]
+            req.refine_prompts = [frontend.refine_prompt(s.text, v["REFINE_PROMPT"] or "") for s in sentences]
         except ValueError as e:
             raise ValueError(f"REFINE_{e}") from e       # "PROMPT must hold only control tokens ..."
         req.code_prefix = frontend.code_prefix(vec.size > 0, prompt, sample_text)
-    else:
-        for name in ("REFINE_PROMPT", *("REFINE_" + n for n in SAMPLING_INPUTS)):
-            if get(name) is not None and get(name).size:
-                raise ValueError(f"{name} is for text refine: send REFINE_TEXT true with it")
     return req
 
 
-def voice_inputs(get, front: TTSFront) -> tuple[np.ndarray, np.ndarray | None, str]:
+def sampling(v: dict, prefix: str, defaults, max_new_tokens: int | None = None) -> SamplingParams:
+    """A head's sampling inputs (prefix "" for the audio's, "REFINE_" for text refine's, already
+    checked against their ranges) over the reference's defaults, with the request's SEED."""
+    names = {"temperature": "TEMPERATURE", "top_p": "TOP_P", "top_k": "TOP_K",
+             "repetition_penalty": "REPETITION_PENALTY", "max_new_tokens": "MAX_NEW_TOKENS"}
+    given = {f: v[prefix + n] for f, n in names.items() if v[prefix + n] is not None}
+    if max_new_tokens is not None:
+        given.setdefault("max_new_tokens", max_new_tokens)
+    return defaults(**given, seed=v["SEED"])
+
+
+def voice_inputs(v: dict, front: TTSFront) -> tuple[np.ndarray, np.ndarray | None, str]:
     """The request's voice -> (speaker vector, empty for none; a sample's codes or None; its
     transcript). One of SPEAKER, SPEAKER_SEED, SPEAKER_SAMPLE (+ SAMPLE_TEXT) or VOICE; none of
     them: the default voice."""
     from velocity.tts.speaker import SpeakerError, decode_speaker, random_speaker
 
     frontend = front.text
-    speaker = (text_input(get("SPEAKER"), "SPEAKER", required=False) or "").strip()
-    speaker_seed = seed_input(get, "SPEAKER_SEED")
-    voice = (text_input(get("VOICE"), "VOICE", required=False) or "").strip()
-    sample, sample_text = sample_inputs(get, front.encoder)
-    given = [n for n, v in (("SPEAKER", speaker), ("SPEAKER_SEED", speaker_seed is not None),
-                            ("SPEAKER_SAMPLE", sample is not None), ("VOICE", voice)) if v]
+    speaker, speaker_seed, voice = (v["SPEAKER"] or "").strip(), v["SPEAKER_SEED"], (v["VOICE"] or "").strip()
+    sample = None if v["SPEAKER_SAMPLE"] is None else front.encoder.sample_codes(v["SPEAKER_SAMPLE"])
+    sample_text = v["SAMPLE_TEXT"] or ""
+    given = [n for n, x in (("SPEAKER", speaker), ("SPEAKER_SEED", speaker_seed is not None),
+                            ("SPEAKER_SAMPLE", sample is not None), ("VOICE", voice)) if x]
     if voice and len(given) > 1:
         raise ValueError(f"VOICE names a whole voice: send it without {' and '.join(g for g in given if g != 'VOICE')}")
     if speaker and speaker_seed is not None:
@@ -128,20 +132,6 @@ def voice_of(front: TTSFront, v) -> tuple[np.ndarray, np.ndarray | None, str]:
         return vec, front.encoder.sample_codes(v.sample, f"VOICE {v.name!r}"), v.sample_text
     except ValueError as e:
         raise ValueError(f"VOICE {v.name!r} ({v.source}): {e}") from e
-
-
-def sample_inputs(get, encoder) -> tuple[np.ndarray | None, str]:
-    """SPEAKER_SAMPLE (a sample string, or a WAV/FLAC/Ogg file's bytes) and SAMPLE_TEXT (its
-    transcript) -> (codes [num_vq, T] or None, the transcript)."""
-    raw = get("SPEAKER_SAMPLE")
-    sample_text = text_input(get("SAMPLE_TEXT"), "SAMPLE_TEXT", required=False, max_chars=500) or ""
-    if raw is None or raw.size == 0 or not raw.reshape(-1)[0]:
-        if sample_text:
-            raise ValueError("SAMPLE_TEXT is the transcript of SPEAKER_SAMPLE: send it with one")
-        return None, ""
-    if raw.size != 1 or raw.dtype != object:
-        raise ValueError(f"SPEAKER_SAMPLE must be one BYTES value, got {raw.size} of {raw.dtype}")
-    return encoder.sample_codes(raw.reshape(-1)[0]), sample_text
 
 
 def parse_triton_request(request, pb_utils, front: TTSFront) -> tuple[TTSRequest | None, object]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from velocity.tts.homophones import Homophones
 from velocity.tts.normalizer import CONTROL, Normalized, Normalizer, split_sentences, split_text
 from velocity.tts.speaker import STATS_FILE, load_speaker_stats, speaker_dim
-from velocity.tts.streaming import Refine
+from velocity.tts.sentence_stream import Refine
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,9 @@ from velocity.sampling_params import SamplingParams, chattts_params, refine_para
 from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.tts.frontend import DEFAULT_PROMPT, TextFrontend
 from velocity.tts.speaker import decode_sample, decode_speaker, random_speaker, sample_frames
-from velocity.tts.streaming import (DECODERS, AudioDecoder, ChunkSchedule, CodeChunk, FrameChunker, SentenceStream,
-                                    default_decode_batch)
+from velocity.tts.audio_decoder import DECODERS, AudioDecoder, default_decode_batch
+from velocity.tts.chunking import ChunkSchedule, CodeChunk, FrameChunker
+from velocity.tts.sentence_stream import SentenceStream
 
 logger = logging.getLogger(__name__)
 

@@ -3,10 +3,18 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from velocity.serving.requests import params_arrays
+from velocity.serving.inputs import triton_inputs
 from velocity.serving.tts_request import TTSFront, parse_triton_request
 
 
 class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        """The inputs from the request table (velocity/serving/inputs.py)."""
+        for spec in triton_inputs("text_frontend"):
+            config.add_input(spec)
+        return config
+
     def initialize(self, args: dict) -> None:
         self.front = TTSFront.from_env("text_frontend", pb_utils)
 

@@ -4,10 +4,18 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from velocity.serving.inputs import triton_inputs
 from velocity.serving.tts_request import TTSFront, parse_triton_request
 
 
 class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        """The inputs from the request table (velocity/serving/inputs.py)."""
+        for spec in triton_inputs("tts_offline"):
+            config.add_input(spec)
+        return config
+
     def initialize(self, args: dict) -> None:
         self.front = TTSFront.from_env("tts_offline", pb_utils)
         self.inputs = [i["name"] for i in json.loads(args["model_config"])["input"]]   # passed on to `tts`

@@ -1,4 +1,4 @@
-"""Triton adapter: one chunk -> its audio (velocity.tts.streaming.AudioDecoder). Stateless.
+"""Triton adapter: one chunk -> its audio (velocity.tts.audio_decoder.AudioDecoder). Stateless.
 
 A chunk with HIDDEN (the GPT's hidden states, the default Decoder path) is decoded by the
 Decoder, one without by the DVAE from its CODES; then Vocos. LAST marks an utterance's last
@@ -39,7 +39,7 @@ from velocity.serving.protocol import STREAM_PROBE, ChunkIn, chunk_problem, read
 from velocity.serving.requests import input_reader
 from velocity.serving.settings import Settings
 from velocity.serving.stream_board import CANCELLED, FAILED, StreamBoard
-from velocity.tts.streaming import AudioDecoder, default_decode_batch
+from velocity.tts.audio_decoder import AudioDecoder, default_decode_batch
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 log = logging.getLogger("velocity.vocoder")

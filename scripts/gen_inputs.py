@@ -1,0 +1,75 @@
+"""Write what the request table (velocity/serving/inputs.py) defines into the files that cannot
+import it: the `tts` ensemble's inputs and their map into text_frontend
+(model_repository/tts/config.pbtxt: an ensemble has no auto-complete), and the inputs table of
+docs/api.md. text_frontend and tts_offline declare theirs at load (auto_complete_config).
+
+    .venv/bin/python scripts/gen_inputs.py            # write them
+    .venv/bin/python scripts/gen_inputs.py --check    # exit 1 and show the difference if stale
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from velocity.serving.inputs import INPUTS, triton_inputs  # noqa: E402
+
+CONFIG = ROOT / "model_repository" / "tts" / "config.pbtxt"
+API = ROOT / "docs" / "api.md"
+BEGIN, END = "<!-- inputs: written by scripts/gen_inputs.py -->", "<!-- end of inputs -->"
+
+
+def config_text(text: str) -> str:
+    """The ensemble's config with its input block and text_frontend's input_map from the table."""
+    rows = ",\n".join(f'  {{ name: "{i["name"]}", data_type: {i["data_type"]}, dims: [ 1, 1 ], optional: true }}'
+                      for i in triton_inputs("tts"))
+    text = re.sub(r"(?ms)^input \[\n.*?^\]\n", lambda _: f"input [\n{rows}\n]\n", text, count=1)
+    maps = "".join(f'      input_map {{ key: "{i.name}" value: "{i.name}" }}\n' for i in INPUTS)
+    return re.sub(r'(?s)(model_name: "text_frontend"\n      model_version: -1\n)(?:      input_map [^\n]*\n)*',
+                  lambda m: m[1] + maps, text, count=1)
+
+
+def api_text(text: str) -> str:
+    """docs/api.md with the inputs table between the markers."""
+    def cell(s: str) -> str:
+        return s.replace("|", "\\|")
+
+    lines = ["| input | type | what | OpenAI API field | client option |", "|---|---|---|---|---|"]
+    lines += [f"| `{i.name}` | {i.dtype} | {cell(i.describe())} | {f'`{i.api_field}`' if i.api_field else ''} | "
+              f"{f'`{i.cli_flag}`' if i.cli_flag else ''} |" for i in INPUTS]
+    table = "\n".join(lines)
+    return re.sub(f"(?s){re.escape(BEGIN)}.*?{re.escape(END)}", lambda _: f"{BEGIN}\n{table}\n{END}", text, count=1)
+
+
+def stale() -> list[str]:
+    """A unified diff for each file that differs from what the table writes (empty: up to date)."""
+    out = []
+    for path, make in ((CONFIG, config_text), (API, api_text)):
+        old = path.read_text()
+        new = make(old)
+        if new != old:
+            out.append("".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
+                                                    str(path.relative_to(ROOT)), "from the table")))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is stale")
+    args = ap.parse_args()
+    if args.check:
+        diffs = stale()
+        sys.stdout.write("".join(diffs))
+        return 1 if diffs else 0
+    for path, make in ((CONFIG, config_text), (API, api_text)):
+        path.write_text(make(path.read_text()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

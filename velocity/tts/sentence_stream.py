@@ -1,0 +1,111 @@
+"""One request's sentences as one stream of chunks (`SentenceStream`), with text refine first
+where asked (`Refine`): the order of engine requests and of their frames, shared by the llm
+model and the in-process pipeline."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from velocity.tts.chunking import CodeChunk, FrameChunker
+
+
+@dataclass
+class Refine:
+    """Text refine before each sentence's audio, as the reference's first pass: the text head
+    continues `prompts[i]` with `params`; `audio_prompt(generated ids)` -> (the refined text, the
+    sentence's audio prompt)."""
+    prompts: list[list[int]]
+    params: object                              # SamplingParams
+    audio_prompt: Callable[[list[int]], tuple[str, list]]
+
+
+class SentenceStream:
+    """One request's sentences, spoken in order as one stream of chunks: each sentence is one
+    engine request (`prompt`, on `head`), its end frame is dropped, and it is its own utterance
+    (its last chunk marked). With `refine`, a text-head request comes first and its refined text
+    becomes the sentence's audio prompt. Serves the llm model and the in-process pipeline alike.
+
+    Once the stream's first chunk is out (so the first audio is not slowed by a larger batch),
+    up to `ahead` sentences after the one being spoken generate at the same time, batched with
+    it; their frames are held until it ends, so the chunks still go out in order and the next
+    sentence's first chunk is ready the moment the current one's last is.
+
+        for i, prompt, sampling, kwargs in stream.requests(params, speaker, hidden): start them
+        chunks = stream.feed(i, output)   # each engine output of sentence i's request
+        after chunks or a finished request, until stream.done: start stream.requests(...) again
+    """
+
+    def __init__(self, sentences: list[list], chunker: FrameChunker, end_code: int,
+                 refine: Refine | None = None, ahead: int = 0) -> None:
+        self.sentences, self.chunker, self.end_code, self.refine = list(sentences), chunker, end_code, refine
+        self.ahead = ahead
+        self.sentence = 0                           # the one being spoken: its chunks go out now
+        n = len(self.sentences)
+        self.phase = ["refine" if refine is not None else "audio"] * n    # then "done"
+        self.started = [False] * n                  # the current phase's request has started
+        self.generated: list[list[int]] = [[] for _ in range(n)]        # a refine's text ids so far
+        self.texts = [""] * n                       # refined texts, until the sentence's first chunk takes it
+        self.held: list[list[tuple]] = [[] for _ in range(n)]          # (frames, hidden, ended) of one ahead
+
+    def requests(self, params, speaker, hidden: bool) -> list[tuple[int, list, object, dict]]:
+        """The engine requests to start now, given the audio's sampling, speaker and whether it
+        wants hidden states: [(sentence, prompt, sampling, add_request's head, speaker and
+        return_hidden)]. A refine runs on the text head, without the speaker or hidden states."""
+        out = []
+        ahead = self.ahead if self.chunker.index > 0 else 0
+        for i in range(self.sentence, min(len(self.sentences), self.sentence + 1 + ahead)):
+            if self.started[i] or self.phase[i] == "done":
+                continue
+            self.started[i] = True
+            if self.phase[i] == "refine":
+                out.append((i, self.refine.prompts[i], self.refine.params,
+                            {"head": "text", "speaker": None, "return_hidden": False}))
+            else:
+                out.append((i, self.sentences[i], params, {"head": "audio", "speaker": speaker, "return_hidden": hidden}))
+        return out
+
+    @property
+    def done(self) -> bool:
+        return self.sentence >= len(self.sentences)
+
+    def unsent_frames(self) -> int:
+        """Frames generated but not yet in a chunk: the current sentence's not yet cut, and those
+        held for the sentences ahead."""
+        held = sum(len(frames) for outputs in self.held for frames, _, _ in outputs)
+        return len(self.chunker.frames) - self.chunker.emitted + held
+
+    def feed(self, i: int, out) -> list[CodeChunk]:
+        """Sentence i's engine output (velocity.engine.llm_engine.RequestOutput) -> the chunks now
+        ready. A sentence that ends ("stop" or "length") lets the next one speak; a refine that
+        ends readies the sentence's audio request."""
+        ended = out.finished and out.finish_reason in ("stop", "length")
+        if self.phase[i] == "refine":
+            self.generated[i] += out.new_token_ids
+            if ended:
+                self.texts[i], self.sentences[i] = self.refine.audio_prompt(self.generated[i])
+                self.phase[i], self.started[i], self.generated[i] = "audio", False, []
+            return []
+        keep = [k for k, f in enumerate(out.new_token_ids) if self.end_code not in f]
+        frames = [out.new_token_ids[k] for k in keep]
+        hidden = None if out.new_hidden is None else out.new_hidden[keep]
+        if ended:
+            self.phase[i] = "done"
+        if i != self.sentence:
+            self.held[i].append((frames, hidden, ended))
+            return []
+        return self._speak([(frames, hidden, ended)])
+
+    def _speak(self, outputs: list[tuple]) -> list[CodeChunk]:
+        """The current sentence's outputs into the chunker; at its end, the next one's held ones."""
+        chunks: list[CodeChunk] = []
+        while outputs:
+            frames, hidden, ended = outputs.pop(0)
+            mine = self.chunker.push(frames, hidden) + (self.chunker.finish() if ended else [])
+            if mine and self.texts[self.sentence]:       # the refined text rides on its first chunk
+                mine[0].text, self.texts[self.sentence] = self.texts[self.sentence], ""
+            chunks += mine
+            if ended:
+                self.sentence += 1
+                if not self.done:
+                    outputs, self.held[self.sentence] = self.held[self.sentence], []
+        return chunks
