@@ -19,6 +19,7 @@ import tritonclient.grpc as grpcclient
 
 from client.triton import ServerError, make_inputs, stream_grpc
 from triton_server import LONG_TEXT, ROOT, assert_same_pcm, assert_work_stops, llm_inputs, wait_for
+from velocity.tts.chunking import FRAMES_PER_SECOND
 
 pytestmark = pytest.mark.server
 LONG = {"TEXT": LONG_TEXT, "SEED": 4}
@@ -28,17 +29,35 @@ def aborted(server, reason: str) -> float:
     return server.metric(f'velocity_aborted_requests_total{{model="llm",reason="{reason}"}}')
 
 
-@pytest.fixture
-def server(tts_server):
+def frames(server) -> float:
+    return server.metric("velocity_frames_generated_total")
+
+
+@pytest.fixture(scope="module")
+def full_frames(tts_server) -> float:
+    """The frames of the whole LONG request when nobody leaves: what each hang-up below must cut
+    well short of, so that its idle server proves a stop, not an end (however fast the machine)."""
     assert wait_for(lambda: tts_server.metric("velocity_active_requests") == 0, 60)
-    return tts_server
+    f0 = frames(tts_server)
+    audio = sum(len(a) for _, a in stream_grpc(tts_server.grpc_url, LONG, timeout=120))
+    assert audio / 24000 > 10, audio / 24000
+    return frames(tts_server) - f0
 
 
-def test_the_long_request_takes_well_over_the_limit_when_nobody_leaves(server):
-    """What the hang-up tests stop: several seconds of work (so 2 s proves a stop, not an end)."""
-    t0 = time.monotonic()
-    audio = sum(len(a) for _, a in stream_grpc(server.grpc_url, LONG, timeout=120))
-    assert audio / 24000 > 10 and time.monotonic() - t0 > 4, (audio / 24000, time.monotonic() - t0)
+@pytest.fixture
+def server(tts_server, full_frames):
+    """The shared server, idle; after the test, the frames its request made are under half the
+    whole request's (checked at teardown)."""
+    assert wait_for(lambda: tts_server.metric("velocity_active_requests") == 0, 60)
+    f0 = frames(tts_server)
+    yield tts_server
+    made = frames(tts_server) - f0
+    assert made < full_frames / 2, f"{made} frames made after the client left early; the whole request makes {full_frames}"
+
+
+def test_the_long_request_runs_to_its_end_when_nobody_leaves(full_frames):
+    """What the hang-up tests stop: more than 10 s of audio (FRAMES_PER_SECOND frames a second)."""
+    assert full_frames > 10 * FRAMES_PER_SECOND, full_frames
 
 
 def test_stop_stream_with_cancel_stops_the_work(server):
