@@ -158,7 +158,7 @@ def test_the_readmes_gateway_examples(gateway, tmp_path):
     req = urllib.request.Request(gateway + "/v1/audio/speech", data=body.encode(),
                                  headers={"Content-Type": "application/json"})
     assert decoded_seconds(urllib.request.urlopen(req, timeout=120).read(), "mp3") > 0.1
-    part = readme.split("With the official `openai` package")[1].split("Fields:")[0]
+    part = readme.split("With the official `openai` package")[1].split("\n#")[0]
     code = "\n".join(line[4:] for line in part.splitlines() if line.startswith("    "))
     code = code.replace("http://localhost:8080", gateway).replace('"hello.wav"', repr(str(tmp_path / "hello.wav")))
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=tmp_path)

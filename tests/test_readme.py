@@ -17,6 +17,7 @@ from velocity.serving.inputs import BY_NAME, INPUTS
 
 pytestmark = pytest.mark.server
 README = (ROOT / "README.md").read_text()
+DOCS = {p.name: p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))}
 
 
 def python_snippet() -> str:
@@ -26,8 +27,8 @@ def python_snippet() -> str:
 
 
 def curl_commands() -> list[tuple[str, dict]]:
-    """(path, JSON body) of each `curl ... -d '<body>' localhost:8000/<path>` in the README."""
-    found = re.findall(r"curl [^']*-d '([^']*)'[\s\\]*localhost:8000(/\S+)", README)
+    """(path, JSON body) of each `curl ... -d '<body>' localhost:8000/<path>` in the README and docs/."""
+    found = re.findall(r"curl [^']*-d '([^']*)'[\s\\]*localhost:8000(/\S+)", README + "".join(DOCS.values()))
     return [(path, json.loads(body)) for body, path in found]
 
 
@@ -94,22 +95,22 @@ def test_the_curl_commands(tts_server):
 
 
 def test_the_configuration_table_is_the_settings():
-    """Every VELOCITY_* variable in the README's table, with Settings' default, and no other."""
+    """Every VELOCITY_* variable in docs/configuration.md's table, with Settings' default, and no other."""
     from dataclasses import fields
 
     from velocity.serving.settings import Settings
 
-    rows = dict(re.findall(r"^\| `VELOCITY_([A-Z_]+)` \| ([^|]+) \|", README, re.M))
+    rows = dict(re.findall(r"^\| `VELOCITY_([A-Z_]+)` \| ([^|]+) \|", DOCS["configuration.md"], re.M))
     want = {f.name.upper(): str(f.default) for f in fields(Settings)}
     got = {k: v.strip().strip("`").replace("(empty)", "") for k, v in rows.items()}
     assert got == want
 
 
 def test_the_metrics_table_is_the_metrics():
-    """Every velocity_* metric in the README's table, with its kind and model, and no other."""
+    """Every velocity_* metric in docs/operations.md's table, with its kind and model, and no other."""
     from velocity.serving.metrics import LLM, VOCODER
 
-    rows = re.findall(r"^\| `(velocity_[a-z_]+)` \| (counter|gauge|histogram) \| (llm|vocoder) \|", README, re.M)
+    rows = re.findall(r"^\| `(velocity_[a-z_]+)` \| (counter|gauge|histogram) \| (llm|vocoder) \|", DOCS["operations.md"], re.M)
     want = [(name, kind.lower(), model) for model, specs in (("llm", LLM), ("vocoder", VOCODER))
             for name, _, kind, _ in specs.values()]
     assert sorted(rows) == sorted(want)
@@ -143,3 +144,14 @@ def test_the_status_names_as_missing_only_what_the_code_lacks():
         assert found, f"the status names {item!r} as missing: say in FEATURES where the code would have it"
         for k in found:
             assert not has(*FEATURES[k]), f"the README's status says {item!r} is missing, but {FEATURES[k][0]} has it"
+
+
+def test_the_readme_fits_on_a_screen_and_every_link_resolves():
+    """The README stays short (the rest is in docs/), and every relative link in it and in docs/
+    points at a file that exists."""
+    assert len(README.splitlines()) < 200, "README.md grew past 200 lines: move the detail to docs/"
+    links = [(ROOT, t) for t in re.findall(r"\]\(([^)#:]+)\)", README)]
+    links += [(ROOT / "docs", t) for text in DOCS.values() for t in re.findall(r"\]\(([^)#:]+)\)", text)]
+    assert links
+    missing = [str(base / t) for base, t in links if not (base / t).exists()]
+    assert not missing, missing
