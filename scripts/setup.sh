@@ -39,9 +39,12 @@ if [[ "${1:-}" == --test-tools ]]; then
     command -v kubectl >/dev/null 2>&1 || missing+=(kubernetes-client)
     if [[ ${#missing[@]} -gt 0 ]]; then
         if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-            log "installing Debian's ${missing[*]} for the tests (about a minute)"
-            apt-get update -qq >/dev/null
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+            # in the background, beside the venv (network and disk, while pip and the compiler take the CPU)
+            log "installing Debian's ${missing[*]} for the tests (about a minute, beside the venv)"
+            apt_log="$(mktemp)"
+            ( apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" ) \
+                >"$apt_log" 2>&1 &
+            apt_pid=$!
         else
             echo "[setup] the tests need Debian's ${missing[*]}: sudo apt-get install ${missing[*]}" >&2
             exit 1
@@ -109,5 +112,9 @@ if [[ ! -f "$kstamp" ]] || [[ "$(cat "$kstamp")" != "$ksum" ]]; then
         log "WARNING: the C++ kernels did not build ($(tail -1 "$VENV/kernel-build.log")); the server"
         log "         will use the slower torch paths. Install g++ (apt-get install g++) and rerun."
     fi
+fi
+if [[ -n "${apt_pid:-}" ]]; then
+    wait "$apt_pid" || { cat "$apt_log" >&2; echo "[setup] apt-get install ${missing[*]} failed (above)" >&2; exit 1; }
+    rm -f "$apt_log"
 fi
 log "ready: $VENV"

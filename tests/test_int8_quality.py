@@ -55,8 +55,9 @@ def load(folder: str, int8: bool = False):
 
 def test_velocity_greedy_equals_transformers_on_the_real_model(smollm, tok, english):
     """GQA (9 query heads, 3 kv heads), tied embeddings, rope theta 1e5, trained weights; both stop
-    at the end token."""
-    prompts = halves(tok, english)
+    at the end token. Every other text (14 prompts, batched together in the engine): transformers'
+    one-at-a-time reference is most of this test's time."""
+    prompts = halves(tok, english[::2])
     outs = LLM(smollm, device="cpu").generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=24))
     model = load(smollm)
     eos = model.config.eos_token_id
