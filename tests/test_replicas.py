@@ -26,7 +26,7 @@ from triton_server import ROOT, TritonServer, free_port, listening, wait_for
 from velocity.demo.checkpoint import write_checkpoint
 
 pytestmark = pytest.mark.server
-DRAIN = 15
+DRAIN = 10          # seconds: the gateway's four short requests need about 2 while r1 drains
 SHORT = {"MAX_NEW_TOKENS": 40, "REPETITION_PENALTY": 1.0}
 
 

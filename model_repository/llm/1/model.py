@@ -10,20 +10,18 @@ of a client's cancel and of its progress (velocity.serving.stream_board).
 import json
 import logging
 
-import torch
 import triton_python_backend_utils as pb_utils
 
-from velocity import AsyncLLMEngine, SamplingParams
-from velocity.engine.worker import resolve_device
+from velocity.sampling_params import SamplingParams
 from velocity.serving.core_board import CoreBoard, ThreadLender, board_path
 from velocity.serving.metrics import LLM, make_metrics
 from velocity.serving.protocol import error_outputs
-from velocity.serving.llm_request import llm_inputs
 from velocity.serving.requests import decoder_input, flag_input, input_reader
 from velocity.serving.settings import Settings
 from velocity.serving.stream import Streams
 from velocity.serving.stream_board import StreamBoard
-from velocity.tts.frontend import TextFrontend
+# torch and the engine are imported in initialize: Triton's auto-complete step also runs this file,
+# in a stub of its own, and needs none of them
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 log = logging.getLogger("velocity.llm")
@@ -46,6 +44,12 @@ def send_failure(sender, message: str, code) -> None:
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
+        import torch
+
+        from velocity import AsyncLLMEngine
+        from velocity.engine.worker import resolve_device
+        from velocity.tts.frontend import TextFrontend
+
         self.settings = s = Settings.from_env()
         s.configure_logging()
         if not pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"])):
@@ -96,6 +100,10 @@ class TritonPythonModel:
     def _parse(self, get) -> tuple[list, object, SamplingParams, bool, object]:
         """The request's sentences, speaker, sampling, whether it takes the Decoder path and its
         text refine (or None), checked as the engine will check them. get: its input reader."""
+        import torch
+
+        from velocity.serving.llm_request import llm_inputs
+
         inputs = llm_inputs(get, self.settings.max_new_tokens, self.streams.num_vq)
         sentences, spk, params = inputs.sentences, inputs.speaker, inputs.params
         engine = self.engine.engine

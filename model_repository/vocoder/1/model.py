@@ -27,11 +27,8 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 import triton_python_backend_utils as pb_utils
 
-from velocity.engine.worker import resolve_device
-from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.serving.chunk_queue import ChunkQueue
 from velocity.serving.core_board import CoreBoard, board_path
 from velocity.serving.metrics import VOCODER, make_metrics
@@ -39,7 +36,8 @@ from velocity.serving.protocol import STREAM_PROBE, ChunkIn, chunk_problem, read
 from velocity.serving.requests import input_reader
 from velocity.serving.settings import Settings
 from velocity.serving.stream_board import CANCELLED, FAILED, StreamBoard
-from velocity.tts.audio_decoder import AudioDecoder, default_decode_batch
+# torch and the decoders are imported in initialize: Triton's auto-complete step also runs this
+# file, in a stub of its own, and needs none of them
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 log = logging.getLogger("velocity.vocoder")
@@ -61,6 +59,10 @@ def same_shape(job: Job) -> tuple | None:
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
+        from velocity.engine.worker import resolve_device
+        from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
+        from velocity.tts.audio_decoder import AudioDecoder, default_decode_batch
+
         self.settings = s = Settings.from_env()
         s.configure_logging()
         s.set_threads("vocoder")
@@ -142,6 +144,8 @@ class TritonPythonModel:
     def _decode(self, jobs: list[Job], deadlines: list[float]) -> list:
         """Responses for jobs of one shape (decoded in one call), or for one refused job (None: the
         final flag alone, for a chunk of a stream marked FAILED)."""
+        import torch
+
         if jobs[0].error is not None:
             return [jobs[0].error]
         start = time.monotonic()

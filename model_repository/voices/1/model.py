@@ -8,12 +8,13 @@ import triton_python_backend_utils as pb_utils
 from velocity.serving.drain import draining
 from velocity.serving.requests import input_reader, text_input
 from velocity.serving.settings import Settings
-from velocity.tts.speaker import load_speaker_stats, speaker_dim
-from velocity.tts.voices import Voices
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
+        from velocity.tts.speaker import load_speaker_stats, speaker_dim     # torch: not in the auto-complete stub
+        from velocity.tts.voices import Voices
+
         self.settings = s = Settings.from_env()
         s.configure_logging()
         try:
