@@ -64,13 +64,17 @@ def test_context_is_the_receptive_field(decoder):
                                            (ChunkSchedule(4, 24), 7), (ChunkSchedule(200, 200), 3),
                                            (ChunkSchedule(12, 24, 96), 5)])
 def test_exact_context_chunks_equal_the_whole_decode(decoder, frames, whole, schedule, step):
+    n = T
+    if schedule.first == schedule.rest == 1:       # a decode per frame: the first 60 frames say it
+        n, frames = 60, frames[:60]
+        whole = decoder.decode(torch.tensor(frames).T[None])[0]
     chunks = stream(decoder, frames, schedule, step)
     audio = torch.cat([c[1] for c in chunks])
-    assert audio.shape == whole.shape == (T * 512 - 256,)         # the reference's whole-decode length
+    assert audio.shape == whole.shape == (n * 512 - 256,)         # the reference's whole-decode length
     # float32 rounding only: 100 dB SER is about 1e-5 relative error
     assert ser_db(whole, audio) > 100, ser_db(whole, audio)
     sizes = [-(-len(c[1]) // 512) for c in chunks]
-    assert sizes[0] == min(schedule.first, T) and sum(sizes) == T
+    assert sizes[0] == min(schedule.first, n) and sum(sizes) == n
     assert all(len(c[1]) % 512 == 0 for c in chunks[:-1]) and len(chunks[-1][1]) % 512 == 256
 
 
