@@ -2,13 +2,13 @@
 # GPU figures on a machine with python3 + torch (CUDA) but no network and no Triton, from the
 # repository root, with .device/ made by scripts/device_bundle.sh next to the tree:
 #
-#   PARTS=triton scripts/device_sweep.sh   # client.bench through a real Triton server (levels
+#   PARTS=triton scripts/device_sweep.sh   # benchmarks.sweep through a real Triton server (levels
 #                                          # LEVELS, default 1,8,32) + the in-process baseline
-#   PARTS=step   scripts/device_sweep.sh   # scripts/bench_step.py: the engine's decode step,
+#   PARTS=step   scripts/device_sweep.sh   # benchmarks/bench_step.py: the engine's decode step,
 #                                          # A/B against .device/baseline_velocity.tar if there
 #   PARTS=tests  scripts/device_sweep.sh   # the CUDA tests (tests/test_cuda_graphs.py; they
 #                                          # skip on a CPU-only machine)
-#   PARTS=inprocess scripts/device_sweep.sh # client.bench --in-process-only at LEVELS (default
+#   PARTS=inprocess scripts/device_sweep.sh # benchmarks.sweep --in-process-only at LEVELS (default
 #                                          # 1,8,32,64): the pipeline without the server
 #
 # The Triton part needs numpy<2 in the python stubs: the pytriton wheel's 2.51 stub reads every
@@ -78,7 +78,7 @@ if [[ "$PARTS" == *" triton "* ]]; then
     done
     if get http://localhost:8000/v2/health/ready >/dev/null; then
         echo "server ready after ${i}s"
-        PYTHONUNBUFFERED=1 TQDM_DISABLE=1 "$PY" -m client.bench --concurrency "${LEVELS:-1,8,32}" --requests 16 \
+        PYTHONUNBUFFERED=1 TQDM_DISABLE=1 "$PY" -m benchmarks.sweep --concurrency "${LEVELS:-1,8,32}" --requests 16 \
             --weights "$W" --in-process-concurrency 1,32 --device "$DEVICE" --hardware "$HW" \
             --out "$OUT/serving_gpu" 2>&1 | tail -60
         get http://localhost:8002/metrics | grep "^velocity_" > "$OUT/metrics.txt"
@@ -92,7 +92,7 @@ if [[ "$PARTS" == *" triton "* ]]; then
 fi
 
 if [[ "$PARTS" == *" inprocess "* ]]; then
-    PYTHONUNBUFFERED=1 TQDM_DISABLE=1 "$PY" -m client.bench --in-process-only --weights "$W" \
+    PYTHONUNBUFFERED=1 TQDM_DISABLE=1 "$PY" -m benchmarks.sweep --in-process-only --weights "$W" \
         --in-process-concurrency "${LEVELS:-1,8,32,64}" --requests 16 --device "$DEVICE" --hardware "$HW" \
         --out "$OUT/serving_inprocess_gpu" 2>&1 | tail -20
 fi
@@ -104,6 +104,6 @@ if [[ "$PARTS" == *" step "* ]]; then
         mkdir -p "/tmp/$rev" && tar -xf .device/baseline_velocity.tar -C "/tmp/$rev"
         base=(--baseline-dir "/tmp/$rev" --rounds "${ROUNDS:-2}")
     fi
-    PYTHONUNBUFFERED=1 TQDM_DISABLE=1 "$PY" scripts/bench_step.py --weights "$W" --device "$DEVICE" "${base[@]}" \
+    PYTHONUNBUFFERED=1 TQDM_DISABLE=1 "$PY" benchmarks/bench_step.py --weights "$W" --device "$DEVICE" "${base[@]}" \
         --batches 1,8,32,64 --steps 100 --out "$OUT/engine_step_gpu" 2>&1 | tail -8
 fi

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # perf_analyzer against a running server: `tts` over gRPC --streaming and `tts_offline`
-# (unary), with the shipped input data (client/perf_data.json: ten sentences, 60 frames max).
+# (unary), with the shipped input data (benchmarks/perf_data.json: ten sentences, 60 frames max).
 # Time to first audio comes from --profile-export-file (perf_analyzer's own latency for a
-# stream runs to the last response): see client/perf_report.py.
+# stream runs to the last response): see benchmarks/perf_report.py.
 #
 #   scripts/perf_analyzer.sh                       # localhost:8001, concurrency 1, 2 and 4
 #   URL=host:8001 CONCURRENCY="1 8" REQUESTS=32 OUT=/tmp/pa scripts/perf_analyzer.sh
@@ -13,7 +13,7 @@ URL="${URL:-localhost:8001}"
 CONCURRENCY="${CONCURRENCY:-1 2 4}"
 REQUESTS="${REQUESTS:-16}"           # requests measured per concurrency level
 OUT="${OUT:-$ROOT/docs/benchmarks/perf_analyzer}"
-DATA="${DATA:-$ROOT/client/perf_data.json}"
+DATA="${DATA:-$ROOT/benchmarks/perf_data.json}"
 mkdir -p "$OUT"
 # The tritonclient 2.51 wheel's perf_analyzer needs two libraries that setup.sh links.
 export LD_LIBRARY_PATH="$VENV/triton/perf_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -33,4 +33,4 @@ for c in $CONCURRENCY; do
         exports+=("$f.json")
     done
 done
-"$VENV/bin/python" -m client.perf_report "${exports[@]}" | tee "$OUT/summary.txt" | grep -v '^[][{} ]'
+"$VENV/bin/python" -m benchmarks.perf_report "${exports[@]}" | tee "$OUT/summary.txt" | grep -v '^[][{} ]'

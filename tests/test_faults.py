@@ -91,7 +91,8 @@ def test_a_wrong_weights_folder_stops_serve_sh_at_once_with_the_reason(good, tmp
 def test_an_llm_config_without_decoupled_fails_to_load_and_says_why(start_triton, good, tmp_path):
     """initialize reads its model_config: the llm streams, so a config that dropped the decoupled
     policy is refused with the reason, not served with one response per request."""
-    repo = shutil.copytree(ROOT / "model_repository", tmp_path / "repo")
+    repo = tmp_path / "repo"                 # the llm alone: the other models play no part here
+    shutil.copytree(ROOT / "model_repository" / "llm", repo / "llm")
     cfg = repo / "llm" / "config.pbtxt"
     cfg.write_text(cfg.read_text().replace("model_transaction_policy { decoupled: true }", ""))
     s = start_triton(repo, env={"VELOCITY_WEIGHTS": str(good), "VELOCITY_KV_CACHE_BYTES": str(8 << 20)},

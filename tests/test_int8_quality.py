@@ -2,7 +2,7 @@
 
 The random-weight tests in test_int8.py bound the error of one layer. Real models have outlier
 channels in their activations, which random weights lack, so this is the test that says whether
-int8 is safe: perplexity on real text (the English sentences of client/texts.txt) and greedy
+int8 is safe: perplexity on real text (the English sentences of benchmarks/texts.txt) and greedy
 agreement with float32."""
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-from client.bench import bench_texts
+from benchmarks.harness import bench_texts
 from velocity import LLM, SamplingParams
 from velocity.demo.smollm import teacher_forced, write_llama_folder
 from velocity.model.int8_linear import Int8Linear, activation_bits, quantize_linears
 
-# Measured on this project's machines (scripts/int8_quality.py, docs/benchmarks.md "int8 on CPU"):
+# Measured on this project's machines (benchmarks/int8_quality.py, docs/benchmarks.md "int8 on CPU"):
 # perplexity 25.16 in float32; per-row int8 25.87 with 8-bit rows (1.028x, 91.7% of greedy
 # choices the same) and 27.93 with 7-bit rows (1.110x, 85.5%). The bounds leave room for
 # another CPU's rounding; the former per-tensor int8 (57.1, 2.27x, 57%) fails them by far.

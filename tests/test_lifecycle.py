@@ -21,7 +21,7 @@ import time
 import pytest
 import tritonclient.grpc as grpcclient
 
-from client.soak import BAD_LLM, call_llm
+from benchmarks.soak import BAD_LLM, call_llm
 from client.triton import ServerError, stream_grpc
 
 from triton_server import ROOT, alive, free_port, listening, llm_inputs, wait_for

@@ -1,11 +1,11 @@
 """Two replicas (serve.sh, tiny demo checkpoint) behind a gRPC-aware balancer (Debian's HAProxy,
-client/replicas.py), on loopback: streams spread over both; SIGTERM to one under load drains it
+benchmarks/replicas.py), on loopback: streams spread over both; SIGTERM to one under load drains it
 (its live streams finish, new streams go to the other, no request fails); the restarted replica
 takes streams again; the gateway, given both replicas, retries a request that a draining
 replica refuses before its first chunk on the other one.
 
 On two cores two replicas are no faster than one: this proves correctness, not speed-up
-(scripts/bench_replicas.py measures the split).
+(benchmarks/bench_replicas.py measures the split).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from client.replicas import Balancer, Replica, stop_group, tts_requests
+from benchmarks.replicas import Balancer, Replica, stop_group, tts_requests
 from client.triton import ServerError, parse_metric, stream_grpc
 from test_lifecycle import LONG, Listener
 from triton_server import ROOT, TritonServer, free_port, listening, wait_for

@@ -1,4 +1,4 @@
-"""A bounded soak (30 s in CI; `python -m client.soak` runs it for longer): concurrent streams
+"""A bounded soak (30 s in CI; `python -m benchmarks.soak` runs it for longer): concurrent streams
 (voices named, seeded and sampled, some with text refine), cancellations and bad requests against one server, then idle KV cache, no running sequences,
 resident memory back within the stated margin, every good request's audio complete. The
 vocoder batches chunks on this server (VELOCITY_VOCODER_BATCH=4, the GPU's default is 32)."""
@@ -12,7 +12,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from client.soak import TEXTS, soak
+from benchmarks.soak import TEXTS, soak
 from client.triton import array_inputs
 from triton_server import ROOT, TritonServer, wait_for
 from velocity.demo.checkpoint import write_checkpoint

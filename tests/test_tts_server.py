@@ -367,11 +367,11 @@ def test_the_llm_borrows_the_idle_vocoders_threads_only_while_it_is_idle(server)
 
 
 def test_bench_ab_runs_all_three_arms(server, tmp_path):
-    """scripts/bench_ab.py: paired rounds of the server, the server without lending, and in-process."""
+    """benchmarks/bench_ab.py: paired rounds of the server, the server without lending, and in-process."""
 
     ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)                 # the server's weights
     out = tmp_path / "ab"
-    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_ab.py"), "--arms", "triton,triton-nolend,in-process",
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_ab.py"), "--arms", "triton,triton-nolend,in-process",
                         "--url", server.grpc_url, "--metrics-url", f"http://localhost:{server.metrics_port}/metrics", "--rounds", "2", "--requests", "2", "--max-new-tokens", "8",
                         "--weights", str(ckpt), "--board", str(server.core_board()), "--out", str(out)],
                        cwd=str(ROOT), capture_output=True, text=True, timeout=600)

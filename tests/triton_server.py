@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from client.soak import descendants
+from benchmarks.soak import descendants
 from client.triton import fetch_metrics, parse_metric
 
 ROOT = Path(__file__).resolve().parents[1]

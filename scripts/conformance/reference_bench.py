@@ -1,4 +1,4 @@
-"""The reference's side of scripts/bench_reference.py: run in .refvenv (chattts==0.2.5 is AGPL and
+"""The reference's side of benchmarks/bench_reference.py: run in .refvenv (chattts==0.2.5 is AGPL and
 never imported by the project), on the same folder, printing one JSON line of timings.
 
     .refvenv/bin/python scripts/conformance/reference_bench.py --folder F --texts T.json --threads 2

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
-"""Scale test: N streams through the HAProxy balancer (client/replicas.py) in front of one
+"""Scale test: N streams through the HAProxy balancer (benchmarks/replicas.py) in front of one
 replica, then of two, in alternating rounds in the same run; reports per-replica load (each
 replica's `tts` successes) and total throughput. Writes JSON and a PNG.
 
-    .venv/bin/python scripts/bench_replicas.py                      # tiny demo, 16 streams at 4
-    .venv/bin/python scripts/bench_replicas.py --weights DIR --requests 32 --concurrency 8
+    .venv/bin/python benchmarks/bench_replicas.py                      # tiny demo, 16 streams at 4
+    .venv/bin/python benchmarks/bench_replicas.py --weights DIR --requests 32 --concurrency 8
 
 Both replicas run on this machine: on two cores they share the same two cores, so two replicas
 show that the load splits and nothing fails, not a speed-up (run them on two machines for that).
@@ -24,8 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from client.bench import bench_texts, run_level  # noqa: E402
-from client.replicas import Balancer, Replica, free_port, stop_group, tts_requests  # noqa: E402
+from benchmarks.harness import bench_texts, finish  # noqa: E402
+from benchmarks.sweep import run_level  # noqa: E402
+from benchmarks.replicas import Balancer, Replica, free_port, stop_group, tts_requests  # noqa: E402
 
 
 class Server:
@@ -84,7 +85,7 @@ def plot(res: dict, path: Path) -> None:
     b.legend()
     fig.suptitle(f"{res['requests']} streams at concurrency {res['concurrency']}, {res['hardware']}")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    finish(fig, path, res)
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Soak test: a steady mix of streams, cancellations and bad requests against one server.
 
-    .venv/bin/python -m client.soak --seconds 3600 --pid $(pgrep -o -f scripts/serve.sh)
+    .venv/bin/python -m benchmarks.soak --seconds 3600 --pid $(pgrep -o -f scripts/serve.sh)
 
 Afterwards it checks that no KV block is in use, no sequence runs and no request is in
 flight, that the server's resident memory is back within 20% + 64 MiB of its level after
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from client.bench import bench_texts
+from benchmarks.harness import bench_texts
 from client.triton import ServerError, array_inputs, metric, stream_grpc
 
 TEXTS = bench_texts()
@@ -169,7 +169,7 @@ def one(url: str, r: random.Random, max_new: int, stats: Counter, problems: list
 
 def soak(url: str, metrics_url: str, seconds: float, pid: int | None = None, concurrency: int = 4,
          max_new: int = 40, seed: int = 0, texts: list[str] | None = None) -> dict:
-    """texts: what good requests say (default: client/texts.txt, English and Chinese)."""
+    """texts: what good requests say (default: benchmarks/texts.txt, English and Chinese)."""
     stats, problems = Counter(), []
     start = time.monotonic()
     warm_at, end_at = start + 0.25 * seconds, start + seconds

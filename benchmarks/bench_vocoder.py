@@ -7,7 +7,7 @@ the stream's decode time against left context (what a shorter left context would
 Release-size DVAE, Decoder (768-wide hidden states) and Vocos with seeded random weights.
 Writes docs/benchmarks/vocoder_cpu.{json,png}.
 
-    .venv/bin/python scripts/bench_vocoder.py
+    .venv/bin/python benchmarks/bench_vocoder.py
 """
 from __future__ import annotations
 
@@ -17,12 +17,15 @@ import logging
 import statistics
 import tempfile
 import time
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run as a file: the repository's packages
 
 import torch
 from safetensors.torch import save_file
 
-from client.bench import cpu_model
+from benchmarks.harness import cpu_model, finish
 from velocity.demo.audio_weights import random_decoder_tensors
 from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.demo.checkpoint import write_checkpoint
@@ -138,7 +141,7 @@ def main() -> None:
     c.legend(loc="lower right")
     t.legend(loc="center right")
     fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=110)
+    finish(fig, out.with_suffix(".png"), res)
 
 
 if __name__ == "__main__":

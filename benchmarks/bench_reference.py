@@ -2,7 +2,7 @@
 """velocity against the reference (chattts==0.2.5) on the same folder, the same texts, 2 threads.
 
     scripts/conformance/setup_venv.sh                   # once: the reference's side venv, .refvenv
-    .venv/bin/python scripts/bench_reference.py --weights checkpoints/reference-full
+    .venv/bin/python benchmarks/bench_reference.py --weights checkpoints/reference-full
 
 Workload: the first --texts shipped sentences. With trained weights each sentence ends at its own
 end token and a padded batch runs to its longest; random weights rarely sample the end token, so
@@ -134,6 +134,8 @@ def plot(res: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from benchmarks.harness import finish
+
     s = res["summary"]
     names = [n for n in s if n != "reference"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
@@ -152,7 +154,7 @@ def plot(res: dict, path: Path) -> None:
     for ax in (a, b):
         ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    finish(fig, path, res)
 
 
 def main() -> None:
@@ -174,7 +176,7 @@ def main() -> None:
         return
     from tqdm.auto import tqdm
 
-    from client.bench import bench_texts
+    from benchmarks.harness import bench_texts
 
     texts = bench_texts()[:args.texts]
     work = {"texts": texts, "frames": [frames_for(t) for t in texts]}
@@ -189,7 +191,7 @@ def main() -> None:
                 for a in (arms if r % 2 == 0 else arms[::-1]):
                     rounds[a].append(arm(a, args, tf))
                     bar.update(1)
-    from client.bench import cpu_model
+    from benchmarks.harness import cpu_model
     res = {"hardware": {"machine": platform.machine(), "cpu": cpu_model(), "cpus": os.cpu_count(), "threads": args.threads,
                         "python": platform.python_version()},
            "weights": args.weights, "texts": texts, "frames": work["frames"], "useful_audio_s": useful_s,

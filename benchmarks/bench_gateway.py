@@ -3,7 +3,7 @@ first chunk of a direct gRPC stream, same server, same requests, in alternating 
 and the encoding cost per second of audio of each response format.
 
     scripts/serve.sh --weights checkpoints/demo-full &              # a running server
-    .venv/bin/python scripts/bench_gateway.py --triton localhost:8001 --concurrency 1,16
+    .venv/bin/python benchmarks/bench_gateway.py --triton localhost:8001 --concurrency 1,16
 
 Starts its own gateway (velocity-tts-gateway) on a free port. Writes JSON and a PNG.
 """
@@ -25,8 +25,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from client.bench import bench_texts, run_concurrently  # noqa: E402
-from client.replicas import free_port  # noqa: E402
+from benchmarks.harness import bench_texts, finish  # noqa: E402
+from benchmarks.sweep import run_concurrently  # noqa: E402
+from benchmarks.replicas import free_port  # noqa: E402
 from client.triton import stream_grpc  # noqa: E402
 
 log = logging.getLogger("bench_gateway")
@@ -143,7 +144,7 @@ def plot(res: dict, path: Path) -> None:
     b.bar(list(enc), [1e3 * v for v in enc.values()])
     b.set(ylabel="ms of CPU per second of audio", title="encoding cost")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    finish(fig, path, res)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ block used: the llm's gauges, published four times a second, so 0.3 s is the lea
 show) and the first audio of a new request sent right after the hang-ups, against one sent to the
 idle server before them. In rounds; writes JSON and a PNG.
 
-    .venv/bin/python scripts/bench_hangup.py --gateway http://localhost:8080 \\
+    .venv/bin/python benchmarks/bench_hangup.py --gateway http://localhost:8080 \\
         --metrics http://localhost:8002/metrics --clients 12 --rounds 4 --out docs/benchmarks/hangup/tiny
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from client.bench import ROOT, bench_texts, cpu_model  # noqa: E402
+from benchmarks.harness import bench_texts, cpu_model, finish, ROOT  # noqa: E402
 from client.triton import fetch_metrics, parse_metric  # noqa: E402
 
 log = logging.getLogger("bench_hangup")
@@ -144,7 +144,7 @@ def plot(res: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
     fig.suptitle(f"{res['label']} ({res['cpu']})", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    finish(fig, path, res)
 
 
 if __name__ == "__main__":

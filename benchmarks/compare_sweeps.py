@@ -1,6 +1,6 @@
-"""Plot several `client.bench` sweeps side by side (first audio and throughput against concurrency).
+"""Plot several `benchmarks.sweep` sweeps side by side (first audio and throughput against concurrency).
 
-    python scripts/compare_sweeps.py docs/benchmarks/chunk_growth/{A,B,A2,B2}.json \\
+    python benchmarks/compare_sweeps.py docs/benchmarks/chunk_growth/{A,B,A2,B2}.json \\
         --labels "36 (a)" "144 (a)" "36 (b)" "144 (b)" --title "largest chunk, frames" \\
         -o docs/benchmarks/chunk_growth/compare.png
 """
@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run as a file: the repository's packages
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("sweeps", nargs="+", type=Path, help="JSON files written by client.bench")
+    ap.add_argument("sweeps", nargs="+", type=Path, help="JSON files written by benchmarks.sweep")
     ap.add_argument("--labels", nargs="+", help="one per sweep (default: file names)")
     ap.add_argument("--title", default="")
     ap.add_argument("-o", "--out", type=Path, required=True)
@@ -25,6 +28,8 @@ def main() -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from benchmarks.harness import finish
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     for path, label in zip(args.sweeps, labels):
@@ -40,7 +45,7 @@ def main() -> None:
         ax.legend(title=args.title or None, fontsize=8)
     fig.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=110)
+    finish(fig, args.out, json.loads(args.sweeps[0].read_text()))
     print(f"wrote {args.out}")
 
 

@@ -8,9 +8,9 @@ to a draining replica at once, as Kubernetes does with a failed readiness probe;
 nginx's `grpc_pass` has no active checks and would send new streams to a draining replica
 until it exits.
 
-    python -m client.replicas --listen 9001 --replica 127.0.0.1:8001/8003 --replica 10.0.0.2:8001/8003
+    python -m benchmarks.replicas --listen 9001 --replica 127.0.0.1:8001/8003 --replica 10.0.0.2:8001/8003
         # serves the replicas' `tts` on :9001 (REPLICA = host:grpc_port/health_port)
-    python -m client.replicas ... --print-config > haproxy.cfg
+    python -m benchmarks.replicas ... --print-config > haproxy.cfg
 """
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ def tts_requests(metrics_url: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m client.replicas", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.replicas", description=__doc__.split("\n\n")[0])
     ap.add_argument("--listen", type=int, default=9001, help="the balancer's gRPC port")
     ap.add_argument("--bind", default="127.0.0.1", help="the balancer's address (0.0.0.0: every interface)")
     ap.add_argument("--replica", action="append", required=True, metavar="HOST:GRPC/HEALTH",

@@ -1,9 +1,9 @@
 """Paired A/B rounds against one running server, for a machine whose speed drifts.
 
-    .venv/bin/python scripts/bench_ab.py --arms triton,in-process --concurrency 1 --rounds 4 \\
+    .venv/bin/python benchmarks/bench_ab.py --arms triton,in-process --concurrency 1 --rounds 4 \\
         --requests 2 --weights checkpoints/demo-full --out docs/benchmarks/ab/overhead
-    .venv/bin/python scripts/bench_ab.py --arms triton,triton-nolend --concurrency 16 --rounds 2
-    .venv/bin/python scripts/bench_ab.py --arms triton@1,triton@32 --requests 4 --rounds 4
+    .venv/bin/python benchmarks/bench_ab.py --arms triton,triton-nolend --concurrency 16 --rounds 2
+    .venv/bin/python benchmarks/bench_ab.py --arms triton@1,triton@32 --requests 4 --rounds 4
 
 Separate sweeps minutes apart compare the machine's moods as much as the settings (CPU steal
 here moves speeds 2x within minutes). This runs the arms in short rounds, alternating their order
@@ -22,7 +22,7 @@ round's requests after the first --concurrency). `arm@c` runs that arm at concur
 --concurrency, so `triton@1,triton@32` is the throughput ratio of 32 streams to one. Writes JSON
 and a PNG. A backpressure A/B: a second server with VELOCITY_BACKLOG_SECONDS=0 as `other`:
 
-    .venv/bin/python scripts/bench_ab.py --arms other,triton --other-url localhost:9001 --concurrency 8 \
+    .venv/bin/python benchmarks/bench_ab.py --arms other,triton --other-url localhost:9001 --concurrency 8 \
         --requests 24 --sentences 3 --out docs/benchmarks/backpressure/tiny_c8
 """
 from __future__ import annotations
@@ -41,8 +41,9 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from client.bench import ROOT, InProcess, bench_texts, metrics_url_of, pct, run_level  # noqa: E402
-from client.soak import descendants, rss_bytes  # noqa: E402
+from benchmarks.harness import bench_texts, finish, pct, ROOT  # noqa: E402
+from benchmarks.sweep import InProcess, metrics_url_of, run_level  # noqa: E402
+from benchmarks.soak import descendants, rss_bytes  # noqa: E402
 from client.triton import fetch_metrics, parse_metric  # noqa: E402
 from velocity.serving.core_board import CoreBoard, find_boards  # noqa: E402
 
@@ -240,7 +241,7 @@ def plot(res: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    finish(fig, path, res)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ Same weights and requests for all: 64 requests, prompt lengths 8-64, output leng
 decode step time of both against the memory-bandwidth bound (weight bytes / bandwidth measured
 in the same run). Writes JSON and a PNG under docs/benchmarks/.
 
-    .venv/bin/python scripts/bench_engine.py            # full run (~10 min on 2 CPU cores)
-    .venv/bin/python scripts/bench_engine.py --quick    # smaller, for a smoke check
+    .venv/bin/python benchmarks/bench_engine.py            # full run (~10 min on 2 CPU cores)
+    .venv/bin/python benchmarks/bench_engine.py --quick    # smaller, for a smoke check
 """
 from __future__ import annotations
 
@@ -19,7 +19,10 @@ import logging
 import statistics
 import tempfile
 import time
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run as a file: the repository's packages
 
 import torch
 from tqdm.auto import tqdm
@@ -105,7 +108,7 @@ def main() -> None:
     n_req, n_single = (16, 4) if args.quick else (64, 8)
     prompts, olens = workload(n_req)
     dev_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    from client.bench import cpu_model
+    from benchmarks.harness import cpu_model
     res: dict = {"hardware": {"cpu": cpu_model(), "threads": torch.get_num_threads(),
                               "device": args.device, "device_name": dev_name, "torch": torch.__version__},
                  "model": {"hidden": 768, "mlp": 3072, "heads": 12, "layers": layers, "vocab": 21178,
@@ -189,6 +192,8 @@ def plot(res: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from benchmarks.harness import finish
+
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})
     runs = res["tokens_per_s"]
     names = list(runs)
@@ -213,7 +218,7 @@ def plot(res: dict, path: Path) -> None:
     where = hw.get("device_name") if hw["device"] != "cpu" else f"cpu ({hw['threads']} threads)"
     fig.suptitle(f"velocity engine on {where}, {res['model']['dtype']}")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    finish(fig, path, res)
 
 
 if __name__ == "__main__":

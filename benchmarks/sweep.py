@@ -1,10 +1,10 @@
 """Serving benchmark: a concurrency sweep of gRPC streams against a running server.
 
     make serve WEIGHTS=checkpoints/demo-full &         # or scripts/serve.sh --weights ...
-    .venv/bin/python -m client.bench --weights checkpoints/demo-full
+    .venv/bin/python -m benchmarks.sweep --weights checkpoints/demo-full
 
 Each level keeps `concurrency` streams in flight (each its own gRPC stream) over the shipped
-English and Chinese sentences (client/texts.txt) and reports time to first audio
+English and Chinese sentences (benchmarks/texts.txt) and reports time to first audio
 (avg/p50/p90/p99), second-chunk latency, total latency, RTF, audio seconds generated per
 second and errors, with the server's own statistics diffed before and after. With
 --weights it also runs the same texts in this process (front end + velocity + decoder, no
@@ -16,57 +16,21 @@ import argparse
 import json
 import logging
 import os
-import platform
-import statistics
 import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 from tqdm.auto import tqdm
 
+from benchmarks.harness import ROOT, bench_texts, cpu_model, finish, summary
 from client.triton import ServerError, fetch_metrics, parse_metric, stream_grpc
 from client.tts_client import SAMPLE_RATE, stall, synthesize
-
-ROOT = Path(__file__).resolve().parents[1]
-TEXTS = Path(__file__).with_name("texts.txt")
-
-
-def cpu_model() -> str:
-    """This machine's CPU by name and vector ISA ("AMD EPYC (AVX-512, VNNI)"), for benchmark
-    records: the class of machine behind a CI-class host varies (int8 and float32 speeds differ by
-    ISA: AVX2-only machines are far slower), and platform.processor() says only "x86_64"."""
-    name, flags = "", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and not name:
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    isa = [label for label, flag in (("AVX-512", "avx512f"), ("VNNI", "avx512_vnni"), ("AVX-VNNI", "avx_vnni"))
-           if flag in flags] or (["AVX2"] if "avx2" in flags else [])
-    name = name or platform.processor() or platform.machine()
-    return f"{name} ({', '.join(isa)})" if isa else name
-
-
-def bench_texts() -> list[str]:
-    """The shipped benchmark sentences, one per non-empty line of client/texts.txt."""
-    return [t for t in TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()]
 
 
 log = logging.getLogger("bench")
 
-
-def pct(xs: list[float], q: float) -> float | None:
-    return float(np.percentile(xs, q)) if xs else None
-
-
-def summary(xs: list[float]) -> dict:
-    return {"avg": statistics.fmean(xs) if xs else None, "p50": pct(xs, 50), "p90": pct(xs, 90), "p99": pct(xs, 99)}
 
 
 def server_stats(url: str) -> dict:
@@ -266,7 +230,7 @@ def plot(res: dict, path: Path) -> None:
     b2.legend(loc="lower right", fontsize=8)
     fig.suptitle(f"velocity-tts on Triton, {res['hardware']['device']}, {res['checkpoint']}")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    finish(fig, path, res)
 
 
 def main() -> None:

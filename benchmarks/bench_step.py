@@ -6,10 +6,10 @@ penalty 1.05 over 16 frames, its own seed) with a speaker; the end code is ignor
 stays full. With the tiny checkpoint the model costs almost nothing and the step is the engine's
 host work (scheduler, inputs, sampler, outputs): on a GPU that is what bounds a step.
 
-    .venv/bin/python scripts/bench_step.py --size tiny
-    .venv/bin/python scripts/bench_step.py --size tiny --baseline-rev HEAD~1   # A/B against a revision
-    .venv/bin/python scripts/bench_step.py --size full --device cuda
-    .venv/bin/python scripts/bench_step.py --size full --quantize int8 --baseline-quantize none --batches 1,8,32
+    .venv/bin/python benchmarks/bench_step.py --size tiny
+    .venv/bin/python benchmarks/bench_step.py --size tiny --baseline-rev HEAD~1   # A/B against a revision
+    .venv/bin/python benchmarks/bench_step.py --size full --device cuda
+    .venv/bin/python benchmarks/bench_step.py --size full --quantize int8 --baseline-quantize none --batches 1,8,32
 
 --baseline-rev REV measures velocity at git revision REV too, with the same --quantize (a
 temporary worktree, this script run with it first on the path), in alternating rounds (ABBA),
@@ -32,6 +32,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run as a file: the repository's packages
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench_step")
@@ -129,6 +131,8 @@ def plot(res: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from benchmarks.harness import finish
     arms = [a for a in ("baseline", "this") if a in res["arms"]]
     batches = res["batches"]
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -148,7 +152,7 @@ def plot(res: dict, path: Path) -> None:
     ax.set_title(f"velocity decode step, ChatTTS sampling: {res['checkpoint']} on {res['device']}")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    finish(fig, path, res, dpi=120)
 
 
 def main() -> None:
@@ -212,7 +216,7 @@ def main() -> None:
         finally:
             if args.baseline_rev:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", wt])
-    from client.bench import cpu_model
+    from benchmarks.harness import cpu_model
     res = {"hardware": {"machine": platform.machine(), "cpu": cpu_model(), "cpus": os.cpu_count(),
                         "python": platform.python_version()},
            "device": args.device, "checkpoint": checkpoint, "batches": batches, "steps": args.steps,
@@ -220,8 +224,7 @@ def main() -> None:
            "labels": labels, "arms": {}, "rounds_raw": {a: [{str(b): v for b, v in x.items()} for x in runs[a]]
                                                        for a in runs}}
     if args.device == "cpu":
-        sys.path.insert(0, str(ROOT / "scripts"))
-        from bench_engine import bandwidth_gbs
+        from benchmarks.bench_engine import bandwidth_gbs
         res["bandwidth_GBs"] = bandwidth_gbs("cpu")
     for a, xs in runs.items():
         res["arms"][a] = {"weight_bytes": xs[0]["weight_bytes"]}

