@@ -18,10 +18,11 @@ test:
 	@bash scripts/setup.sh --test-tools
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
-# The inner loop: every test that starts no server (under two minutes). CI runs `make test`.
+# The inner loop: every test that starts no server and runs no real pretrained model (about
+# a minute). CI runs `make test`.
 test-fast:
 	@bash scripts/setup.sh --test-tools
-	@$(PY) -m pytest -m "not server" $(PYTEST_ARGS)
+	@$(PY) -m pytest -m "not server and not slow" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) checkpoints .pytest_cache

@@ -16,6 +16,8 @@ from velocity import LLM, SamplingParams
 from velocity.demo.smollm import teacher_forced, write_llama_folder
 from velocity.model.int8_linear import Int8Linear, activation_bits, quantize_linears
 
+pytestmark = pytest.mark.slow       # SmolLM2-135M through transformers and the engine: about 45 s
+
 # Measured on this project's machines (benchmarks/int8_quality.py, docs/benchmarks.md "int8 on CPU"):
 # perplexity 25.16 in float32; per-row int8 25.87 with 8-bit rows (1.028x, 91.7% of greedy
 # choices the same) and 27.93 with 7-bit rows (1.110x, 85.5%). The bounds leave room for
