@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.harness import bench_texts, finish  # noqa: E402
 from benchmarks.sweep import run_concurrently  # noqa: E402
-from benchmarks.replicas import free_port  # noqa: E402
+from benchmarks.server import free_port  # noqa: E402
 from client.triton import stream_grpc  # noqa: E402
 
 log = logging.getLogger("bench_gateway")

@@ -14,11 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,44 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.harness import bench_texts, finish  # noqa: E402
 from benchmarks.sweep import run_level  # noqa: E402
-from benchmarks.replicas import Balancer, Replica, free_port, stop_group, tts_requests  # noqa: E402
-
-
-class Server:
-    """One serve.sh replica (no gateway) in a session of its own."""
-
-    def __init__(self, weights: str | None, log: Path) -> None:
-        self.ports = {k: free_port() for k in ("http", "grpc", "metrics", "health")}
-        cmd = ["bash", str(ROOT / "scripts" / "serve.sh"), "--bind", "127.0.0.1", "--gateway-port", "0",
-               *[a for k, v in self.ports.items() for a in (f"--{k}-port", str(v))]]
-        self.proc = subprocess.Popen(cmd + (["--weights", weights] if weights else []), cwd=ROOT,
-                                     stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
-        self.log = log
-
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['health']}/v2/health/ready", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def wait(self, timeout: float = 400) -> None:
-        end = time.monotonic() + timeout
-        while not self.ready():
-            if self.proc.poll() is not None or time.monotonic() > end:
-                raise RuntimeError(f"replica not ready; its log:\n{self.log.read_text()[-3000:]}")
-            time.sleep(0.5)
-
-    @property
-    def replica(self) -> Replica:
-        return Replica("127.0.0.1", self.ports["grpc"], self.ports["health"])
-
-    @property
-    def metrics(self) -> str:
-        return f"http://127.0.0.1:{self.ports['metrics']}/metrics"
-
-    def stop(self) -> None:
-        stop_group(self.proc, 120)
+from benchmarks.replicas import Balancer, Replica, tts_requests  # noqa: E402
+from benchmarks.server import TritonServer, free_port  # noqa: E402
 
 
 def plot(res: dict, path: Path) -> None:
@@ -100,20 +62,27 @@ def main() -> None:
     from tqdm import tqdm
 
     logs = Path(tempfile.mkdtemp(prefix="bench-replicas-"))
-    servers = [Server(args.weights, logs / f"replica{i + 1}.log") for i in range(2)]
+    env = {"BIND": "127.0.0.1", **({"VELOCITY_WEIGHTS": args.weights} if args.weights else {})}
+    servers = [TritonServer(ROOT / "model_repository", logs / f"replica{i + 1}.log", env, gateway_port=0)
+               for i in range(2)]
     texts, values = bench_texts(), {"MAX_NEW_TOKENS": args.max_new_tokens}
     rounds: dict[str, list[dict]] = {"1 replica": [], "2 replicas": []}
+
+    def metrics(s: TritonServer) -> str:
+        return f"http://127.0.0.1:{s.metrics_port}/metrics"
+
     try:
         for s in servers:
-            s.wait()
+            s.start(timeout=400)
         order = [n for r in range(args.rounds) for n in ((1, 2) if r % 2 == 0 else (2, 1))]
         with tqdm(total=len(order) * args.requests, desc="streams") as bar:
             for n in order:
-                with Balancer(free_port(), [s.replica for s in servers[:n]]) as lb:
+                with Balancer(free_port(), [Replica("127.0.0.1", s.grpc_port, s.health_port)
+                                            for s in servers[:n]]) as lb:
                     time.sleep(1.0)                            # first health checks
-                    before = [tts_requests(s.metrics) for s in servers]
+                    before = [tts_requests(metrics(s)) for s in servers]
                     got = run_level(lb.url, texts, args.concurrency, args.requests, values, bar)
-                    got["per_replica"] = [tts_requests(s.metrics) - b for s, b in zip(servers, before)]
+                    got["per_replica"] = [tts_requests(metrics(s)) - b for s, b in zip(servers, before)]
                 rounds["1 replica" if n == 1 else "2 replicas"].append(got)
     finally:
         for s in servers:

@@ -67,6 +67,8 @@ def hardware(**extra) -> dict:
 def where(res: dict) -> str:
     """The hardware a result names: the GPU, else the CPU."""
     hw = res.get("hardware") or {}
+    if isinstance(hw, str):
+        return hw
     if hw.get("device_name") and hw.get("device") != "cpu":
         return hw["device_name"]
     return hw.get("cpu") or (hw["device"] if isinstance(hw.get("device"), str) else "") or res.get("cpu") or cpu_model()

@@ -42,5 +42,8 @@ def test_save_writes_json_with_the_hardware_and_a_png_that_names_it(tmp_path):
     assert res["x"] == 3 and res["hardware"]["cpu"] == cpu_model() and res["hardware"]["cpus"] >= 1
     assert (tmp_path / "sub" / "run.png").stat().st_size > 1000
     assert drawn == [[cpu_model()]]
+    from benchmarks.harness import where
+    assert where({"hardware": "CPU, 2 cores, both replicas on it"}) == "CPU, 2 cores, both replicas on it"
+    assert where({"hardware": {"device": "cuda", "device_name": "NVIDIA H100"}}) == "NVIDIA H100"
     rounds = [{"a": 2.0, "b": 1.0}, {"a": 9.0, "b": 3.0}, {"a": 1.0, "b": 1.0}]
     assert median_ratio(rounds, "a", "b", float) == 2.0

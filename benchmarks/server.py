@@ -1,0 +1,179 @@
+"""A serve.sh server on free ports in a session of its own: what the tests and the benchmarks
+that start servers (bench_replicas) share. Also the small process and port helpers they use."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.soak import descendants
+from client.triton import fetch_metrics, parse_metric
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVE = ROOT / "scripts" / "serve.sh"
+
+
+def _default_sigint() -> None:
+    """A shell started in the background (`make test &`) passes SIGINT on ignored, and bash cannot
+    trap a signal ignored on entry: give serve.sh the Ctrl-C a terminal would deliver."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+_HANDED_OUT: set[int] = set()
+
+
+def free_port() -> int:
+    """A port free now and not handed out before in this process: the OS may return a port it
+    just released again, and one server's HTTP and gRPC ports once came out equal."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+
+
+def listening(port: int) -> bool:
+    """Something accepts TCP connections on 127.0.0.1:port."""
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> bool:
+    """Poll cond until it holds or timeout passes; its last value."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.2)
+    return cond()
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def comm(pid: int) -> str:
+    """The program name of pid (argv[0]'s basename; /proc/pid/comm cuts at 15 characters)."""
+    try:
+        return Path(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()).name
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+@dataclass
+class TritonServer:
+    """A running tritonserver started by scripts/serve.sh in a session of its own."""
+
+    repo: Path
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    http_port: int = field(default_factory=free_port)
+    grpc_port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
+    health_port: int = field(default_factory=free_port)
+    gateway_port: int = field(default_factory=free_port)   # serve.sh starts one when the repository has `tts`
+    via_make: bool = False            # start with `make serve` (ports by environment) instead of serve.sh
+    proc: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"localhost:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"localhost:{self.grpc_port}"
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_port}"
+
+    def start(self, timeout: float = 240.0, until: str = "ready") -> "TritonServer":
+        """Start serve.sh; wait until /v2/health/{until} ("ready", or "live" for a server whose
+        models may fail to load)."""
+        ports = {"HTTP_PORT": self.http_port, "GRPC_PORT": self.grpc_port, "METRICS_PORT": self.metrics_port,
+                 "HEALTH_PORT": self.health_port, "GATEWAY_PORT": self.gateway_port}
+        cmd = (["make", "-s", "serve"] if self.via_make else
+               ["bash", str(SERVE), "--model-repository", str(self.repo)]
+               + [a for k, v in ports.items() for a in (f"--{k[:-5].lower()}-port", str(v))])
+        env = {**os.environ, "EXIT_TIMEOUT": "10", "DRAIN_TIMEOUT": "5", **{k: str(v) for k, v in ports.items()},
+               **self.env}
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(ROOT),
+                                     env=env, start_new_session=True, preexec_fn=_default_sigint)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with {self.proc.returncode}:\n{self.log()}")
+            if self.health(until):
+                return self
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"tritonserver not ready after {timeout:.0f}s:\n{self.log()}")
+
+    def ready(self) -> bool:
+        return self.health("ready")
+
+    def health(self, what: str = "ready", port: int | None = None) -> bool:
+        """Triton's /v2/health/{what}; on serve.sh's health port with port=s.health_port."""
+        try:
+            with urllib.request.urlopen(f"http://localhost:{port or self.http_port}/v2/health/{what}",
+                                        timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-20000:]
+
+    def metric(self, name: str) -> float:
+        """One sample from the metrics port (see client.triton.parse_metric)."""
+        return parse_metric(self.metrics(), name)
+
+    def metrics(self) -> str:
+        return fetch_metrics(f"http://localhost:{self.metrics_port}/metrics")
+
+    def core_board(self) -> Path:
+        """The llm's and vocoder's shared core board (velocity.serving.core_board), keyed by
+        the tritonserver process."""
+        from velocity.serving.core_board import find_boards
+        found = [p for pid in self.processes() for p in find_boards(pid)]
+        assert len(found) == 1, f"core boards of this server: {found}"
+        return found[0]
+
+    def processes(self) -> list[int]:
+        """serve.sh, the server and its stubs."""
+        return [self.proc.pid, *descendants(self.proc.pid)] if self.proc else []
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM serve.sh (which stops its process group), then make sure of it."""
+        if self.proc is None:
+            return
+        pids = self.processes()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        for pid in pids:  # anything left behind is a bug the tests report; clean it anyway
+            if alive(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        if self.proc.poll() is None:
+            self.proc.wait(timeout=10)
+        self._log.close()
+        self.proc = None
