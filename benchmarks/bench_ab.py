@@ -41,7 +41,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.harness import bench_texts, finish, pct, ROOT  # noqa: E402
+from benchmarks.harness import bench_texts, finish, pct, ROOT, save  # noqa: E402
 from benchmarks.sweep import InProcess, metrics_url_of, run_level  # noqa: E402
 from benchmarks.soak import descendants, rss_bytes  # noqa: E402
 from client.triton import fetch_metrics, parse_metric  # noqa: E402
@@ -217,9 +217,7 @@ def main() -> None:
                    "total": statistics.median(rd[a]["total_s"]["avg"] / rd[base]["total_s"]["avg"] for rd in rounds)}
                for a in arms[1:]}}
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(res, indent=2))
-    plot(res, out.with_suffix(".png"))
+    save(res, out, plot)
     log.info("pooled %s; median ratios %s; wrote %s and .png", json.dumps(res["pooled"]),
              json.dumps(res["median_ratio_to_" + base]), out.with_suffix(".json"))
 
@@ -240,7 +238,6 @@ def plot(res: dict, path: Path) -> None:
         ax.set_xticks(list(rounds))
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.tight_layout()
     finish(fig, path, res)
 
 

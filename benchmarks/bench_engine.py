@@ -24,6 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run as a file: the repository's packages
 
+from benchmarks.harness import cpu_model, finish, save  # noqa: E402
+
 import torch
 from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -108,7 +110,6 @@ def main() -> None:
     n_req, n_single = (16, 4) if args.quick else (64, 8)
     prompts, olens = workload(n_req)
     dev_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    from benchmarks.harness import cpu_model
     res: dict = {"hardware": {"cpu": cpu_model(), "threads": torch.get_num_threads(),
                               "device": args.device, "device_name": dev_name, "torch": torch.__version__},
                  "model": {"hidden": 768, "mlp": 3072, "heads": 12, "layers": layers, "vocab": 21178,
@@ -181,9 +182,7 @@ def main() -> None:
     if "velocity_c1_unpacked" in steps:
         res["batch1_decode"]["velocity_unpacked_ms"] = steps["velocity_c1_unpacked"] * 1e3
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(res, indent=2))
-    plot(res, out.with_suffix(".png"))
+    save(res, out, plot)
     log.info(json.dumps({k: res[k] for k in ("tokens_per_s", "ratios", "batch1_decode")}, indent=2))
 
 
@@ -191,8 +190,6 @@ def plot(res: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from benchmarks.harness import finish
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})
     runs = res["tokens_per_s"]
@@ -217,7 +214,6 @@ def plot(res: dict, path: Path) -> None:
     hw = res["hardware"]
     where = hw.get("device_name") if hw["device"] != "cpu" else f"cpu ({hw['threads']} threads)"
     fig.suptitle(f"velocity engine on {where}, {res['model']['dtype']}")
-    fig.tight_layout()
     finish(fig, path, res)
 
 

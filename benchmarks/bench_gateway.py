@@ -25,7 +25,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.harness import bench_texts, finish  # noqa: E402
+from benchmarks.harness import bench_texts, finish, save  # noqa: E402
 from benchmarks.sweep import run_concurrently  # noqa: E402
 from benchmarks.server import free_port  # noqa: E402
 from client.triton import stream_grpc  # noqa: E402
@@ -122,9 +122,7 @@ def main() -> None:
         os.killpg(gw.pid, signal.SIGTERM)
         gw.wait(timeout=30)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(res, indent=2))
-    plot(res, out.with_suffix(".png"))
+    save(res, out, plot)
     log.info("%s", json.dumps({c: {k: v for k, v in r.items() if k != "rounds"} for c, r in res["concurrency"].items()}))
     log.info("encoding: %s", json.dumps(res["encoding_cpu_s_per_audio_s"]))
 
@@ -143,7 +141,6 @@ def plot(res: dict, path: Path) -> None:
     enc = res["encoding_cpu_s_per_audio_s"]
     b.bar(list(enc), [1e3 * v for v in enc.values()])
     b.set(ylabel="ms of CPU per second of audio", title="encoding cost")
-    fig.tight_layout()
     finish(fig, path, res)
 
 

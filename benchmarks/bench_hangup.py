@@ -22,7 +22,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.harness import bench_texts, cpu_model, finish, ROOT  # noqa: E402
+from benchmarks.harness import bench_texts, cpu_model, finish, ROOT, save  # noqa: E402
 from client.triton import fetch_metrics, parse_metric  # noqa: E402
 
 log = logging.getLogger("bench_hangup")
@@ -119,9 +119,7 @@ def main() -> None:
     res = {"clients": args.clients, "sentences": args.sentences, "label": args.label, "cpu": cpu_model(),
            "median": med, "rounds": rounds}
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(res, indent=2))
-    plot(res, out.with_suffix(".png"))
+    save(res, out, plot)
     log.info("median %s; wrote %s and .png", json.dumps(med), out.with_suffix(".json"))
 
 
@@ -143,7 +141,6 @@ def plot(res: dict, path: Path) -> None:
         ax.set_xticks(list(n))
         ax.grid(alpha=0.3)
     fig.suptitle(f"{res['label']} ({res['cpu']})", fontsize=9)
-    fig.tight_layout()
     finish(fig, path, res)
 
 

@@ -32,6 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.harness import bench_texts, cpu_model, finish, save  # noqa: E402
 FPS = 24000 / 512                     # GPT frames per second of audio
 
 
@@ -134,8 +136,6 @@ def plot(res: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from benchmarks.harness import finish
-
     s = res["summary"]
     names = [n for n in s if n != "reference"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
@@ -153,7 +153,6 @@ def plot(res: dict, path: Path) -> None:
     b.legend()
     for ax in (a, b):
         ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
     finish(fig, path, res)
 
 
@@ -176,7 +175,6 @@ def main() -> None:
         return
     from tqdm.auto import tqdm
 
-    from benchmarks.harness import bench_texts
 
     texts = bench_texts()[:args.texts]
     work = {"texts": texts, "frames": [frames_for(t) for t in texts]}
@@ -191,16 +189,13 @@ def main() -> None:
                 for a in (arms if r % 2 == 0 else arms[::-1]):
                     rounds[a].append(arm(a, args, tf))
                     bar.update(1)
-    from benchmarks.harness import cpu_model
     res = {"hardware": {"machine": platform.machine(), "cpu": cpu_model(), "cpus": os.cpu_count(), "threads": args.threads,
                         "python": platform.python_version()},
            "weights": args.weights, "texts": texts, "frames": work["frames"], "useful_audio_s": useful_s,
            "kv_budget_mib": args.kv_mib, "rounds": rounds}
     res["summary"] = summarize(res, useful_s)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(res, indent=1))
-    plot(res, out.with_suffix(".png"))
+    save(res, out, plot)
     print(json.dumps(res["summary"], indent=1))
 
 

@@ -12,7 +12,6 @@ show that the load splits and nothing fails, not a speed-up (run them on two mac
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness import bench_texts, finish  # noqa: E402
+from benchmarks.harness import bench_texts, finish, save  # noqa: E402
 from benchmarks.sweep import run_level  # noqa: E402
 from benchmarks.replicas import Balancer, Replica, tts_requests  # noqa: E402
 from benchmarks.server import TritonServer, free_port  # noqa: E402
@@ -46,7 +45,6 @@ def plot(res: dict, path: Path) -> None:
     b.set_title("load per replica")
     b.legend()
     fig.suptitle(f"{res['requests']} streams at concurrency {res['concurrency']}, {res['hardware']}")
-    fig.tight_layout()
     finish(fig, path, res)
 
 
@@ -97,9 +95,7 @@ def main() -> None:
            "rounds": rounds, "arms": arms,
            "two_over_one": arms["2 replicas"]["audio_s_per_s"] / arms["1 replica"]["audio_s_per_s"]}
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(res, indent=1))
-    plot(res, out.with_suffix(".png"))
+    save(res, out, plot)
     for k, a in arms.items():
         print(f"{k}: {a['audio_s_per_s']:.2f} audio s/s, first audio p50 {a['first_audio_p50_s']:.2f} s, "
               f"streams per replica {a['per_replica']}, errors {a['errors']}")

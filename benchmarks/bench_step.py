@@ -35,6 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run as a file: the repository's packages
 
+from benchmarks.harness import cpu_model, finish, save  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench_step")
 
@@ -132,7 +134,6 @@ def plot(res: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from benchmarks.harness import finish
     arms = [a for a in ("baseline", "this") if a in res["arms"]]
     batches = res["batches"]
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -151,7 +152,6 @@ def plot(res: dict, path: Path) -> None:
     ax.set_ylabel("ms per step (median)")
     ax.set_title(f"velocity decode step, ChatTTS sampling: {res['checkpoint']} on {res['device']}")
     ax.legend(fontsize=7)
-    fig.tight_layout()
     finish(fig, path, res, dpi=120)
 
 
@@ -216,7 +216,6 @@ def main() -> None:
         finally:
             if args.baseline_rev:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", wt])
-    from benchmarks.harness import cpu_model
     res = {"hardware": {"machine": platform.machine(), "cpu": cpu_model(), "cpus": os.cpu_count(),
                         "python": platform.python_version()},
            "device": args.device, "checkpoint": checkpoint, "batches": batches, "steps": args.steps,
@@ -250,9 +249,7 @@ def main() -> None:
                                                   res["baseline_over_this"][str(b)])
         log.info(line)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(res, indent=1))
-    plot(res, out.with_suffix(".png"))
+    save(res, out, plot)
     log.info("wrote %s.json and .png", out)
 
 

@@ -140,7 +140,6 @@ def main() -> None:
     t.set_ylim(bottom=0)
     c.legend(loc="lower right")
     t.legend(loc="center right")
-    fig.tight_layout()
     finish(fig, out.with_suffix(".png"), res)
 
 

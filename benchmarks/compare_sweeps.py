@@ -13,6 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run as a file: the repository's packages
 
+from benchmarks.harness import finish  # noqa: E402
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -29,8 +31,6 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from benchmarks.harness import finish
-
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     for path, label in zip(args.sweeps, labels):
         levels = json.loads(path.read_text())["levels"]
@@ -43,7 +43,6 @@ def main() -> None:
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.legend(title=args.title or None, fontsize=8)
-    fig.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     finish(fig, args.out, json.loads(args.sweeps[0].read_text()))
     print(f"wrote {args.out}")

@@ -75,7 +75,8 @@ def where(res: dict) -> str:
 
 
 def finish(fig, path: Path, res: dict, dpi: int = 110) -> None:
-    """Save a benchmark's figure with its hardware named at the foot."""
+    """Lay out and save a benchmark's figure, its hardware named at the foot."""
+    fig.tight_layout()
     fig.text(0.99, 0.005, where(res), ha="right", va="bottom", fontsize=7, color="0.4")
     fig.savefig(path, dpi=dpi)
 
@@ -85,7 +86,7 @@ def save(res: dict, out: Path, plot=None) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     res.setdefault("hardware", hardware())
-    out.with_suffix(".json").write_text(json.dumps(res, indent=1))
+    out.with_suffix(".json").write_text(json.dumps(res, indent=1, ensure_ascii=False))
     if plot is not None:
         plot(res, out.with_suffix(".png"))
     return out.with_suffix(".json")

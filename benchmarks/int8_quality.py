@@ -18,7 +18,6 @@ Writes docs/benchmarks/int8/quality.{json,png}.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import tempfile
 import time
@@ -32,7 +31,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-from benchmarks.harness import bench_texts, cpu_model, finish
+from benchmarks.harness import bench_texts, cpu_model, finish, save
 from velocity.demo.smollm import teacher_forced, write_llama_folder
 from velocity.model.int8_linear import Int8Linear, activation_bits, channel_scale
 from velocity.model.packed_linear import PackedLinear, replace_linears
@@ -145,9 +144,7 @@ def main() -> None:
     for name, per in res["speed_ms"].items():
         log.info("%-36s %s", name, ", ".join(f"{m} rows {t:.1f} ms" for m, t in per.items()))
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(res, indent=2))
-    plot(res, out.with_suffix(".png"))
+    save(res, out, plot)
     log.info("wrote %s.{json,png}", out)
 
 
@@ -177,7 +174,6 @@ def plot(res: dict, path: Path) -> None:
     b.set_xlabel("ms for the GPT's 80 linears, one step (lower is better)")
     b.set_title(f"speed, {res['hardware']['cpu']}, {res['hardware']['threads']} threads")
     b.legend()
-    fig.tight_layout()
     finish(fig, path, res)
 
 

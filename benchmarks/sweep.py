@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from benchmarks.harness import ROOT, bench_texts, cpu_model, finish, summary
+from benchmarks.harness import bench_texts, cpu_model, finish, ROOT, save, summary
 from client.triton import ServerError, fetch_metrics, parse_metric, stream_grpc
 from client.tts_client import SAMPLE_RATE, stall, synthesize
 
@@ -229,7 +229,6 @@ def plot(res: dict, path: Path) -> None:
     b.legend(loc="upper left", fontsize=8)
     b2.legend(loc="lower right", fontsize=8)
     fig.suptitle(f"velocity-tts on Triton, {res['hardware']['device']}, {res['checkpoint']}")
-    fig.tight_layout()
     finish(fig, path, res)
 
 
@@ -286,9 +285,7 @@ def main() -> None:
         ratios["audio_s_per_s_c32_vs_c1"] = lv[32]["audio_s_per_s"] / lv[1]["audio_s_per_s"]
     res["ratios"] = ratios
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(res, indent=2, ensure_ascii=False))
-    plot(res, out.with_suffix(".png"))
+    save(res, out, plot)
     log.info("ratios: %s; wrote %s and .png", json.dumps(ratios), out.with_suffix(".json"))
 
 
