@@ -366,3 +366,19 @@ def test_one_retry_policy_for_the_gateway_and_the_client():
     assert not r.again(0, False, "TEXT is required")                # the request's own fault
     assert [r.wait(a) for a in range(3)] == [0.5, 1.0, 1.5]
     assert not Retry().again(0, False, "server busy")                # by default, never
+
+
+def test_a_servers_error_names_the_body_field_of_the_input_it_names():
+    """No server: text_frontend's INVALID_ARG messages become 400s whose `param` is the body field
+    of the input the message names first, as a whole word (REFINE_TOP_P is refine_top_p, not top_p)."""
+    from velocity.gateway.upstream import triton_error
+
+    for message, param in [("TEXT has 2001 characters; the limit is 2000", "input"),
+                           ("REFINE_TOP_P must be in (0, 1], got 2.0", "refine_top_p"),
+                           ("SAMPLE_TEXT is the transcript of SPEAKER_SAMPLE: send it with one", "sample_text"),
+                           ("give SPEAKER or SPEAKER_SEED, not both", "voice"),
+                           ("REFINE_PROMPT must hold only control tokens", "instructions"),
+                           ("REPETITION_PENALTY must be > 0, got 0.0", "repetition_penalty"),
+                           ("the llm says no", None)]:
+        e = triton_error(message)
+        assert (e.status, e.param) == (400, param), message

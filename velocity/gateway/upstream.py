@@ -4,12 +4,18 @@ and the Wyoming server reports."""
 import contextlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import numpy as np
 
+from velocity.serving.inputs import INPUTS
+
 RETRYABLE = ("server busy", "shutting down")
+# the body field behind each `tts` input: the request table's, and those the gateway makes of others
+FIELD_OF = {"TEXT": "input", "VOICE": "voice", "SPEAKER": "voice", "PROMPT": "speed",
+            "REFINE_PROMPT": "instructions"} | {i.name: i.api_field for i in INPUTS if i.api_field}
 DEADLINE = "deadline exceeded"
 log = logging.getLogger("velocity.gateway")
 
@@ -54,10 +60,8 @@ def triton_error(message: str) -> ApiError:
         return ApiError(504, message, "timeout", code="timeout")
     if "generation failed" in message or "internal error" in message:
         return ApiError(500, message, code="internal_error")
-    param = next((f for f, n in (("input", "TEXT"), ("voice", "VOICE"), ("voice", "SPEAKER"), ("speed", "PROMPT"),
-                                 ("speaker_sample", "SPEAKER_SAMPLE"), ("sample_text", "SAMPLE_TEXT"),
-                                 ("temperature", "TEMPERATURE"), ("top_p", "TOP_P"), ("top_k", "TOP_K"),
-                                 ("seed", "SEED")) if n in message), None)
+    # the first input the message names (a whole word: REFINE_TOP_P is not TOP_P), as its body field
+    param = next((FIELD_OF[w] for w in re.findall(r"\b[A-Z][A-Z_]+\b", message) if w in FIELD_OF), None)
     return ApiError(400, message, param)
 
 
