@@ -63,23 +63,24 @@ class Input:
         if self.choices:
             parts.append(" or ".join(self.choices))
         if self.max_chars is not None:
-            mc = self.max_chars
-            parts.append(f"up to {f'VELOCITY_{mc.upper()}' if isinstance(mc, str) else mc} characters")
+            parts.append(f"up to {self.limit(self.max_chars)} characters")
         if self.default not in (None, False):
             parts.append(f"default {fmt(self.default)}")
         if self.requires:
             parts.append(f"only with {self.requires[0]}")
         return "; ".join(parts)
 
-    def limit(self, value: float | str | None, settings) -> float | None:
-        return getattr(settings, value) if isinstance(value, str) else value
+    @staticmethod
+    def limit(value: float | str | None, settings=None) -> float | str | None:
+        """A bound: a number, or the Settings field it names (without settings: its variable)."""
+        if not isinstance(value, str):
+            return value
+        return getattr(settings, value) if settings is not None else f"VELOCITY_{value.upper()}"
 
     def allowed(self, settings=None) -> str:
         """The range in words: "in (0, 1]", ">= 0", "in [1, 2048]" (without settings: "in [1,
         VELOCITY_MAX_NEW_TOKENS]")."""
-        lo, hi = self.lo, self.hi
-        if isinstance(hi, str):
-            hi = getattr(settings, hi) if settings is not None else f"VELOCITY_{hi.upper()}"
+        lo, hi = self.lo, self.limit(self.hi, settings)
         if hi is None:
             return f"{'>' if self.lo_open else '>='} {fmt(lo)}"
         return f"in {'(' if self.lo_open else '['}{fmt(lo)}, {fmt(hi)}{')' if self.hi_open else ']'}"
