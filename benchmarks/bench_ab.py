@@ -11,7 +11,8 @@ here moves speeds 2x within minutes). This runs the arms in short rounds, altern
 arm. Arms: `triton` (the server as it runs), `triton-nolend` (the server with the llm kept on its
 own threads: this script holds a vocoder busy mark on the server's core board,
 velocity.serving.core_board), `other` (a second server, --other-url: another build or other
-settings, e.g. VELOCITY_RESPONSE_THREAD=0), `triton-refine` (the same server, the requests with
+settings, e.g. VELOCITY_RESPONSE_THREAD=0), `baseline` (a server this script starts from git
+revision --baseline-rev, with this machine's VELOCITY_* settings and --weights), `triton-refine` (the same server, the requests with
 REFINE_TEXT: the text head refines each sentence first) and `in-process` (the same requests through velocity
 and the decoder in this process, no Triton; needs --weights). Server arms also report the
 engine's mean step time (velocity_engine_step_seconds_total / _steps_total), the llm->vocoder
@@ -24,6 +25,10 @@ and a PNG. A backpressure A/B: a second server with VELOCITY_BACKLOG_SECONDS=0 a
 
     .venv/bin/python benchmarks/bench_ab.py --arms other,triton --other-url localhost:9001 --concurrency 8 \
         --requests 24 --sentences 3 --out docs/benchmarks/backpressure/tiny_c8
+
+A change against the revision before it (the running server is this checkout's):
+
+    .venv/bin/python benchmarks/bench_ab.py --arms baseline,triton --baseline-rev HEAD~1 --concurrency 8
 """
 from __future__ import annotations
 
@@ -41,14 +46,16 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.harness import bench_texts, finish, pct, ROOT, save  # noqa: E402
+from benchmarks.harness import (ROOT, baseline_tree, bench_texts, finish, median_ratio,  # noqa: E402
+                                paired_rounds, pct, save)
+from benchmarks.server import TritonServer  # noqa: E402
 from benchmarks.sweep import InProcess, metrics_url_of, run_level  # noqa: E402
 from benchmarks.soak import descendants, rss_bytes  # noqa: E402
 from client.triton import fetch_metrics, parse_metric  # noqa: E402
 from velocity.serving.core_board import CoreBoard, find_boards  # noqa: E402
 
 log = logging.getLogger("bench_ab")
-ARMS = ("triton", "triton-nolend", "triton-refine", "other", "in-process")
+ARMS = ("triton", "triton-nolend", "triton-refine", "other", "baseline", "in-process")
 
 
 def engine_counters(metrics_url: str) -> tuple[float, float] | None:
@@ -128,6 +135,7 @@ def main() -> None:
                     help="the triton-refine arm's REFINE_MAX_NEW_TOKENS (384: the reference's default)")
     ap.add_argument("--other-url", help="the `other` arm's server (gRPC address)")
     ap.add_argument("--other-metrics-url", help="its metrics (default: its host, port 8002)")
+    ap.add_argument("--baseline-rev", help="the `baseline` arm's git revision (a server started from it)")
     ap.add_argument("--board", help="the server's core board file (default: the only one found)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "ab" / "ab"))
     args = ap.parse_args()
@@ -157,7 +165,19 @@ def main() -> None:
 
     if "other" in kind.values() and not args.other_url:
         raise SystemExit("--arms other needs --other-url (a second server)")
+    if ("baseline" in kind.values()) != bool(args.baseline_rev):
+        raise SystemExit("--arms baseline and --baseline-rev go together (a server from that revision)")
     urls = {"other": (args.other_url, args.other_metrics_url or (args.other_url and metrics_url_of(args.other_url)))}
+    stack = contextlib.ExitStack()
+    if args.baseline_rev:
+        tree = stack.enter_context(baseline_tree(args.baseline_rev))
+        env = {"BIND": "127.0.0.1", **({"VELOCITY_WEIGHTS": args.weights} if args.weights else {})}
+        baseline = TritonServer(tree / "model_repository", Path(tree).parent / "server.log", env, gateway_port=0,
+                                root=tree)
+        stack.callback(baseline.stop)
+        log.info("starting the baseline server (%s) from %s", args.baseline_rev, tree)
+        baseline.start(timeout=400)
+        urls["baseline"] = (baseline.grpc_url, f"http://localhost:{baseline.metrics_port}/metrics")
 
     def run(arm: str, bar) -> dict:
         if kind[arm] == "in-process":
@@ -178,15 +198,10 @@ def main() -> None:
             out["engine_step_ms"] = 1e3 * (after[1] - before[1]) / (after[0] - before[0])
         return out
 
-    rounds = []
-    try:
-        with tqdm(total=args.rounds * sum(n.values()), desc="A/B rounds") as bar:
-            for r in range(args.rounds):
-                order = arms if r % 2 == 0 else arms[::-1]                  # ABBA: drift cancels
-                rounds.append({arm: run(arm, bar) for arm in order})
-    finally:
-        if board is not None:                                           # give the slot back, even on error
-            board.close()
+    if board is not None:                                               # give the slot back, even on error
+        stack.callback(board.close)
+    with stack, tqdm(total=args.rounds * sum(n.values()), desc="A/B rounds") as bar:
+        rounds = paired_rounds(arms, args.rounds, lambda arm: run(arm, bar))
 
     def pooled(arm: str) -> dict:
         lv = [rd[arm] for rd in rounds]
@@ -209,12 +224,11 @@ def main() -> None:
     base = arms[0]
     res = {"concurrency": conc, "requests_per_round": n, "arms": arms, "max_new_tokens": args.max_new_tokens,
            "sentences": args.sentences,
+           "baseline_rev": args.baseline_rev,
            "pooled": {a: pooled(a) for a in arms}, "rounds": rounds, "median_ratio_to_" + base: {
-               a: {"first_audio": statistics.median(rd[a]["first_audio_s"]["avg"] / rd[base]["first_audio_s"]["avg"]
-                                                    for rd in rounds),
-                   "audio_s_per_s": statistics.median(rd[a]["audio_s_per_s"] / rd[base]["audio_s_per_s"]
-                                                      for rd in rounds),
-                   "total": statistics.median(rd[a]["total_s"]["avg"] / rd[base]["total_s"]["avg"] for rd in rounds)}
+               a: {"first_audio": median_ratio(rounds, a, base, lambda x: x["first_audio_s"]["avg"]),
+                   "audio_s_per_s": median_ratio(rounds, a, base, lambda x: x["audio_s_per_s"]),
+                   "total": median_ratio(rounds, a, base, lambda x: x["total_s"]["avg"])}
                for a in arms[1:]}}
     out = Path(args.out)
     save(res, out, plot)

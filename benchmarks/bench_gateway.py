@@ -25,7 +25,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.harness import bench_texts, finish, save  # noqa: E402
+from benchmarks.harness import bench_texts, finish, median_ratio, paired_rounds, save  # noqa: E402
 from benchmarks.sweep import run_concurrently  # noqa: E402
 from benchmarks.server import free_port  # noqa: E402
 from client.triton import stream_grpc  # noqa: E402
@@ -106,16 +106,11 @@ def main() -> None:
         res: dict = {"concurrency": {}, "encoding_cpu_s_per_audio_s": encoding_cost()}
         for c in map(int, args.concurrency.split(",")):
             n = max(args.requests, c)
-            rounds = []
-            for r in range(args.rounds):
-                arms = [("grpc", first_grpc, args.triton), ("gateway", first_gateway, base)]
-                row = {}
-                for name, fn, target in (arms if r % 2 == 0 else arms[::-1]):
-                    row[name] = statistics.mean(level(fn, target, texts, c, n, args.max_new_tokens))
-                rounds.append(row)
-                log.info("c=%d round %d: %s", c, r, json.dumps(row))
-            res["concurrency"][c] = {"rounds": rounds, "median_ratio": statistics.median(
-                rd["gateway"] / rd["grpc"] for rd in rounds),
+            arms = {"grpc": (first_grpc, args.triton), "gateway": (first_gateway, base)}
+            rounds = paired_rounds(list(arms), args.rounds, lambda a: statistics.mean(
+                level(*arms[a], texts, c, n, args.max_new_tokens)))
+            log.info("c=%d rounds: %s", c, json.dumps(rounds))
+            res["concurrency"][c] = {"rounds": rounds, "median_ratio": median_ratio(rounds, "gateway", "grpc", float),
                 "grpc_avg_s": statistics.mean(rd["grpc"] for rd in rounds),
                 "gateway_avg_s": statistics.mean(rd["gateway"] for rd in rounds)}
     finally:

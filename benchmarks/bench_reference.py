@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness import bench_texts, cpu_model, finish, save  # noqa: E402
+from benchmarks.harness import bench_texts, by_arm, finish, hardware, paired_rounds, save  # noqa: E402
 FPS = 24000 / 512                     # GPT frames per second of audio
 
 
@@ -180,17 +179,12 @@ def main() -> None:
     work = {"texts": texts, "frames": [frames_for(t) for t in texts]}
     useful_s = sum(work["frames"]) / FPS
     arms = ["reference", "velocity-float32"] + (["velocity-int8"] if args.quantize == "int8" else [])
-    rounds: dict[str, list] = {a: [] for a in arms}
     with tempfile.TemporaryDirectory() as tmp:
         tf = Path(tmp) / "texts.json"
         tf.write_text(json.dumps(work))
         with tqdm(total=args.rounds * len(arms), desc="arms") as bar:
-            for r in range(args.rounds):
-                for a in (arms if r % 2 == 0 else arms[::-1]):
-                    rounds[a].append(arm(a, args, tf))
-                    bar.update(1)
-    res = {"hardware": {"machine": platform.machine(), "cpu": cpu_model(), "cpus": os.cpu_count(), "threads": args.threads,
-                        "python": platform.python_version()},
+            rounds = by_arm(paired_rounds(arms, args.rounds, lambda a: arm(a, args, tf), bar))
+    res = {"hardware": hardware(threads=args.threads),
            "weights": args.weights, "texts": texts, "frames": work["frames"], "useful_audio_s": useful_s,
            "kv_budget_mib": args.kv_mib, "rounds": rounds}
     res["summary"] = summarize(res, useful_s)

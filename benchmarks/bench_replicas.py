@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness import bench_texts, finish, save  # noqa: E402
+from benchmarks.harness import alternating, bench_texts, finish, save  # noqa: E402
 from benchmarks.sweep import run_level  # noqa: E402
 from benchmarks.replicas import Balancer, Replica, tts_requests  # noqa: E402
 from benchmarks.server import TritonServer, free_port  # noqa: E402
@@ -72,7 +72,7 @@ def main() -> None:
     try:
         for s in servers:
             s.start(timeout=400)
-        order = [n for r in range(args.rounds) for n in ((1, 2) if r % 2 == 0 else (2, 1))]
+        order = [n for _, n in alternating((1, 2), args.rounds)]
         with tqdm(total=len(order) * args.requests, desc="streams") as bar:
             for n in order:
                 with Balancer(free_port(), [Replica("127.0.0.1", s.grpc_port, s.health_port)

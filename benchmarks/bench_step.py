@@ -22,10 +22,9 @@ are reported per arm. Writes JSON and a PNG.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -35,9 +34,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run as a file: the repository's packages
 
-from benchmarks.harness import cpu_model, finish, save  # noqa: E402
+from benchmarks.harness import (ROOT, baseline_tree, by_arm, finish, hardware,  # noqa: E402
+                                paired_rounds, revision, save)
 
-ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench_step")
 
 
@@ -114,17 +113,18 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
                   for j, k in enumerate(("step_ms", "model_ms", "sampler_ms"))}
         log.info("batch %d: step %.2f ms (model %.2f, sampler %.2f)", b, *out[b].values())
     out["weight_bytes"] = weight_bytes(w.model)
+    out["velocity"] = str(Path(worker_module.__file__).parents[1])     # whose code ran: this tree or a baseline's
     return out
 
 
-def child(args: argparse.Namespace, rev_dir: str | None, quantize: str) -> dict:
-    """One round in a fresh process, with the baseline's velocity first on the path if given."""
-    path = os.pathsep.join(p for p in (rev_dir or str(ROOT), os.environ.get("PYTHONPATH")) if p)
+def child(args: argparse.Namespace, tree: str | None, quantize: str) -> dict:
+    """One round in a fresh process, importing velocity from `tree` if given (this script and the
+    harness stay this checkout's: a baseline may predate them)."""
     cmd = [sys.executable, __file__, "--child", "--weights", args.weights, "--device", args.device,
            "--batches", args.batches, "--steps", str(args.steps), "--quantize", quantize]
-    run = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=path), capture_output=True, text=True)
+    run = subprocess.run(cmd + (["--tree", tree] if tree else []), capture_output=True, text=True)
     if run.returncode != 0:
-        sys.exit(f"bench_step: a round failed ({rev_dir or 'this tree'}, quantize {quantize}):\n{run.stderr[-3000:]}")
+        sys.exit(f"bench_step: a round failed ({tree or 'this tree'}, quantize {quantize}):\n{run.stderr[-3000:]}")
     got = json.loads(run.stdout.splitlines()[-1])
     return {(int(k) if k.isdigit() else k): v for k, v in got.items()}
 
@@ -170,54 +170,43 @@ def main() -> None:
     ap.add_argument("--quantize", choices=("none", "int8"), default="none", help="this arm's VELOCITY_QUANTIZE")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "engine_step"))
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--tree", help=argparse.SUPPRESS)
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     if args.child:
         logging.basicConfig(level=logging.WARNING)
+        if args.tree:                           # the baseline's velocity (none is imported yet)
+            assert "velocity" not in sys.modules
+            sys.path.insert(0, args.tree)
         print(json.dumps(measure(args.weights, args.device, batches, args.steps, args.quantize)))
         return
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from tqdm.auto import tqdm
     checkpoint = args.weights or args.size
-    with tempfile.TemporaryDirectory() as tmp:
+    quant = {"this": args.quantize, "baseline": args.baseline_quantize or args.quantize}   # a revision: the same settings
+    labels = {"this": revision() or "this"}
+    with tempfile.TemporaryDirectory() as tmp, \
+            (baseline_tree(args.baseline_rev) if args.baseline_rev else contextlib.nullcontext()) as wt:
         if not args.weights:
             from velocity.demo.checkpoint import write_checkpoint
             args.weights = str(write_checkpoint(Path(tmp) / "ck", args.size, seed=0))
-        arms = {"this": None}
-        quant = {"this": args.quantize, "baseline": args.quantize}   # another revision: the same settings
-        labels = {"this": subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
-                                         capture_output=True, text=True).stdout.strip() or "this"}
-        if args.quantize != "none":
-            labels["this"] += f" {args.quantize}"
+        trees = {"this": None}
         if args.baseline_rev:
-            wt = str(Path(tmp) / "baseline")
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", wt, args.baseline_rev],
-                           check=True)
-            arms = {"baseline": wt, "this": None}
-            labels["baseline"] = args.baseline_rev + (f" {args.quantize}" if args.quantize != "none" else "")
+            trees["baseline"], labels["baseline"] = str(wt), args.baseline_rev
         elif args.baseline_dir:
             if not (Path(args.baseline_dir) / "velocity" / "__init__.py").is_file():
                 raise SystemExit(f"--baseline-dir {args.baseline_dir}: no velocity package in it")
-            arms = {"baseline": str(Path(args.baseline_dir).resolve()), "this": None}
-            labels["baseline"] = Path(args.baseline_dir).name
+            trees["baseline"], labels["baseline"] = str(Path(args.baseline_dir).resolve()), Path(args.baseline_dir).name
         elif args.baseline_quantize:
-            arms = {"baseline": None, "this": None}
-            quant["baseline"] = args.baseline_quantize
-            labels["baseline"] = labels["this"].rsplit(" ", 1)[0] + f" {args.baseline_quantize}"
-        runs: dict[str, list[dict]] = {a: [] for a in arms}
-        order = list(arms)
-        try:
-            rounds = args.rounds if len(arms) > 1 else 1
-            with tqdm(total=rounds * len(arms), desc="rounds") as bar:
-                for r in range(rounds):
-                    for a in (order if r % 2 == 0 else order[::-1]):      # ABBA
-                        runs[a].append(child(args, arms[a], quant[a]))
-                        bar.update(1)
-        finally:
-            if args.baseline_rev:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", wt])
-    res = {"hardware": {"machine": platform.machine(), "cpu": cpu_model(), "cpus": os.cpu_count(),
-                        "python": platform.python_version()},
+            trees["baseline"], labels["baseline"] = None, labels["this"]
+        for a in trees:
+            if quant[a] != "none":
+                labels[a] += f" {quant[a]}"
+        arms = ["baseline", "this"] if "baseline" in trees else ["this"]
+        rounds = args.rounds if len(arms) > 1 else 1
+        with tqdm(total=rounds * len(arms), desc="rounds") as bar:
+            runs = by_arm(paired_rounds(arms, rounds, lambda a: child(args, trees[a], quant[a]), bar))
+    res = {"hardware": hardware(),
            "device": args.device, "checkpoint": checkpoint, "batches": batches, "steps": args.steps,
            "rounds": len(runs["this"]), "quantize": {a: quant[a] for a in runs},
            "labels": labels, "arms": {}, "rounds_raw": {a: [{str(b): v for b, v in x.items()} for x in runs[a]]

@@ -12,7 +12,6 @@ Writes docs/benchmarks/vocoder_cpu.{json,png}.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 import tempfile
@@ -25,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run as a file: 
 import torch
 from safetensors.torch import save_file
 
-from benchmarks.harness import cpu_model, finish
+from benchmarks.harness import alternating, finish, hardware, save
 from velocity.demo.audio_weights import random_decoder_tensors
 from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.demo.checkpoint import write_checkpoint
@@ -55,8 +54,7 @@ def main() -> None:
         save_file(random_decoder_tensors(torch.Generator().manual_seed(0), 768), str(ckpt / "asset" / "Decoder.safetensors"))
         dec = AudioDecoder(load_dvae(ckpt), load_vocos(ckpt), load_decoder(ckpt))
     T, secs = args.frames, args.frames / 46.875
-    res = {"hardware": {"cpu": cpu_model(), "threads": torch.get_num_threads(),
-                        "torch": torch.__version__}, "frames": T, "audio_seconds_per_utterance": secs,
+    res = {"hardware": hardware(threads=torch.get_num_threads()), "frames": T, "audio_seconds_per_utterance": secs,
            "rounds": args.rounds, "throughput": {p: {} for p in PATHS}, "lookahead": {p: {} for p in PATHS},
            "left": {}}
 
@@ -68,11 +66,10 @@ def main() -> None:
         times: dict[str, list[float]] = {p: [] for p in PATHS}
         for p in PATHS:
             dec.decode(x[p])                                   # warm up
-        for r in range(args.rounds):                           # ABBA: neither path always goes first
-            for p in (PATHS if r % 2 == 0 else PATHS[::-1]):
-                t = time.perf_counter()
-                dec.decode(x[p])
-                times[p].append(time.perf_counter() - t)
+        for _, p in alternating(PATHS, args.rounds):
+            t = time.perf_counter()
+            dec.decode(x[p])
+            times[p].append(time.perf_counter() - t)
         for p in PATHS:
             res["throughput"][p][f"batch{b}"] = b * secs / statistics.median(times[p])
             log.info("%-6s batch %d: %.1f s of audio per s", p, b, res["throughput"][p][f"batch{b}"])
@@ -92,22 +89,24 @@ def main() -> None:
     whole = dec.decode(hidden[None])[0]
     lefts = (4, 8, 16, 32, dec.exact_context)
     times = {n: [] for n in lefts}
-    for r in range(args.rounds + 1):                  # round 0 warms up and measures the error
-        for n in (lefts if r % 2 == 0 else lefts[::-1]):
-            sd = StreamingDecoder(dec, ChunkSchedule(12, 36), left=n)
-            t = time.perf_counter()
-            chunks = sd.push(frames, hidden=hidden.numpy()) + sd.push([], final=True)
-            if r:
-                times[n].append(time.perf_counter() - t)
-            else:
-                res["left"][str(n)] = {"ser_db": ser_db(whole, torch.cat([c[1] for c in chunks]))}
+    for r, n in alternating(lefts, args.rounds + 1):  # round 0 warms up and measures the error
+        sd = StreamingDecoder(dec, ChunkSchedule(12, 36), left=n)
+        t = time.perf_counter()
+        chunks = sd.push(frames, hidden=hidden.numpy()) + sd.push([], final=True)
+        if r:
+            times[n].append(time.perf_counter() - t)
+        else:
+            res["left"][str(n)] = {"ser_db": ser_db(whole, torch.cat([c[1] for c in chunks]))}
     for n in lefts:
         res["left"][str(n)]["stream_decode_s"] = statistics.median(times[n])
         log.info("hidden left %2d frames: SER %.1f dB, stream decoded in %.3f s", n, res["left"][str(n)]["ser_db"],
                  res["left"][str(n)]["stream_decode_s"])
-    out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(res, indent=2))
+    out = save(res, Path(args.out), plot)
+    log.info("wrote %s and .png", out)
 
+
+def plot(res: dict, path: Path) -> None:
+    T = res["frames"]
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -140,7 +139,7 @@ def main() -> None:
     t.set_ylim(bottom=0)
     c.legend(loc="lower right")
     t.legend(loc="center right")
-    finish(fig, out.with_suffix(".png"), res)
+    finish(fig, path, res)
 
 
 if __name__ == "__main__":

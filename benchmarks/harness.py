@@ -1,15 +1,21 @@
-"""What every benchmark shares: the machine's name, the shipped texts, percentiles and medians of
-paired rounds, and the JSON + PNG each writes (the PNG names the hardware it ran on).
+"""What every benchmark shares: the machine's name, the shipped texts, paired rounds (ABBA) and
+their medians, a baseline revision to compare with, percentiles, and the JSON + PNG each writes
+(the PNG names the hardware it ran on).
 
-    from benchmarks.harness import hardware, save, finish, median_ratio
+    from benchmarks.harness import paired_rounds, median_ratio, baseline_tree, save, finish
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import statistics
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -47,6 +53,58 @@ def pct(xs: list[float], q: float) -> float | None:
 
 def summary(xs: list[float]) -> dict:
     return {"avg": statistics.fmean(xs) if xs else None, "p50": pct(xs, 50), "p90": pct(xs, 90), "p99": pct(xs, 99)}
+
+A = TypeVar("A")
+R = TypeVar("R")
+
+
+def alternating(arms: Sequence[A], rounds: int) -> Iterator[tuple[int, A]]:
+    """(round, arm) for `rounds` rounds of every arm, odd rounds in reverse order (ABBA): a drift
+    in the machine's speed then falls on every arm alike, and no arm always goes first."""
+    for r in range(rounds):
+        for arm in (arms if r % 2 == 0 else arms[::-1]):
+            yield r, arm
+
+
+def paired_rounds(arms: Sequence[A], rounds: int, run: Callable[[A], R], bar=None) -> list[dict[A, R]]:
+    """run(arm) for every arm in each of `rounds` rounds, in ABBA order: [{arm: result}, ...] with
+    the arms in their given order. bar (a tqdm) advances once per run."""
+    got: list[dict[A, R]] = [{} for _ in range(rounds)]
+    for r, arm in alternating(arms, rounds):
+        got[r][arm] = run(arm)
+        if bar is not None:
+            bar.update(1)
+    return [{arm: rd[arm] for arm in arms} for rd in got]
+
+
+def by_arm(rounds: list[dict[A, R]]) -> dict[A, list[R]]:
+    """Paired rounds regrouped per arm: {arm: [round 1's result, round 2's, ...]}."""
+    return {arm: [rd[arm] for rd in rounds] for arm in (rounds[0] if rounds else {})}
+
+
+def revision(root: Path = None) -> str:
+    """This checkout's revision as `git describe --always --dirty` names it ("" outside git)."""
+    got = subprocess.run(["git", "-C", str(root or ROOT), "describe", "--always", "--dirty"],
+                         capture_output=True, text=True)
+    return got.stdout.strip()
+
+
+@contextlib.contextmanager
+def baseline_tree(rev: str) -> Iterator[Path]:
+    """The repository at git revision `rev`, checked out in a temporary worktree and removed
+    after: a baseline's code runs from it (its folder first on sys.path; a server:
+    benchmarks.server.TritonServer(root=tree))."""
+    with tempfile.TemporaryDirectory(prefix="baseline-") as tmp:
+        tree = Path(tmp) / "tree"
+        got = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(tree), rev],
+                             capture_output=True, text=True)
+        if got.returncode != 0:
+            raise SystemExit(f"baseline revision {rev!r}: {got.stderr.strip()}")
+        try:
+            yield tree
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
+
 
 def median_ratio(rounds: list[dict], arm: str, base: str, key) -> float:
     """The median over paired rounds of arm's value over base's (key(result) -> number): on

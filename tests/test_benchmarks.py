@@ -47,3 +47,54 @@ def test_save_writes_json_with_the_hardware_and_a_png_that_names_it(tmp_path):
     assert where({"hardware": {"device": "cuda", "device_name": "NVIDIA H100"}}) == "NVIDIA H100"
     rounds = [{"a": 2.0, "b": 1.0}, {"a": 9.0, "b": 3.0}, {"a": 1.0, "b": 1.0}]
     assert median_ratio(rounds, "a", "b", float) == 2.0
+
+
+def test_every_benchmark_with_rounds_alternates_them_through_the_harness():
+    """Arms alternate in ABBA order in one place (harness.alternating / paired_rounds)."""
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        if path.name != "harness.py":
+            assert "[::-1]" not in path.read_text(), f"{path.name} orders its rounds itself: use the harness"
+
+
+def test_paired_rounds_alternate_the_arms_and_keep_their_order():
+    from benchmarks.harness import alternating, by_arm, paired_rounds
+
+    assert [a for _, a in alternating("AB", 4)] == list("ABBAABBA")
+    ran = []
+
+    class Bar:
+        n = 0
+
+        def update(self, k):
+            self.n += k
+
+    bar = Bar()
+    rounds = paired_rounds(["base", "new", "other"], 3, lambda arm: ran.append(arm) or f"{arm}{len(ran)}", bar)
+    assert ran == ["base", "new", "other", "other", "new", "base", "base", "new", "other"] and bar.n == 9
+    assert [list(rd) for rd in rounds] == [["base", "new", "other"]] * 3      # arm order, whoever ran first
+    assert rounds[1] == {"base": "base6", "new": "new5", "other": "other4"}
+    assert by_arm(rounds) == {"base": ["base1", "base6", "base7"], "new": ["new2", "new5", "new8"],
+                              "other": ["other3", "other4", "other9"]}
+
+
+def test_baseline_tree_checks_out_a_revision_and_removes_it():
+    """A baseline revision runs from a git worktree of its own, gone (and unregistered) after."""
+    import subprocess
+
+    import pytest
+
+    from benchmarks.harness import baseline_tree, revision
+
+    def worktrees() -> str:
+        return subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
+
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert revision(), "this checkout's revision has a name"
+    with baseline_tree("HEAD") as tree:
+        assert (tree / "velocity" / "__init__.py").is_file() and str(tree) in worktrees()
+        got = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True)
+        assert got.stdout.strip() == head
+    assert not tree.exists() and str(tree) not in worktrees()
+    with pytest.raises(SystemExit, match="no-such-rev"):
+        with baseline_tree("no-such-rev"):
+            pass
