@@ -39,3 +39,27 @@ def test_an_unreadable_grace_period_means_none(tmp_path):
     d = Drain(str(tmp_path))
     (tmp_path / "draining").write_text("soon")
     assert d.poll() and d.expired()
+
+
+def test_a_stub_that_ends_quickly_still_flushes_its_logs_and_exits_0():
+    """velocity.serving.stub_exit: the process ends in its first exit handler (no interpreter
+    teardown) with status 0, what it printed and logged written out; exit handlers registered
+    after it (which run before it) still run."""
+    import subprocess
+    import sys
+
+    code = ("import atexit, logging, sys\n"
+            "from velocity.serving.settings import Settings\n"
+            "from velocity.serving.stub_exit import end_quickly\n"
+            "Settings().configure_logging()\n"
+            "end_quickly(); end_quickly()\n"
+            "atexit.register(lambda: print('later handler', end=' '))\n"
+            "class Late:\n"
+            "    def __del__(self):\n"
+            "        sys.stdout.write('torn down')\n"
+            "keep = Late()\n"
+            "print('printed', end=' ')\n"
+            "logging.getLogger('velocity.x').warning('logged')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "printed later handler " and "logged" in p.stderr   # no teardown: no "torn down"

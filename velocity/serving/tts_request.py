@@ -10,6 +10,7 @@ from velocity.sampling_params import SamplingParams, chattts_params, refine_para
 from velocity.serving.inputs import read_inputs
 from velocity.serving.requests import input_reader
 from velocity.serving.settings import Settings
+from velocity.serving.stub_exit import end_quickly
 
 
 @dataclass
@@ -44,6 +45,7 @@ class TTSFront:
 
         s = Settings.from_env()
         s.configure_logging()
+        end_quickly()                   # no interpreter teardown at unload (velocity.serving.stub_exit)
         try:
             text = TextFrontend(s.weights)
             return cls(s, text, VoiceEncoder(s.weights, s.max_sample_seconds),

@@ -18,6 +18,7 @@ from velocity.serving.metrics import LLM, make_metrics
 from velocity.serving.protocol import error_outputs
 from velocity.serving.requests import decoder_input, flag_input, input_reader
 from velocity.serving.settings import Settings
+from velocity.serving.stub_exit import end_quickly
 from velocity.serving.stream import Streams
 from velocity.serving.stream_board import StreamBoard
 # torch and the engine are imported in initialize: Triton's auto-complete step also runs this file,
@@ -52,6 +53,7 @@ class TritonPythonModel:
 
         self.settings = s = Settings.from_env()
         s.configure_logging()
+        end_quickly()                   # no interpreter teardown at unload (velocity.serving.stub_exit)
         if not pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"])):
             raise pb_utils.TritonModelException("llm: its config.pbtxt must keep model_transaction_policy "
                                                 "{ decoupled: true } (it streams many responses per request)")

@@ -35,6 +35,7 @@ from velocity.serving.metrics import VOCODER, make_metrics
 from velocity.serving.protocol import STREAM_PROBE, ChunkIn, chunk_problem, read_chunk, stream_error
 from velocity.serving.requests import input_reader
 from velocity.serving.settings import Settings
+from velocity.serving.stub_exit import end_quickly
 from velocity.serving.stream_board import CANCELLED, FAILED, StreamBoard
 # torch and the decoders are imported in initialize: Triton's auto-complete step also runs this
 # file, in a stub of its own, and needs none of them
@@ -65,6 +66,7 @@ class TritonPythonModel:
 
         self.settings = s = Settings.from_env()
         s.configure_logging()
+        end_quickly()                   # no interpreter teardown at unload (velocity.serving.stub_exit)
         s.set_threads("vocoder")
         try:
             dev = resolve_device(s.device)

@@ -8,6 +8,7 @@ import triton_python_backend_utils as pb_utils
 from velocity.serving.drain import draining
 from velocity.serving.requests import input_reader, text_input
 from velocity.serving.settings import Settings
+from velocity.serving.stub_exit import end_quickly
 
 
 class TritonPythonModel:
@@ -17,6 +18,7 @@ class TritonPythonModel:
 
         self.settings = s = Settings.from_env()
         s.configure_logging()
+        end_quickly()                   # no interpreter teardown at unload (velocity.serving.stub_exit)
         try:
             dim = speaker_dim(s.weights)
             self.voices = Voices(s.weights, dim, load_speaker_stats(s.weights, dim), s.voices, s.default_voice)
