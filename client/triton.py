@@ -35,9 +35,10 @@ def check_ready(client, model: str, where: str) -> None:
 
 def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True,
                 texts: list | None = None, retries: int = 0,
-                deadline: float | None = None) -> Iterator[tuple[int, np.ndarray]]:
+                deadline: float | None = None, marks: list | None = None) -> Iterator[tuple[int, np.ndarray]]:
     """Yield (chunk index, audio) as the `tts` ensemble streams them over one gRPC stream; with
     text refine each sentence's refined text is appended to `texts` as its first chunk comes.
+    marks: each chunk's (chunk index, SENTENCE_INDEX, SAMPLE_OFFSET, SENTENCE_TEXT) appended as it comes.
     timeout: seconds to wait for each chunk here. deadline: seconds the server may take for the
     whole request (Triton's request timeout: past it the server stops it and answers an error).
     Closing the iterator early (Ctrl-C, a closed pipe) cancels the stream: the server stops its
@@ -49,7 +50,7 @@ def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True
     for attempt in range(retries + 1):
         started = False
         try:
-            with contextlib.closing(_stream_grpc(url, values, timeout, check, texts, deadline)) as chunks:
+            with contextlib.closing(_stream_grpc(url, values, timeout, check, texts, deadline, marks)) as chunks:
                 for item in chunks:
                     started = True
                     yield item
@@ -61,7 +62,7 @@ def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True
 
 
 def _stream_grpc(url: str, values: dict, timeout: float, check: bool, texts: list | None,
-                 deadline: float | None = None) -> Iterator[tuple[int, np.ndarray]]:
+                 deadline: float | None = None, marks: list | None = None) -> Iterator[tuple[int, np.ndarray]]:
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
@@ -84,7 +85,12 @@ def _stream_grpc(url: str, values: dict, timeout: float, check: bool, texts: lis
                 refined = result.as_numpy("REFINED_TEXT")
                 if texts is not None and refined is not None and refined.reshape(-1)[0]:
                     texts.append(refined.reshape(-1)[0].decode())
-                yield int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0]), wav.reshape(-1)
+                index = int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0])
+                if marks is not None:
+                    one = {n: result.as_numpy(n).reshape(-1)[0] for n in ("SENTENCE_INDEX", "SAMPLE_OFFSET", "SENTENCE_TEXT")}
+                    marks.append((index, int(one["SENTENCE_INDEX"]), int(one["SAMPLE_OFFSET"]),
+                                  one["SENTENCE_TEXT"].decode()))
+                yield index, wav.reshape(-1)
             if ended:
                 return
     finally:

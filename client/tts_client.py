@@ -159,8 +159,17 @@ def add_input_flags(ap: argparse.ArgumentParser) -> None:
             group.add_argument(i.cli_flag, dest=i.name, action="store_true", default=None, help=help)
         elif i.binary:
             group.add_argument(i.cli_flag, dest=i.name, metavar="FILE", help=help + " (here: the file)")
+        elif i.json:
+            group.add_argument(i.cli_flag, dest=i.name, metavar="JSON|FILE", type=json_text,
+                               help=help + " (here: the JSON, or a file holding it)")
         else:
             group.add_argument(i.cli_flag, dest=i.name, type=JSON[i.dtype], choices=i.choices or None, help=help)
+
+
+def json_text(value: str) -> str:
+    """An option's JSON: the value itself, or the text of the file it names."""
+    path = Path(value)
+    return path.read_text(encoding="utf-8") if not value.lstrip().startswith(("{", "[")) and path.is_file() else value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -124,6 +124,47 @@ def test_sse_events(gateway):
     assert len(pcm) > 0 and len(pcm) % 2 == 0
 
 
+def sse_events(gateway: str, **body) -> list[dict]:
+    body = {"model": "tts-1", "voice": "amber", "response_format": "pcm", "stream_format": "sse"} | body
+    req = urllib.request.Request(gateway + "/v1/audio/speech", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return [json.loads(line[6:]) for line in r.read().decode().splitlines() if line.startswith("data: ")]
+
+
+def test_sse_marks_say_which_text_each_stretch_of_audio_speaks(gateway, tts_server):
+    """"marks": true adds a speech.sentence event per sentence, once its audio is all out: its
+    text (the server's sentence, normalised) and its start and end samples, which tile the
+    audio; the audio is the same as without marks, and without marks there are no such events."""
+    from velocity.tts.frontend import TextFrontend
+
+    text = "The first one. And the 2nd one, longer. The last."
+    kw = dict(input=text, seed=4, max_new_tokens=30)
+    events = sse_events(gateway, marks=True, **kw)
+    plain = sse_events(gateway, **kw)
+    assert {e["type"] for e in plain} == {"speech.audio.delta", "speech.audio.done"}
+    pcm = lambda evs: b"".join(base64.b64decode(e["audio"]) for e in evs if e["type"] == "speech.audio.delta")  # noqa: E731
+    samples = len(pcm(events)) // 2
+    assert_same_pcm(pcm(events), pcm(plain))
+    marks = [e for e in events if e["type"] == "speech.sentence"]
+    sentences, _ = TextFrontend(tts_server.env["VELOCITY_WEIGHTS"]).encode(text, speaker=True)
+    assert [m["text"] for m in marks] == [s.text for s in sentences] and len(marks) == 3
+    assert [m["index"] for m in marks] == [0, 1, 2] and all(m["sample_rate"] == 24000 for m in marks)
+    assert marks[0]["start"] == 0 and marks[-1]["end"] == samples
+    assert all(a["end"] == b["start"] and a["start"] < a["end"] for a, b in zip(marks, marks[1:]))
+    # each mark comes after its sentence's audio: the deltas before it hold at least `end` samples
+    for m in marks:
+        before = events[:events.index(m)]
+        assert len(pcm(before)) // 2 >= m["end"]
+
+
+def test_marks_need_the_sse_stream(openai_client):
+    import openai
+    with pytest.raises(openai.BadRequestError, match="marks come as speech.sentence events"):
+        openai_client.audio.speech.create(model="tts-1", voice="amber", input="Hi.", response_format="pcm",
+                                          extra_body={"marks": True}).read()
+
+
 @pytest.mark.parametrize("kw,status,param,match", [
     (dict(voice="nobody"), 400, "voice", "voice 'nobody' is not a voice here; voices: amber, basil"),
     (dict(response_format="ogg"), 400, "response_format", "response_format must be one of mp3, opus"),
@@ -133,6 +174,8 @@ def test_sse_events(gateway):
     (dict(instructions=3), 400, "instructions", "instructions must be a string"),
     (dict(input="x" * 2001), 400, "input", "TEXT has 2001 characters; the limit is 2000"),
     (dict(extra_body={"temperature": -1}), 400, "temperature", "TEMPERATURE must be >= 0"),
+    (dict(extra_body={"lexicon": 5}), 400, "lexicon", r"lexicon must be a JSON object \(or its text\), got 5"),
+    (dict(extra_body={"lexicon": {"SQL": 1}}), 400, "lexicon", "LEXICON: the replacement of 'SQL' must be a string"),
 ])
 def test_errors_have_openais_shape(openai_client, kw, status, param, match):
     import openai
@@ -261,6 +304,14 @@ def test_openais_voice_names_are_our_voices(openai_client):
     assert_same_pcm(speak("ash", "gpt-4o-mini-tts-2025-03-20"), speak("basil"))
     for voice in OPENAI_ALIASES:
         assert len(speak(voice)) > 0
+
+
+def test_a_lexicon_object_in_the_body_says_the_words_its_way(openai_client):
+    def speak(text: str, **extra) -> bytes:
+        return openai_client.audio.speech.create(model="tts-1", voice="amber", input=text, response_format="pcm",
+                                                 extra_body={"seed": 5, "max_new_tokens": 16, **extra}).read()
+
+    assert_same_pcm(speak("Our SQL.", lexicon={"sql": "sequel"}), speak("Our sequel."))
 
 
 def test_a_chunked_body_over_the_limit_is_refused_while_it_is_read(gateway, tts_server):

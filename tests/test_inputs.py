@@ -3,6 +3,8 @@ the parser's checks, the files scripts/gen_inputs.py writes, the gateway's body 
 client's options. That the running models declare the table's inputs is in test_tts_server.py."""
 from __future__ import annotations
 
+import json
+
 import importlib.util
 import math
 
@@ -127,8 +129,12 @@ def test_the_gateway_takes_every_inputs_field():
         got = triton_values(base | {i.api_field: sample[i.dtype]}, {"amber": "speaker"})[0]
         assert got[i.name] == sample[i.dtype], i.name
         wrong = "x" if i.dtype != "BYTES" else 3
-        with pytest.raises(ApiError, match=f"{i.api_field} must be {JSON[i.dtype].__name__}"):
+        kind = "a JSON object" if i.json else JSON[i.dtype].__name__
+        with pytest.raises(ApiError, match=f"{i.api_field} must be {kind}"):
             triton_values(base | {i.api_field: wrong}, {"amber": "speaker"})
+        if i.json:                                # the object itself, as its JSON text
+            got = triton_values(base | {i.api_field: {"SQL": "sequel"}}, {"amber": "speaker"})[0]
+            assert json.loads(got[i.name]) == {"SQL": "sequel"}
 
 
 def test_the_client_has_an_option_for_each_input():

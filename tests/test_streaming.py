@@ -103,6 +103,19 @@ def test_each_utterance_ends_on_its_own(decoder, frames, hidden):
     assert audio.shape == want.shape and ser_db(want, audio) > 100
 
 
+def test_each_chunk_knows_its_sentence_and_where_its_audio_starts(decoder, frames):
+    """CodeChunk.sentence and .sample_offset: the samples of the stream's audio before the chunk's,
+    as decoded, across utterances that each end half a frame shorter and one with no frames."""
+    from velocity.tts.chunking import FrameChunker
+
+    ch = FrameChunker(ChunkSchedule(12, 36), 8, 4)
+    chunks = ch.push(frames[:70]) + ch.finish() + ch.finish() + ch.push(frames[70:]) + ch.finish()
+    audio = decoder.decode_chunks([(torch.tensor(c.codes).T[None], c.context, c.length, c.last) for c in chunks], 1)
+    offsets = [c.sample_offset(decoder.samples_per_frame) for c in chunks]
+    assert offsets == [sum(a.shape[-1] for a in audio[:k]) for k in range(len(chunks))]
+    assert sorted({c.sentence for c in chunks}) == [0, 2] and [c.lasts for c in chunks][-1] == 1
+
+
 def test_seams_have_no_jumps_larger_than_inside_chunks(decoder, frames, whole):
     chunks = stream(decoder, frames, ChunkSchedule(8, 24), 4)
     audio = torch.cat([c[1] for c in chunks])
@@ -191,7 +204,8 @@ def test_sentences_generated_ahead_give_the_chunks_of_one_by_one(ahead):
     lengths = {0: 30, 1: 7, 2: 55, 3: 1, 4: 20}
 
     def run(ahead: int, order_seed: int) -> list:
-        s = SentenceStream([[0]] * 5, FrameChunker(ChunkSchedule(4, 8, 16), 3, 2), end_code=99, ahead=ahead)
+        s = SentenceStream([[0]] * 5, FrameChunker(ChunkSchedule(4, 8, 16), 3, 2), end_code=99, ahead=ahead,
+                           texts=[f"sentence {i}" for i in range(5)])
         running = {i for i, *_ in s.requests(None, None, False)}
         assert running == {0}                    # the others wait for the first chunk
         got, started = [], set(running)
@@ -202,7 +216,8 @@ def test_sentences_generated_ahead_give_the_chunks_of_one_by_one(ahead):
             k = next(n for n, (i, _) in enumerate(pending) if i in started)
             i, out = pending.pop(k)
             chunks = s.feed(i, out)
-            got += [(c.index, c.codes, c.context, c.length, c.last, c.start) for c in chunks]
+            got += [(c.index, c.codes, c.context, c.length, c.last, c.start, c.sentence, c.lasts, c.sentence_text)
+                    for c in chunks]
             if out.finished or chunks:
                 new = {j for j, *_ in s.requests(None, None, False)}
                 assert not new & started and all(j <= s.sentence + ahead for j in new)
@@ -214,6 +229,10 @@ def test_sentences_generated_ahead_give_the_chunks_of_one_by_one(ahead):
     one_by_one = run(0, 0)
     assert run(ahead, 1) == one_by_one and run(ahead, 2) == one_by_one
     assert [c[4] for c in one_by_one].count(True) == 5          # each sentence its own utterance
+    firsts = [c for k, c in enumerate(one_by_one) if k == 0 or one_by_one[k - 1][6] != c[6]]
+    assert [c[6] for c in firsts] == [0, 1, 2, 3, 4]            # every sentence's chunks, in order
+    assert [c[8] for c in firsts] == [f"sentence {i}" for i in range(5)]   # its text on its first chunk
+    assert all(not c[8] for c in one_by_one if c not in firsts)
 
 
 def test_stall_is_the_wait_a_listener_hears():

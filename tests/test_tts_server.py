@@ -171,6 +171,8 @@ def test_sixteen_concurrent_streams(server):
     ({"TEXT": "hi", "SPEAKER_SAMPLE": wav_bytes(0)}, "SPEAKER_SAMPLE audio is empty"),
     ({"TEXT": "hi", "SPEAKER_SAMPLE": wav_bytes(1.0, amp=0.0)}, "SPEAKER_SAMPLE audio is silent"),
     ({"TEXT": "hi", "SPEAKER_SAMPLE": wav_bytes(21.0)}, r"21.00 s long; it must be 0.2-20 s"),
+    ({"TEXT": "hi", "LEXICON": "{NASA: nasa}"}, "LEXICON is not valid JSON"),
+    ({"TEXT": "hi", "LEXICON": '{"NASA": 1}'}, "LEXICON: the replacement of 'NASA' must be a string"),
     ({"TEXT": "hi", "REFINE_PROMPT": "[oral_2]"}, "REFINE_PROMPT is for text refine: send REFINE_TEXT true"),
     ({"TEXT": "hi", "REFINE_TEXT": True, "REFINE_PROMPT": "be funny"}, "REFINE_PROMPT must hold only control tokens"),
     ({"TEXT": "hi", "REFINE_TEXT": True, "REFINE_TOP_P": 2.0}, r"REFINE_TOP_P must be in \(0, 1\]"),
@@ -192,16 +194,54 @@ def test_bad_inputs_invalid_arg_then_good_request(server, bad, match):
     assert err2 is None and ok
 
 
+def test_a_request_lexicon_says_its_words_its_way(server):
+    """LEXICON replaces whole words before normalisation: the audio is the replaced text's, through
+    the stream and tts_offline, and not the original's (seeded)."""
+    base = {"SEED": 3, "MAX_NEW_TOKENS": 16, "TEMPERATURE": 0.8}
+    lexicon = json.dumps({"NASA": "the agency", "sql": "sequel"})
+    said, err = stream_tts(server.grpc_url, {**base, "TEXT": "NASA uses SQL.", "LEXICON": lexicon})
+    assert err is None, err
+    meant, _ = stream_tts(server.grpc_url, {**base, "TEXT": "the agency uses sequel."})
+    plain, _ = stream_tts(server.grpc_url, {**base, "TEXT": "NASA uses SQL."})
+    audio = np.concatenate([a for _, a in said])
+    np.testing.assert_array_equal(audio, np.concatenate([a for _, a in meant]))
+    assert not np.array_equal(audio[:4000], np.concatenate([a for _, a in plain])[:4000])
+    whole = grpcclient.InferenceServerClient(server.grpc_url).infer(
+        "tts_offline", make_inputs(grpcclient, {**base, "TEXT": "NASA uses SQL.", "LEXICON": lexicon}))
+    assert_same_audio(whole.as_numpy("WAVEFORM").reshape(-1), audio)
+
+
+def test_each_chunk_says_its_sentence_its_sample_offset_and_the_sentences_text(server):
+    """SENTENCE_INDEX, SAMPLE_OFFSET and SENTENCE_TEXT: the offsets are the samples streamed before
+    each chunk, the sentences go in order, and each sentence's first chunk carries its text as
+    the front end made it."""
+    from velocity.tts.frontend import TextFrontend
+
+    text = "Hello world. 你好，世界。 A third sentence here."
+    marks: list = []
+    chunks = list(stream_grpc(server.grpc_url, {"TEXT": text, "SEED": 2, "MAX_NEW_TOKENS": 24}, marks=marks))
+    assert [m[0] for m in marks] == [c for c, _ in chunks]
+    assert [m[2] for m in marks] == [sum(len(a) for _, a in chunks[:k]) for k in range(len(chunks))]
+    sentences, _ = TextFrontend(server.env["VELOCITY_WEIGHTS"]).encode(text, speaker=True)
+    order = [m[1] for m in marks]
+    assert order == sorted(order) and set(order) == set(range(len(sentences))) == {0, 1, 2}
+    firsts = [m for k, m in enumerate(marks) if k == 0 or marks[k - 1][1] != m[1]]
+    assert [m[3] for m in firsts] == [s.text for s in sentences]
+    assert all(m[3] == "" for m in marks if m not in firsts)
+
+
 def test_the_models_declare_the_request_tables_inputs(server):
     """text_frontend and tts_offline declare their inputs at load (auto_complete_config) from
-    velocity/serving/inputs.py; the ensemble's are written from it (test_inputs.py checks that)."""
+    velocity/serving/inputs.py; the ensemble's are written from it (test_inputs.py checks that).
+    text_frontend has one more, CHECK_ONLY (tts_offline's check of a request)."""
     from velocity.serving.inputs import triton_inputs
 
     c = grpcclient.InferenceServerClient(server.grpc_url)
     for model in ("text_frontend", "tts_offline", "tts"):
         got = c.get_model_config(model, as_json=True)["config"]["input"]
+        extra = [("CHECK_ONLY", "TYPE_BOOL", [1], True)] if model == "text_frontend" else []
         assert [(i["name"], i["data_type"], [int(d) for d in i["dims"]], bool(i.get("optional"))) for i in got] == \
-            [(i["name"], i["data_type"], i["dims"], i["optional"]) for i in triton_inputs(model)], model
+            [(i["name"], i["data_type"], i["dims"], i["optional"]) for i in triton_inputs(model)] + extra, model
 
 
 def test_a_stream_without_text_is_an_error_not_silence(server):

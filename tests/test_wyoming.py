@@ -16,7 +16,7 @@ import pytest
 from client.triton import stream_grpc
 from triton_server import LONG_TEXT, ROOT, assert_same_pcm, assert_work_stops, free_port, listening, wait_for
 from velocity.gateway.encode import pcm16
-from velocity.gateway.wyoming_server import split_complete
+from velocity.gateway.sentences import split_complete
 
 pytestmark = pytest.mark.server
 SEED = 3

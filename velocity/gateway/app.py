@@ -24,10 +24,11 @@ import math
 import time
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
 from velocity.gateway.encode import FORMATS, Encoder
+from velocity.gateway.speech_socket import PATH, SpeechSocket
 from velocity.gateway.upstream import ApiError, Gateway
 from velocity.serving.inputs import INPUTS, JSON
 from velocity.tts.normalizer import CONTROL
@@ -125,11 +126,47 @@ def triton_values(body: dict, voices: dict[str, str]) -> tuple[dict, str, str]:
                        "voice")
     for i in INPUTS:                          # our extras: the inputs with a body field
         v = body.get(i.api_field) if i.api_field else None
+        if i.json and isinstance(v, (dict, list)):
+            v = json.dumps(v, ensure_ascii=False)      # the object itself, as the input's JSON text
         if v is not None:
             if not of_type(v, JSON[i.dtype]):
-                raise ApiError(400, f"{i.api_field} must be {JSON[i.dtype].__name__}, got {v!r}", i.api_field)
+                kind = "a JSON object (or its text)" if i.json else JSON[i.dtype].__name__
+                raise ApiError(400, f"{i.api_field} must be {kind}, got {v!r}", i.api_field)
             values[i.name] = v
     return values, fmt, stream_format
+
+
+def marks_asked(body: dict, stream_format: str) -> bool:
+    """The body's `marks` (our extension: speech.sentence events in the SSE stream)."""
+    marks = body.get("marks", False)
+    if not isinstance(marks, bool):
+        raise ApiError(400, f"marks must be true or false, got {marks!r}", "marks")
+    if marks and stream_format != "sse":
+        raise ApiError(400, 'marks come as speech.sentence events: ask for stream_format "sse" with them', "marks")
+    return marks
+
+
+class Marks:
+    """Sentence marks of one stream: see(chunk) -> the marks of the sentences it completes, each
+    {"index", "text", "start", "end", "sample_rate"} (sample offsets in the stream's audio;
+    None: the stream's end)."""
+
+    def __init__(self) -> None:
+        self.open: dict | None = None
+        self.samples = 0
+
+    def see(self, chunk) -> list[dict]:
+        done = []
+        if self.open is not None and (chunk is None or chunk.sentence != self.open["index"]):
+            self.open["end"] = chunk.offset if chunk is not None else self.samples
+            done.append(self.open)
+            self.open = None
+        if chunk is not None:
+            if self.open is None:
+                self.open = {"index": chunk.sentence, "text": chunk.text, "start": chunk.offset, "end": None,
+                             "sample_rate": SAMPLE_RATE}
+            self.samples = chunk.offset + len(chunk.audio)
+        return done
 
 
 class GatewayMetrics:
@@ -222,6 +259,17 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
     async def prometheus():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
+    @app.websocket(PATH)
+    async def speech_stream(ws: WebSocket):
+        """Streamed text in, audio and sentence marks out (velocity/gateway/speech_socket.py)."""
+        auth = ws.headers.get("authorization", "")
+        if keys and not (auth.startswith("Bearer ") and auth[7:].strip() in keys):
+            await ws.close(code=1008, reason="a valid API key is required: Authorization: Bearer <key>")
+            return
+        await ws.accept()
+        names = await gw.voice_names(fresh=True)
+        await SpeechSocket(ws, gw, lambda body: triton_values(body, names)[0]).run()
+
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "velocity-tts"} for m in MODELS]}
@@ -272,6 +320,7 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
         t0 = time.perf_counter()
         try:
             values, fmt, stream_format = triton_values(body, names)
+            want_marks = marks_asked(body, stream_format)
             chunks = gw.chunks(values, request_timeout(body, request.headers.get(TIMEOUT_HEADER)))
             first = await first_chunk(request, chunks)   # errors before the first byte are real HTTP errors
         except ApiError as e:
@@ -285,14 +334,15 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
         metrics.requests.labels(fmt, "200").inc()
         enc = Encoder(fmt, SAMPLE_RATE)
 
-        async def audio():
+        async def encoded():
+            """(chunk, its encoded bytes) in order, then (None, the encoder's last bytes)."""
             complete = False
             try:
                 if first is not None:
-                    yield enc.push(first)
+                    yield first, enc.push(first.audio)
                 async for chunk in chunks:
-                    yield enc.push(chunk)
-                yield enc.finish()
+                    yield chunk, enc.push(chunk.audio)
+                yield None, enc.finish()
                 complete = True
             except ApiError:
                 complete = True                             # the server ended it: not a hang-up
@@ -302,12 +352,23 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
                     metrics.disconnects.inc()
                 await chunks.aclose()
 
+        async def audio():
+            async with contextlib.aclosing(encoded()) as parts:
+                async for _, data in parts:
+                    yield data
+
+        def event(**kw) -> str:
+            return f"data: {json.dumps(kw, ensure_ascii=False)}\n\n"
+
         async def sse():
-            async with contextlib.aclosing(audio()) as parts:
-                async for data in parts:
+            marks = Marks() if want_marks else None
+            async with contextlib.aclosing(encoded()) as parts:
+                async for chunk, data in parts:
+                    for mark in marks.see(chunk) if marks else ():    # a sentence whose audio is all out
+                        yield event(type="speech.sentence", **mark)
                     if data:
-                        yield f"data: {json.dumps({'type': 'speech.audio.delta', 'audio': base64.b64encode(data).decode()})}\n\n"
-            yield f"data: {json.dumps({'type': 'speech.audio.done'})}\n\n"
+                        yield event(type="speech.audio.delta", audio=base64.b64encode(data).decode())
+            yield event(type="speech.audio.done")
 
         if stream_format == "sse":
             return StreamingResponse(sse(), media_type="text/event-stream")

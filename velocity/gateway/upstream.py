@@ -39,6 +39,27 @@ class Retry:
         return self.pause * (attempt + 1)
 
 
+@dataclass(slots=True)
+class Chunk:
+    """One chunk of a `tts` stream: its audio, the sentence it belongs to, the samples of the
+    stream's audio before it, and on a sentence's first chunk the text that sentence speaks."""
+    audio: np.ndarray
+    sentence: int = 0
+    offset: int = 0
+    text: str = ""
+
+    @classmethod
+    def of(cls, result, wav: np.ndarray) -> "Chunk":
+        """From a `tts` response (tritonclient's InferResult) and its WAVEFORM."""
+        def one(name: str):
+            v = result.as_numpy(name)
+            return None if v is None or v.size == 0 else v.reshape(-1)[0]
+
+        text = one("SENTENCE_TEXT")
+        return cls(wav.reshape(-1), int(one("SENTENCE_INDEX") or 0), int(one("SAMPLE_OFFSET") or 0),
+                   text.decode("utf-8", "replace") if isinstance(text, bytes) else "")
+
+
 class ApiError(Exception):
     """An error response in OpenAI's shape."""
 
@@ -97,6 +118,21 @@ class Gateway:
         for c in clients:
             await c.close()
 
+    async def check(self, values: dict) -> None:
+        """A request's inputs checked by the server's text front end, which generates nothing:
+        ApiError as the stream would give it (400 naming the field), before any text is spoken."""
+        import tritonclient.grpc.aio as grpcclient
+        from tritonclient.utils import InferenceServerException
+
+        from velocity.serving.inputs import make_inputs
+
+        try:
+            await self.client_for(self.urls[0]).infer("text_frontend", make_inputs(grpcclient, values))
+        except InferenceServerException as e:
+            if e.status() != "StatusCode.INVALID_ARGUMENT":
+                raise ApiError(502, f"the Triton server at {self.urls[0]} failed: {e.message()}") from e
+            raise triton_error(e.message()) from e
+
     async def ready(self) -> bool:
         """Some upstream's `tts` is ready and that server is not draining (its `voices` says)."""
         for url in self.urls:
@@ -127,8 +163,8 @@ class Gateway:
             self._names = {v["name"]: v["kind"] for v in (await self.voices())["voices"]}
         return self._names
 
-    async def chunks(self, values: dict, timeout: float | None = None) -> AsyncIterator[np.ndarray]:
-        """The request's audio chunks in order; ApiError for an error before or during the stream.
+    async def chunks(self, values: dict, timeout: float | None = None) -> AsyncIterator[Chunk]:
+        """The request's audio chunks in order (Chunk); ApiError for an error before or during the stream.
         Leaving early (the client hung up) cancels the Triton stream, which stops the server's
         work on it within a second. timeout: seconds the request may take, sent as Triton's
         request timeout (the server ends it past that; a 504). Retryable errors before the first
@@ -149,7 +185,7 @@ class Gateway:
                 log.info("%s before the first chunk (%s): trying again on %s", url, e.message,
                          self.urls[(start + attempt + 1) % len(self.urls)])
 
-    async def _stream(self, url: str, values: dict, timeout: float | None = None) -> AsyncIterator[np.ndarray]:
+    async def _stream(self, url: str, values: dict, timeout: float | None = None) -> AsyncIterator[Chunk]:
         """One `tts` stream on one upstream, chunks in order."""
         import tritonclient.grpc.aio as grpcclient
 
@@ -160,7 +196,7 @@ class Gateway:
                    "timeout": None if timeout is None else max(1, round(timeout * 1e6))}
 
         stream = self.client_for(url).stream_infer(requests())
-        pending: dict[int, np.ndarray] = {}
+        pending: dict[int, Chunk] = {}
         nxt = 0
         try:
             async for result, error in stream:
@@ -168,7 +204,7 @@ class Gateway:
                     raise triton_error(str(error))
                 wav = result.as_numpy("WAVEFORM")
                 if wav is not None:
-                    pending[int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0])] = wav.reshape(-1)
+                    pending[int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0])] = Chunk.of(result, wav)
                     while nxt in pending:
                         yield pending.pop(nxt)
                         nxt += 1

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import re
 from collections.abc import Awaitable, Callable
 from functools import partial
 
@@ -30,19 +29,12 @@ from wyoming.server import AsyncEventHandler, AsyncServer
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
 from velocity.gateway.encode import pcm16
+from velocity.gateway.sentences import split_complete
 from velocity.gateway.upstream import ApiError, Gateway
 
 log = logging.getLogger("velocity.wyoming")
 RATE, WIDTH, CHANNELS = 24000, 2, 1              # what `tts` streams, as 16-bit pcm
 ATTRIBUTION = Attribution(name="2noise (ChatTTS)", url="https://github.com/2noise/ChatTTS")
-# a sentence is complete when its end mark is followed by space (so "3.14" waits for more text)
-SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|(?<=[。！？])")
-
-
-def split_complete(text: str) -> tuple[list[str], str]:
-    """Streamed text -> (its complete sentences, the rest still being written)."""
-    parts = SENTENCE_END.split(text)
-    return [p.strip() for p in parts[:-1] if p.strip()], parts[-1]
 
 
 async def describe(gw: Gateway) -> Info:
@@ -131,7 +123,7 @@ class SpeechHandler(AsyncEventHandler):
                         await self.write_event(AudioStart(rate=RATE, width=WIDTH, channels=CHANNELS).event())
                         started = True
                     await self.write_event(AudioChunk(rate=RATE, width=WIDTH, channels=CHANNELS,
-                                                      audio=pcm16(chunk)).event())
+                                                      audio=pcm16(chunk.audio)).event())
         except ApiError as e:
             log.warning("synthesize failed (%s): %s", e.status, e.message)
             await self.write_event(Error(text=e.message, code=e.code or f"http_{e.status}").event())

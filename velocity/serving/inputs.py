@@ -41,6 +41,7 @@ class Input:
     required: bool = False
     binary: bool = False                 # BYTES kept as bytes (a file), not decoded
     requires: tuple[str, str] | None = None   # (the input it needs, the error's words)
+    json: bool = False                   # BYTES holding JSON: the API's field takes the object itself
     field: str | None = ""               # the OpenAI API body's field
     flag: str | None = ""                # velocity-tts-client's option
     models: tuple[str, ...] = MODELS
@@ -176,6 +177,8 @@ INPUTS: tuple[Input, ...] = (
           binary=True, flag="--sample"),
     Input("SAMPLE_TEXT", "BYTES", "the transcript of SPEAKER_SAMPLE (the reference's txt_smp)", max_chars=500,
           requires=("SPEAKER_SAMPLE", "is the transcript of SPEAKER_SAMPLE: send it with one")),
+    Input("LEXICON", "BYTES", "pronunciations for this request: a JSON object of word -> replacement (whole "
+          "words, case-aware), merged over the server's lexicon (VELOCITY_LEXICON)", max_chars=100_000, json=True),
     Input("REFINE_TEXT", "BOOL", "true: text refine first (the reference's default first pass; off here, for "
           "latency)", False, field="refine", flag="--refine"),
     Input("REFINE_PROMPT", "BYTES", "control tokens that end the refine prompt, such as [oral_2][laugh_0][break_6]",

@@ -22,6 +22,7 @@ class LLMInputs:
     refine_prompts: list | None = None
     refine: SamplingParams | None = None
     code_prefix: list | None = None
+    texts: list[str] | None = None        # each sentence's text (SENTENCE_TEXTS), for the marks
 
 
 def split_ids(ids: np.ndarray, lengths: np.ndarray, what: str) -> list[list[int]]:
@@ -61,6 +62,11 @@ def llm_inputs(get, max_new_tokens: int, num_vq: int) -> LLMInputs:
     spk = need("SPEAKER_VECTOR").astype(np.float32, copy=True)
     out = LLMInputs([s + frames for s in sentences], spk if spk.size else None,
                     params_from_arrays(need("PARAMS_F"), need("PARAMS_I"), max_new_tokens), frames)
+    texts = get("SENTENCE_TEXTS")
+    if texts is not None and texts.size:
+        if texts.size != len(sentences):
+            raise ValueError(f"SENTENCE_TEXTS holds {texts.size} texts, SENTENCE_LENGTHS {len(sentences)} sentences")
+        out.texts = [t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t) for t in texts.reshape(-1)]
     refine = get("REFINE_IDS")
     if refine is not None and refine.size:
         out.refine_prompts = split_ids(refine.reshape(-1), need("REFINE_LENGTHS"), "REFINE")

@@ -10,6 +10,10 @@ an error, and what the vocoder reads back (and refuses, naming the input and its
     CHUNK_INDEX  [1, 1] int32           the chunk's number in its stream, or a STREAM_* code < 0
     TEXT         [1, 1] bytes           the refined text of the sentence the chunk begins (text refine), else ""
     STREAM       [1, 1] int64           the stream's slot on the stream board (0: none, a direct caller)
+    SENTENCE     [1, 1] int32           the sentence (utterance) of the stream the chunk belongs to
+    LASTS        [1, 1] int32           sentences before it that ended in a LAST chunk: with START, its
+                                        sample offset (START * 512 - LASTS * 256)
+    SENTENCE_TEXT [1, 1] bytes          the text of the sentence the chunk begins (refined, with refine), else ""
 
 A probe (CHUNK_INDEX STREAM_PROBE, LENGTH 0) carries no audio: the llm sends one while a stream
 of the `tts` ensemble has been quiet for a while (before its first chunk, between large chunks,
@@ -56,14 +60,16 @@ def chunk_outputs(c: CodeChunk, stream: int = 0) -> dict[str, np.ndarray]:
     return {"CODES": np.asarray(c.codes, np.int32).T[None], "CONTEXT": _i32(c.context), "LENGTH": _i32(c.length),
             "CHUNK_INDEX": _i32(c.index), "LAST": _i32(int(c.last)), "START": _i32(c.start), "TEXT": text_tensor(c.text),
             "HIDDEN": NO_HIDDEN if c.hidden is None else np.stack(c.hidden).astype(np.float32, copy=False)[None],
-            "STREAM": np.array([[stream]], np.int64)}
+            "STREAM": np.array([[stream]], np.int64), "SENTENCE": _i32(c.sentence), "LASTS": _i32(c.lasts),
+            "SENTENCE_TEXT": text_tensor(c.sentence_text)}
 
 
 def error_outputs(code: int, num_vq: int, stream: int = 0) -> dict[str, np.ndarray]:
     """The llm's last response of a stream that ends with a STREAM_* code (or a probe: STREAM_PROBE)."""
     return {"CODES": np.zeros((1, num_vq, 1), np.int32), "CONTEXT": _i32(0), "LENGTH": _i32(0),
             "CHUNK_INDEX": _i32(code), "LAST": _i32(0), "START": _i32(0), "HIDDEN": NO_HIDDEN, "TEXT": text_tensor(""),
-            "STREAM": np.array([[stream]], np.int64)}
+            "STREAM": np.array([[stream]], np.int64), "SENTENCE": _i32(0), "LASTS": _i32(0),
+            "SENTENCE_TEXT": text_tensor("")}
 
 
 def stream_error(code: int, settings: Settings) -> tuple[str, bool]:
@@ -92,6 +98,13 @@ class ChunkIn:
     start: int                        # frames before it (0 when not sent: due at once)
     text: bytes = b""                 # TEXT (the refined text of its sentence), passed on
     stream: int = 0                   # STREAM: its stream's reference on the stream board (0: none)
+    sentence: int = 0                 # SENTENCE
+    lasts: int = 0                    # LASTS
+    sentence_text: bytes = b""        # SENTENCE_TEXT, passed on
+
+    def sample_offset(self, samples_per_frame: int) -> int:
+        """Samples of the stream's audio before this chunk's (as CodeChunk.sample_offset)."""
+        return self.start * samples_per_frame - self.lasts * (samples_per_frame // 2)
 
     @property
     def number(self) -> int:
@@ -105,16 +118,21 @@ class ChunkIn:
 
 
 def read_chunk(get) -> ChunkIn:
-    """get(name) -> np.ndarray | None: the vocoder's inputs (HIDDEN, LAST, START, TEXT and STREAM optional)."""
+    """get(name) -> np.ndarray | None: the vocoder's inputs (all but CODES, CONTEXT, LENGTH and
+    CHUNK_INDEX optional)."""
     def scalar(name: str, default: int = 0) -> int:
         v = get(name)
         return default if v is None or v.size == 0 else int(v.reshape(-1)[0])
 
-    hidden, text = get("HIDDEN"), get("TEXT")
+    def text(name: str) -> bytes:
+        v = get(name)
+        return b"" if v is None or v.size == 0 else bytes(v.reshape(-1)[0])
+
+    hidden = get("HIDDEN")
     return ChunkIn(get("CHUNK_INDEX").copy(), get("CODES").astype(np.int64),
                    None if hidden is None or hidden.size == 0 else hidden.astype(np.float32),
                    scalar("CONTEXT"), scalar("LENGTH"), bool(scalar("LAST")), scalar("START"),
-                   b"" if text is None or text.size == 0 else bytes(text.reshape(-1)[0]), scalar("STREAM"))
+                   text("TEXT"), scalar("STREAM"), scalar("SENTENCE"), scalar("LASTS"), text("SENTENCE_TEXT"))
 
 
 def chunk_problem(c: ChunkIn, num_vq: int, num_codes: int, hidden_size: int) -> str | None:

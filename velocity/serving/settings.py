@@ -37,6 +37,7 @@ class Settings:
     max_sample_seconds: float = 20.0         # VELOCITY_MAX_SAMPLE_SECONDS: the longest SPEAKER_SAMPLE
     voices: str = ""                         # VELOCITY_VOICES: a voices file or folder (default: <weights>/voices.json)
     default_voice: str = "amber"             # VELOCITY_DEFAULT_VOICE: for requests that name no voice ("": none)
+    lexicon: str = ""                        # VELOCITY_LEXICON: a pronunciation lexicon (default: <weights>/lexicon.json)
     # Requests in flight in the llm (running, waiting, or between sentences); one more is refused
     # with UNAVAILABLE ("server busy") instead of queueing without bound. 0: no limit.
     max_concurrent_requests: int = 256       # VELOCITY_MAX_CONCURRENT_REQUESTS

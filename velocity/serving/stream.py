@@ -37,12 +37,13 @@ class Stream:
     """One request: its sentences spoken in order with one speaker, ended exactly once."""
 
     def __init__(self, host: "Streams", sender, cancelled: Callable[[], bool], sentences: list, speaker, params,
-                 hidden: bool, refine: Refine | None = None, ref: int = 0, timeout: float = 0.0) -> None:
+                 hidden: bool, refine: Refine | None = None, ref: int = 0, timeout: float = 0.0,
+                 texts: list[str] | None = None) -> None:
         self.host, self.sender, self.cancelled = host, sender, cancelled
         self.speaker, self.params, self.hidden = speaker, params, hidden
         s = host.settings
         self.sentences = SentenceStream(sentences, FrameChunker(s.schedule, s.left_context, s.lookahead), host.end_code,
-                                        refine, ahead=s.sentences_ahead)
+                                        refine, ahead=s.sentences_ahead, texts=texts)
         self.rid = f"{id(self)}"                 # in logs; its engine requests are rid-<sentence>[r]
         self.running: dict[int, str] = {}        # sentence -> its engine request in flight
         self.paused: set[str] = set()            # engine requests paused for the vocoder
@@ -195,15 +196,16 @@ class Streams:
         return STREAM_BUSY if limit and len(self.live) >= limit else None
 
     def start(self, sender, cancelled: Callable[[], bool], sentences: list, speaker, params, hidden: bool,
-              refine: Refine | None = None, in_ensemble: bool = False, timeout: float = 0.0) -> None:
+              refine: Refine | None = None, in_ensemble: bool = False, timeout: float = 0.0,
+              texts: list[str] | None = None) -> None:
         """Start a checked request; it holds a slot until its final flag is sent. in_ensemble: the
         `tts` ensemble's vocoder follows (the stream takes a board slot: probes, backpressure);
-        timeout: seconds it may take (0: no limit)."""
+        timeout: seconds it may take (0: no limit); texts: its sentences' (for the marks)."""
         ref = (self.board.open() or 0) if in_ensemble and self.board is not None else 0
         if in_ensemble and self.board is not None and not ref:
             log.warning("the stream board is full (%d streams): this stream will not notice its client leaving",
                         self.board.slots)
-        stream = Stream(self, sender, cancelled, sentences, speaker, params, hidden, refine, ref, timeout)
+        stream = Stream(self, sender, cancelled, sentences, speaker, params, hidden, refine, ref, timeout, texts)
         self.live[id(stream)] = stream
         try:
             stream.start_requests()

@@ -47,7 +47,7 @@ class TTSFront:
         s.configure_logging()
         end_quickly()                   # no interpreter teardown at unload (velocity.serving.stub_exit)
         try:
-            text = TextFrontend(s.weights)
+            text = TextFrontend(s.weights, s.lexicon)
             return cls(s, text, VoiceEncoder(s.weights, s.max_sample_seconds),
                        Voices(s.weights, text.speaker_dim, text.speaker_stats, s.voices, s.default_voice))
         except Exception as e:
@@ -62,12 +62,15 @@ def parse_tts_request(get, front: TTSFront) -> TTSRequest:
     Raises ValueError naming the bad input and its allowed range (INVALID_ARG for Triton).
     """
     from velocity.tts.frontend import DEFAULT_PROMPT
+    from velocity.tts.lexicon import Lexicon
 
     v, frontend = read_inputs(get, front.settings), front.text
     params = sampling(v, "", chattts_params, front.settings.max_new_tokens)
     vec, sample, sample_text = voice_inputs(v, front)
     prompt = v["PROMPT"] or DEFAULT_PROMPT
-    sentences, _ = frontend.encode(v["TEXT"], speaker=vec.size > 0, prompt=prompt, sample_text=sample_text)
+    lexicon = Lexicon.from_json(v["LEXICON"]) if v["LEXICON"] else None
+    sentences, _ = frontend.encode(v["TEXT"], speaker=vec.size > 0, prompt=prompt, sample_text=sample_text,
+                                   lexicon=lexicon)
     if not sentences:
         raise ValueError("TEXT has nothing to speak after normalisation")
     req = TTSRequest(sentences, vec, params, v["DECODER"] or "hidden", sample)

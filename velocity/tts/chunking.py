@@ -65,6 +65,13 @@ class CodeChunk:
     last: bool = False
     start: int = 0                 # frames of the stream's audio before this chunk (all its sentences)
     text: str = ""                 # the refined text of the sentence this chunk begins (text refine)
+    sentence: int = 0              # its utterance's number in the stream
+    lasts: int = 0                 # utterances before it that ended in a `last` chunk (half a frame shorter)
+    sentence_text: str = ""        # on an utterance's first chunk: the text it speaks (SentenceStream)
+
+    def sample_offset(self, samples_per_frame: int) -> int:
+        """Samples of the stream's audio before this chunk's."""
+        return self.start * samples_per_frame - self.lasts * (samples_per_frame // 2)
 
 
 class FrameChunker:
@@ -83,6 +90,8 @@ class FrameChunker:
         self.emitted = 0           # frames of this utterance already handed out in chunks
         self.before = 0            # frames of the utterances before this one
         self.index = 0
+        self.utterance = 0         # utterances finished
+        self.lasts = 0             # of them, those that ended in a `last` chunk
 
     @property
     def total(self) -> int:
@@ -92,7 +101,8 @@ class FrameChunker:
     def _cut(self, end: int, last: bool = False) -> CodeChunk:
         lo, hi = max(0, self.emitted - self.left), min(len(self.frames), end + self.lookahead)
         chunk = CodeChunk(self.index, self.frames[lo:hi], self.emitted - lo, end - self.emitted,
-                          self.hidden[lo:hi] if self.hidden else None, last, self.before + self.emitted)
+                          self.hidden[lo:hi] if self.hidden else None, last, self.before + self.emitted,
+                          sentence=self.utterance, lasts=self.lasts)
         self.index += 1
         self.emitted = end
         return chunk
@@ -120,6 +130,8 @@ class FrameChunker:
         out = self._cut_through(len(self.frames) - 1)
         if len(self.frames) > self.emitted:
             out.append(self._cut(len(self.frames), last=True))
+            self.lasts += 1
+        self.utterance += 1
         self.before += len(self.frames)
         self.frames, self.hidden, self.emitted = [], [], 0
         self._next_end = next(self._sizes)

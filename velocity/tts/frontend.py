@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from velocity.tts.homophones import Homophones
+from velocity.tts.lexicon import Lexicon
 from velocity.tts.normalizer import CONTROL, Normalized, Normalizer, split_sentences, split_text
 from velocity.tts.speaker import STATS_FILE, load_speaker_stats, speaker_dim
 from velocity.tts.sentence_stream import Refine
@@ -23,9 +24,10 @@ class Sentence:
 
 
 class TextFrontend:
-    """Loads asset/tokenizer of a ChatTTS release folder (BertTokenizerFast, no automatic specials)."""
+    """Loads asset/tokenizer of a ChatTTS release folder (BertTokenizerFast, no automatic specials)
+    and the server's pronunciation lexicon (`lexicon`: a file; default <folder>/lexicon.json if there)."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, lexicon: str = "") -> None:
         from transformers import AutoTokenizer
 
         path = Path(folder) / "asset" / "tokenizer"
@@ -40,6 +42,9 @@ class TextFrontend:
         vocab = self.tokenizer.get_vocab()
         self.normalizer = Normalizer(replace=Homophones(vocab))
         self.break_0, self.ptts = vocab.get("[break_0]"), vocab.get("[Ptts]")
+        self.lexicon = Lexicon.for_weights(folder, lexicon)
+        if self.lexicon:
+            logger.info("pronunciation lexicon: %d entries", len(self.lexicon))
 
     def normalize(self, text: str) -> Normalized:
         return self.normalizer.normalize(text)
@@ -84,13 +89,15 @@ class TextFrontend:
 
         return Refine(prompts, params, audio_prompt)
 
-    def encode(self, text: str, speaker: bool, prompt: str = DEFAULT_PROMPT,
-               sample_text: str = "") -> tuple[list[Sentence], Normalized]:
+    def encode(self, text: str, speaker: bool, prompt: str = DEFAULT_PROMPT, sample_text: str = "",
+               lexicon: Lexicon | None = None) -> tuple[list[Sentence], Normalized]:
         """Text -> one prompt per piece, in order, and the normalisation report. Pieces as the
         reference splits a text (split_text), each normalised on its own (its own language), and
         cut again if longer than 120 characters. sample_text: a voice sample's transcript, which
-        goes into every prompt as the reference puts its txt_smp (as given, not normalised)."""
+        goes into every prompt as the reference puts its txt_smp (as given, not normalised).
+        lexicon: the request's pronunciations, merged over the server's; both apply before all else."""
         self.check_prompt(prompt)
+        text = self.lexicon.merged(lexicon).apply(text)
         prefix = self.prefix_text(speaker, prompt, sample_text)
         out, norms = [], [self.normalize(piece) for piece in split_text(text)]
         for norm in norms:

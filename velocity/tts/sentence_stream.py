@@ -36,7 +36,7 @@ class SentenceStream:
     """
 
     def __init__(self, sentences: list[list], chunker: FrameChunker, end_code: int,
-                 refine: Refine | None = None, ahead: int = 0) -> None:
+                 refine: Refine | None = None, ahead: int = 0, texts: list[str] | None = None) -> None:
         self.sentences, self.chunker, self.end_code, self.refine = list(sentences), chunker, end_code, refine
         self.ahead = ahead
         self.sentence = 0                           # the one being spoken: its chunks go out now
@@ -45,6 +45,7 @@ class SentenceStream:
         self.started = [False] * n                  # the current phase's request has started
         self.generated: list[list[int]] = [[] for _ in range(n)]        # a refine's text ids so far
         self.texts = [""] * n                       # refined texts, until the sentence's first chunk takes it
+        self.spoken = list(texts or [""] * n)       # each sentence's text (refined: the refined one), for marks
         self.held: list[list[tuple]] = [[] for _ in range(n)]          # (frames, hidden, ended) of one ahead
 
     def requests(self, params, speaker, hidden: bool) -> list[tuple[int, list, object, dict]]:
@@ -102,7 +103,10 @@ class SentenceStream:
             frames, hidden, ended = outputs.pop(0)
             mine = self.chunker.push(frames, hidden) + (self.chunker.finish() if ended else [])
             if mine and self.texts[self.sentence]:       # the refined text rides on its first chunk
-                mine[0].text, self.texts[self.sentence] = self.texts[self.sentence], ""
+                mine[0].text, self.spoken[self.sentence] = self.texts[self.sentence], self.texts[self.sentence]
+                self.texts[self.sentence] = ""
+            if mine and self.spoken[self.sentence]:      # and the text it speaks, for marks
+                mine[0].sentence_text, self.spoken[self.sentence] = self.spoken[self.sentence], ""
             chunks += mine
             if ended:
                 self.sentence += 1

@@ -85,7 +85,7 @@ class TritonPythonModel:
             return
         try:
             get = input_reader(request, pb_utils)
-            sentences, speaker, params, hidden, refine = self._parse(get)
+            sentences, speaker, params, hidden, refine, texts = self._parse(get)
             in_ensemble = flag_input(get("IN_ENSEMBLE"), "IN_ENSEMBLE")
         except ValueError as e:                  # what the caller sent
             send_failure(request.get_response_sender(), str(e), pb_utils.TritonError.INVALID_ARG)
@@ -97,11 +97,12 @@ class TritonPythonModel:
             return
         # Triton's request timeout (microseconds, 0: none): the stream ends with an error after it
         self.streams.start(request.get_response_sender(), request.is_cancelled, sentences, speaker, params, hidden,
-                           refine, in_ensemble, request.timeout() / 1e6)
+                           refine, in_ensemble, request.timeout() / 1e6, texts)
 
-    def _parse(self, get) -> tuple[list, object, SamplingParams, bool, object]:
-        """The request's sentences, speaker, sampling, whether it takes the Decoder path and its
-        text refine (or None), checked as the engine will check them. get: its input reader."""
+    def _parse(self, get) -> tuple[list, object, SamplingParams, bool, object, list | None]:
+        """The request's sentences, speaker, sampling, whether it takes the Decoder path, its text
+        refine (or None) and its sentences' texts (or None), checked as the engine will check them.
+        get: its input reader."""
         import torch
 
         from velocity.serving.llm_request import llm_inputs
@@ -124,7 +125,7 @@ class TritonPythonModel:
                 speaker = engine.worker.model.check_speaker(torch.from_numpy(spk))
             except ValueError as e:
                 raise ValueError(f"SPEAKER_VECTOR: {e}") from e
-        return sentences, speaker, params, decoder_input(get("DECODER")) == "hidden", refine
+        return sentences, speaker, params, decoder_input(get("DECODER")) == "hidden", refine, inputs.texts
 
     def finalize(self) -> None:
         self.streams.close()                 # in-flight requests end with the final flag

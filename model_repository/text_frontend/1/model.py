@@ -2,9 +2,9 @@
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from velocity.serving.requests import params_arrays
 from velocity.serving.inputs import triton_inputs
-from velocity.serving.tts_request import TTSFront, parse_triton_request
+from velocity.serving.requests import flag_input, input_reader, params_arrays
+from velocity.serving.tts_request import TTSFront, parse_triton_request, parse_tts_request
 
 
 class TritonPythonModel:
@@ -13,6 +13,9 @@ class TritonPythonModel:
         """The inputs from the request table (velocity/serving/inputs.py)."""
         for spec in triton_inputs("text_frontend"):
             config.add_input(spec)
+        # tts_offline's check: PROBLEM says what is wrong with the request ("" if nothing), as a
+        # result (a BLS caller gets an error response's code as INTERNAL whatever it was)
+        config.add_input({"name": "CHECK_ONLY", "data_type": "TYPE_BOOL", "dims": [1], "optional": True})
         return config
 
     def initialize(self, args: dict) -> None:
@@ -22,6 +25,15 @@ class TritonPythonModel:
         return [self._one(r) for r in requests]
 
     def _one(self, request):
+        get = input_reader(request, pb_utils)
+        if flag_input(get("CHECK_ONLY"), "CHECK_ONLY"):
+            try:
+                parse_tts_request(get, self.front)
+                problem = ""
+            except ValueError as e:
+                problem = str(e)
+            return pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("PROBLEM", np.array([[problem.encode()]], object))])
         req, error = parse_triton_request(request, pb_utils, self.front)
         if error is not None:
             return error
@@ -38,6 +50,7 @@ class TritonPythonModel:
             pb_utils.Tensor("REFINE_PARAMS_F", rf), pb_utils.Tensor("REFINE_PARAMS_I", ri),
             pb_utils.Tensor("CODE_PREFIX", np.asarray(req.code_prefix or [], np.int32)[None]),
             pb_utils.Tensor("TOKEN_IDS", ids), pb_utils.Tensor("SENTENCE_LENGTHS", lengths),
+            pb_utils.Tensor("SENTENCE_TEXTS", np.array([[s.text.encode() for s in sentences]], object)),
             pb_utils.Tensor("SPEAKER_VECTOR", vec[None]), pb_utils.Tensor("PARAMS_F", pf),
             pb_utils.Tensor("PARAMS_I", pi), pb_utils.Tensor("DECODER", np.array([[req.decoder.encode()]], object)),
             pb_utils.Tensor("SAMPLE_CODES", sample[None]),

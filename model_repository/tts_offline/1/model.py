@@ -5,7 +5,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from velocity.serving.inputs import triton_inputs
-from velocity.serving.tts_request import TTSFront, parse_triton_request
+from velocity.serving.settings import Settings
+from velocity.serving.stub_exit import end_quickly
 
 
 class TritonPythonModel:
@@ -17,7 +18,8 @@ class TritonPythonModel:
         return config
 
     def initialize(self, args: dict) -> None:
-        self.front = TTSFront.from_env("tts_offline", pb_utils)
+        Settings.from_env().configure_logging()
+        end_quickly()                   # no interpreter teardown at unload (velocity.serving.stub_exit)
         self.inputs = [i["name"] for i in json.loads(args["model_config"])["input"]]   # passed on to `tts`
 
     def execute(self, requests: list) -> list:
@@ -25,11 +27,19 @@ class TritonPythonModel:
 
     def _one(self, request):
         inputs = [t for n in self.inputs if (t := pb_utils.get_input_tensor_by_name(request, n)) is not None]
-        # Validate here too: an error from inside the ensemble loses its code (INVALID_ARG would
-        # reach the client as INTERNAL). The front end is cheap next to generation.
-        _, error = parse_triton_request(request, pb_utils, self.front)
-        if error is not None:
-            return error
+        # Checked first by text_frontend on its own (CHECK_ONLY: what is wrong comes back as
+        # PROBLEM): an error from inside the ensemble, or any through BLS, loses its code
+        # (INVALID_ARG would reach the client as INTERNAL). The front end is cheap next to
+        # generation, and this model needs neither torch nor the front end itself.
+        Err = pb_utils.TritonError
+        check = pb_utils.InferenceRequest(model_name="text_frontend", requested_output_names=["PROBLEM"],
+                                          inputs=inputs + [pb_utils.Tensor("CHECK_ONLY", np.ones((1, 1), np.bool_))]
+                                          ).exec()
+        if check.has_error():
+            return pb_utils.InferenceResponse(error=Err(f"text_frontend: {check.error().message()}", Err.INTERNAL))
+        problem = bytes(pb_utils.get_output_tensor_by_name(check, "PROBLEM").as_numpy().reshape(-1)[0]).decode()
+        if problem:
+            return pb_utils.InferenceResponse(error=Err(problem, Err.INVALID_ARG))
         bls = pb_utils.InferenceRequest(model_name="tts", requested_output_names=["WAVEFORM", "CHUNK_INDEX",
                                                                                   "REFINED_TEXT"], inputs=inputs)
         chunks, texts = {}, {}

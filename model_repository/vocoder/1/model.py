@@ -177,7 +177,11 @@ class TritonPythonModel:
             self.board.decoded_to(j.chunk.stream, j.chunk.start + j.chunk.length)
         return [pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("WAVEFORM", a), pb_utils.Tensor("CHUNK_INDEX", j.chunk.index),
-            pb_utils.Tensor("TEXT", np.array([[j.chunk.text]], object))]) for j, a in zip(jobs, audio)]
+            pb_utils.Tensor("TEXT", np.array([[j.chunk.text]], object)),
+            pb_utils.Tensor("SENTENCE_INDEX", np.array([[j.chunk.sentence]], np.int32)),
+            pb_utils.Tensor("SAMPLE_OFFSET", np.array([[j.chunk.sample_offset(self.decoder.samples_per_frame)]], np.int64)),
+            pb_utils.Tensor("SENTENCE_TEXT", np.array([[j.chunk.sentence_text]], object))])
+            for j, a in zip(jobs, audio)]
 
     def finalize(self) -> None:
         """Decode what is queued, then stop."""

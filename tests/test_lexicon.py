@@ -1,0 +1,75 @@
+"""The pronunciation lexicon (velocity/tts/lexicon.py) and the text front end that applies it:
+whole words, case-aware, longest first, once; the server's file and a request's, merged; the
+prompt ids are the replaced text's."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from velocity.demo.checkpoint import write_checkpoint
+from velocity.tts.frontend import TextFrontend
+from velocity.tts.lexicon import Lexicon
+
+L = Lexicon({"NASA": "nasa", "sql": "sequel", "US": "U S", "us": "uss", "重庆": "崇庆", "C++": "C plus plus",
+             "New York": "new york city", "York": "yorkie"})
+
+
+@pytest.mark.parametrize("text,said", [
+    ("NASA and nasa", "nasa and nasa"),                 # a key with a capital: only as written
+    ("SQL, Sql and sql; mysql", "sequel, sequel and sequel; mysql"),   # lower case: any case, whole words
+    ("US us USB", "U S uss USB"),                       # the exact key wins over the folded one
+    ("我去重庆了", "我去崇庆了"),                         # no word boundaries in Chinese
+    ("我爱NASA吗", "我爱nasa吗"),                         # a Latin word beside Chinese is a whole word
+    ("use C++ now", "use C plus plus now"),             # keys are text, not patterns
+    ("New York and York", "new york city and yorkie"),  # the longest key first, replacements not again
+    ("NASA-led", "nasa-led"),
+])
+def test_whole_words_case_aware_longest_first_once(text, said):
+    assert L.apply(text) == said
+
+
+def test_a_request_lexicon_is_merged_over_the_servers():
+    mine = L.merged(Lexicon({"NASA": "the agency", "GPU": "gee pee you"}))
+    assert mine.apply("NASA GPU SQL") == "the agency gee pee you sequel"
+    assert L.merged(None) is L and L.merged(Lexicon()) is L
+
+
+@pytest.mark.parametrize("text,says", [
+    ("{NASA: nasa}", "LEXICON is not valid JSON"),
+    ('["NASA"]', "LEXICON must be a JSON object of word -> replacement, got list"),
+    ('{"NASA": 7}', "LEXICON: the replacement of 'NASA' must be a string, got 7"),
+    ('{" NASA": "x"}', "LEXICON: ' NASA' is not a word to replace"),
+    ('{"": "x"}', "LEXICON: '' is not a word to replace"),
+    (json.dumps({f"w{i}": "x" for i in range(10_001)}), "LEXICON has 10001 entries; the limit is 10000"),
+])
+def test_bad_lexicons_say_what_is_wrong(text, says):
+    with pytest.raises(ValueError, match=says.replace("(", r"\(").replace("[", r"\[")):
+        Lexicon.from_json(text)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.mktemp("lex") / "tiny", "tiny", seed=0)
+
+
+def test_the_prompt_ids_are_the_replaced_texts(folder, tmp_path):
+    """lexicon.json beside the weights, VELOCITY_LEXICON's file instead, and a request's on top:
+    each sentence's ids are those of the text as the lexicon says it."""
+    plain = TextFrontend(folder)
+    assert len(plain.lexicon) == 0
+    (folder / "lexicon.json").write_text(json.dumps({"NASA": "the agency"}))   # (the tokenizer is uncased)
+    try:
+        served = TextFrontend(folder)
+        ids = lambda fe, text, **kw: [s.token_ids for s in fe.encode(text, speaker=True, **kw)[0]]  # noqa: E731
+        assert ids(served, "NASA flies.") == ids(plain, "the agency flies.") != ids(plain, "NASA flies.")
+        request = Lexicon.from_json('{"flies": "soars"}')
+        assert ids(served, "NASA flies.", lexicon=request) == ids(plain, "the agency soars.")
+        other = tmp_path / "mine.json"
+        other.write_text(json.dumps({"flies": "glides"}))
+        assert ids(TextFrontend(folder, str(other)), "NASA flies.") == ids(plain, "NASA glides.")
+        (folder / "lexicon.json").write_text("{broken")
+        with pytest.raises(ValueError, match="lexicon.json is not valid JSON"):
+            TextFrontend(folder)
+    finally:
+        (folder / "lexicon.json").unlink()

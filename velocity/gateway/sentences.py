@@ -1,0 +1,102 @@
+"""Text that arrives while an LLM writes it, spoken a sentence at a time: the sentence rule that
+Wyoming's streamed synthesize and the WebSocket share (`split_complete`), and the pipe that
+speaks complete sentences in order with several generating at once (`SentencePipe`)."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+log = logging.getLogger("velocity.gateway")
+# a sentence is complete when its end mark is followed by space (so "3.14" waits for more text);
+# the full-width marks of Chinese and Japanese end one at once
+SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|(?<=[。！？])")
+_END = object()
+
+
+def split_complete(text: str) -> tuple[list[str], str]:
+    """Streamed text -> (its complete sentences, the rest still being written)."""
+    parts = SENTENCE_END.split(text)
+    return [p.strip() for p in parts[:-1] if p.strip()], parts[-1]
+
+
+@dataclass
+class Spoken:
+    """One sentence in the pipe: its number, its text, and its chunks as they come (then _END or
+    the exception that ended it)."""
+    index: int
+    text: str
+    chunks: asyncio.Queue = field(default_factory=asyncio.Queue)
+    task: asyncio.Task | None = None
+
+
+class SentencePipe:
+    """Sentences spoken in order while up to `ahead` + 1 of them generate at once, each its own
+    `tts` request (stream(text) -> its chunks). add() starts a sentence (when a place is free);
+    out() yields (sentence, chunk) in order, the sentence's chunks before the next one's, and
+    (sentence, None) when one is complete; cancel() stops every sentence (their Triton streams
+    are cancelled, so the server stops their work) and drops them."""
+
+    def __init__(self, stream: Callable[[str], AsyncIterator], ahead: int = 2) -> None:
+        self.stream, self.places = stream, asyncio.Semaphore(ahead + 1)
+        self.queue: deque[Spoken] = deque()
+        self.count = 0
+        self._added = asyncio.Event()
+
+    def add(self, text: str) -> Spoken:
+        s = Spoken(self.count, text)
+        self.count += 1
+        s.task = asyncio.create_task(self._generate(s))
+        self.queue.append(s)
+        self._added.set()
+        return s
+
+    async def _generate(self, s: Spoken) -> None:
+        async with self.places:
+            try:
+                async with contextlib.aclosing(self.stream(s.text)) as chunks:
+                    async for chunk in chunks:
+                        s.chunks.put_nowait(chunk)
+                s.chunks.put_nowait(_END)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:                  # ApiError and the like: the reader raises it in turn
+                s.chunks.put_nowait(e)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued or being spoken."""
+        return not self.queue
+
+    async def out(self) -> AsyncIterator[tuple[Spoken, object]]:
+        """(sentence, chunk) in order; (sentence, None) at each sentence's end, or (sentence, the
+        exception) when its request failed (the sentences after it go on). Waits for more
+        sentences until the caller stops reading."""
+        while True:
+            if not self.queue:
+                self._added.clear()
+                await self._added.wait()
+                continue
+            s = self.queue[0]
+            item = await s.chunks.get()
+            if item is _END or isinstance(item, Exception):
+                if self.queue and self.queue[0] is s:
+                    self.queue.popleft()
+                yield s, None if item is _END else item
+            else:
+                yield s, item
+
+    async def cancel(self) -> int:
+        """Stop and drop every sentence; the number dropped."""
+        dropped = list(self.queue)
+        self.queue.clear()
+        for s in dropped:
+            s.task.cancel()
+        for s in dropped:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await s.task
+        return len(dropped)
