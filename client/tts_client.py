@@ -5,17 +5,21 @@
     velocity-tts-client "Hello." -o h.wav --http                  # HTTP generate_stream (SSE)
     velocity-tts-client "Hello." -o h.wav --offline               # tts_offline, one response
     velocity-tts-client "Hello." -o - | aplay                      # a WAV stream to stdout, as it comes
+    velocity-tts-client --file book.txt -o book.wav --resume      # over the text limit: pieces in a pipeline
 
 Prints time to first audio, total time, audio seconds and the real-time factor. The WAV is
 16-bit PCM (`--format float` for 32-bit float). Any failure prints one line and exits non-zero.
 Ctrl-C, or a reader of stdout that goes away (exit 141), cancels the request: the server stops
-its work on it within a second.
+its work on it within a second. A text over --max-chars (the server's default limit) is cut at
+paragraphs and sentences into pieces sent --in-flight at a time, written in order with a progress
+bar; --resume continues an interrupted one (client/long_text.py).
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import re
 import struct
 import sys
 import time
@@ -188,6 +192,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument("--http", action="store_true", help="HTTP generate_stream instead of a gRPC stream")
     mode.add_argument("--offline", action="store_true", help="tts_offline: the whole waveform in one response")
     ap.add_argument("--list-voices", action="store_true", help="print the server's voices and exit")
+    ap.add_argument("--max-chars", type=int, default=2000,
+                    help="a longer text is sent in pieces of at most this many characters, cut at paragraphs and "
+                         "sentences (default 2000: the server's default VELOCITY_MAX_TEXT_CHARS)")
+    ap.add_argument("--in-flight", type=int, default=2, help="pieces of a long text generating at once (default 2)")
+    ap.add_argument("--resume", action="store_true",
+                    help="a long text: continue the WAV an interrupted run left (its <out>.progress.json)")
     add_input_flags(ap)
     ap.add_argument("--format", choices=sorted(WAV_FORMATS), default="pcm16",
                     help="WAV samples: pcm16 (default; what every player and Python's wave module read) "
@@ -266,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
 
     values = {i.name: getattr(args, i.name) for i in INPUTS if i.cli_flag} | {"TEXT": text, "SPEAKER_SAMPLE": sample}
     url = args.url or ("localhost:8000" if args.http else "localhost:8001")
+    if len(text) > args.max_chars or args.resume:
+        return long_form(args, url, values)
     refined: list[str] = []
     source = stream_http(url, values) if args.http else offline_grpc(url, values) if args.offline else \
         stream_grpc(url, values, texts=refined, retries=args.retries, deadline=args.timeout)
@@ -288,6 +300,37 @@ def main(argv: list[str] | None = None) -> int:
         log.info("refined text: %s", " ".join(refined))
     log.info("%s: %.2f s of audio in %d chunk(s); first audio after %.3f s, total %.3f s, RTF %.3f",
              args.out, res.seconds, len(res.chunk_times), res.first_audio or float("nan"), res.total, res.rtf)
+    return 0
+
+
+def long_form(args: argparse.Namespace, url: str, values: dict) -> int:
+    """A text over --max-chars: pieces in a pipeline over gRPC streams (client/long_text.py)."""
+    from client.long_text import speak_long
+    from velocity.gateway.sentences import split_long
+
+    if args.out == "-" or args.http or args.offline:
+        log.error("error: a text over --max-chars (%d) goes out in pieces over gRPC streams into a WAV file: "
+                  "give -o FILE, without --http or --offline (or raise --max-chars to the server's limit)",
+                  args.max_chars)
+        return 2
+    pieces = split_long(values["TEXT"], args.max_chars)
+    try:
+        got = speak_long(lambda v: stream_grpc(url, v, retries=args.retries, deadline=args.timeout), values, pieces,
+                         args.out, WAV_FORMATS[args.format], args.in_flight, args.resume)
+    except ServerError as e:
+        hint = f" (the server's limit is lower: pass --max-chars {m.group(1)})" if (
+            m := re.search(r"the limit is (\d+)", str(e))) else ""
+        log.error("error: %s%s; --resume continues from the last piece written", e, hint)
+        return 1
+    except ValueError as e:
+        log.error("error: %s", e)
+        return 2
+    except KeyboardInterrupt:
+        log.error("interrupted: the requests are cancelled; --resume continues from the last piece written")
+        return 130
+    log.info("%s: %.2f s of audio from %d pieces in %.1f s (%.2f audio s/s); first audio after %.3f s, stalls %.2f s",
+             args.out, got["audio_s"], got["pieces"], got["seconds"], got["audio_s"] / got["seconds"],
+             got["first_audio_s"] or float("nan"), got["stall_s"])
     return 0
 
 

@@ -41,7 +41,7 @@ def example_values(weights: Path) -> dict:
             "MAX_NEW_TOKENS": 16, "SEED": 7, "DECODER": "codes", "VOICE": "basil", "SPEAKER_SAMPLE": sample,
             "SAMPLE_TEXT": "the sample text", "REFINE_TEXT": True, "REFINE_PROMPT": "[oral_2]",
             "REFINE_TEMPERATURE": 0.5, "REFINE_TOP_P": 0.9, "REFINE_TOP_K": 10, "REFINE_REPETITION_PENALTY": 1.1,
-            "REFINE_MAX_NEW_TOKENS": 8}
+            "REFINE_MAX_NEW_TOKENS": 8, "LEXICON": '{"Hello": "hi"}'}
 
 
 def run_snippet(code: str, server) -> np.ndarray:
@@ -139,6 +139,8 @@ FEATURES = {
     r"Wyoming": ("velocity/gateway/wyoming_server.py", r"class SpeechHandler\b"),
     r"Kubernetes": ("deploy/kubernetes", r"kind: Deployment"),
     r"first sentence's voice": ("velocity", r"def \w*carr(y|ies)\w*voice"),
+    r"traditional Chinese": ("tests/fixtures", r"[後來會時]"),          # a reference fixture with it
+    r"Pipecat|LiveKit|agent frameworks": ("tests", r"^\s*(from|import) (pipecat|livekit)\b"),
 }
 
 

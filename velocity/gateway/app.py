@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -28,6 +29,7 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
 from velocity.gateway.encode import FORMATS, Encoder
+from velocity.gateway.sentences import SentencePipe, split_long
 from velocity.gateway.speech_socket import PATH, SpeechSocket
 from velocity.gateway.upstream import ApiError, Gateway
 from velocity.serving.inputs import INPUTS, JSON
@@ -134,6 +136,32 @@ def triton_values(body: dict, voices: dict[str, str]) -> tuple[dict, str, str]:
                 raise ApiError(400, f"{i.api_field} must be {kind}, got {v!r}", i.api_field)
             values[i.name] = v
     return values, fmt, stream_format
+
+
+async def long_chunks(gw: Gateway, values: dict, pieces: list[str], timeout: float | None):
+    """A text over the limit as its pieces' chunks, one stream: each piece its own request, two
+    generating at once (SentencePipe), sentences and sample offsets counted on across pieces."""
+    pipe = SentencePipe(lambda text: gw.chunks(values | {"TEXT": text}, timeout), ahead=1)
+    for piece in pieces:
+        pipe.add(piece)
+    samples = sentences = 0                          # in the pieces before this one
+    piece_samples = piece_sentences = done = 0
+    try:
+        async with contextlib.aclosing(pipe.out()) as out:
+            async for _, chunk in out:
+                if isinstance(chunk, Exception):
+                    raise chunk
+                if chunk is None:                    # a piece is complete
+                    samples, sentences = samples + piece_samples, sentences + piece_sentences
+                    piece_samples = piece_sentences = 0
+                    done += 1
+                    if done == len(pieces):
+                        return
+                    continue
+                piece_samples, piece_sentences = chunk.offset + len(chunk.audio), chunk.sentence + 1
+                yield dataclasses.replace(chunk, sentence=chunk.sentence + sentences, offset=chunk.offset + samples)
+    finally:
+        await pipe.cancel()
 
 
 def marks_asked(body: dict, stream_format: str) -> bool:
@@ -321,7 +349,11 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
         try:
             values, fmt, stream_format = triton_values(body, names)
             want_marks = marks_asked(body, stream_format)
-            chunks = gw.chunks(values, request_timeout(body, request.headers.get(TIMEOUT_HEADER)))
+            timeout = request_timeout(body, request.headers.get(TIMEOUT_HEADER))
+            if settings.gateway_long_text and len(values["TEXT"]) > settings.max_text_chars:
+                chunks = long_chunks(gw, values, split_long(values["TEXT"], settings.max_text_chars), timeout)
+            else:
+                chunks = gw.chunks(values, timeout)
             first = await first_chunk(request, chunks)   # errors before the first byte are real HTTP errors
         except ApiError as e:
             metrics.requests.labels(label, str(e.status)).inc()

@@ -1,6 +1,7 @@
-"""Text that arrives while an LLM writes it, spoken a sentence at a time: the sentence rule that
-Wyoming's streamed synthesize and the WebSocket share (`split_complete`), and the pipe that
-speaks complete sentences in order with several generating at once (`SentencePipe`)."""
+"""Text spoken a piece at a time: the sentence rule that Wyoming's streamed synthesize, the
+WebSocket and long texts share (`split_complete`, `split_long`: pieces within the server's text
+limit, cut at paragraphs and then sentences), and the pipe that speaks pieces in order with
+several generating at once (`SentencePipe`)."""
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +16,45 @@ log = logging.getLogger("velocity.gateway")
 # a sentence is complete when its end mark is followed by space (so "3.14" waits for more text);
 # the full-width marks of Chinese and Japanese end one at once
 SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|(?<=[。！？])")
+PARAGRAPH = re.compile(r"\n\s*\n")
 _END = object()
+
+
+def split_long(text: str, limit: int) -> list[str]:
+    """Pieces of at most `limit` characters, in order: whole paragraphs where they fit, else their
+    sentences packed together; a sentence longer than the limit is cut at its last space or comma
+    before it (at the limit if it has none)."""
+    pieces: list[str] = []
+    for para in (p.strip() for p in PARAGRAPH.split(text)):
+        if not para:
+            continue
+        if len(para) <= limit:
+            pieces.append(para)
+            continue
+        cur = ""
+        for sent in (s.strip() for s in SENTENCE_END.split(para)):
+            while len(sent) > limit:
+                cut = max(sent.rfind(" ", 0, limit), sent.rfind(",", 0, limit), sent.rfind("，", 0, limit))
+                cut = cut + 1 if cut > 0 else limit
+                head, sent = sent[:cut].strip(), sent[cut:].strip()
+                if cur:
+                    pieces.append(cur)
+                    cur = ""
+                pieces.append(head)
+            if not sent:
+                continue
+            if cur and len(cur) + 1 + len(sent) > limit:
+                pieces.append(cur)
+                cur = ""
+            cur = f"{cur} {sent}" if cur else sent
+        if cur:
+            pieces.append(cur)
+    return pieces
+
+
+def sentences_in(piece: str) -> int:
+    """The sentences in a piece of text (at least one), by the same rule."""
+    return max(1, len([s for s in SENTENCE_END.split(piece) if s.strip()]))
 
 
 def split_complete(text: str) -> tuple[list[str], str]:
