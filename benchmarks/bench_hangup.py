@@ -140,7 +140,6 @@ def plot(res: dict, path: Path) -> None:
     for ax in (a, b):
         ax.set_xticks(list(n))
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{res['label']} ({res['cpu']})", fontsize=9)
     finish(fig, path, res)
 
 

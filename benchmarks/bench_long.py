@@ -87,8 +87,6 @@ def plot(res: dict, path: Path) -> None:
     a.set(ylabel="audio seconds per second", title=f"{res['paragraphs']} paragraphs, {res['pieces']} pieces",
           ylim=(0, None))
     b.set(ylabel="seconds of silence heard", title="stalls after the first audio", ylim=(0, None))
-    if res.get("label"):
-        fig.suptitle(res["label"])
     finish(fig, path, res)
 
 

@@ -176,8 +176,6 @@ def plot(res: dict, path: Path) -> None:
         b.scatter([k] * len(res["rounds"]), [rd["cancel"][key] for rd in res["rounds"]], color="tab:blue")
     b.set_xticks(range(len(keys)), ["last audio byte", '"cancelled"', "server idle"])
     b.set(ylabel="seconds after cancel", title="barge-in", ylim=(0, None))
-    if res.get("label"):
-        fig.suptitle(res["label"])
     finish(fig, path, res)
 
 

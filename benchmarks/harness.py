@@ -133,7 +133,10 @@ def where(res: dict) -> str:
 
 
 def finish(fig, path: Path, res: dict, dpi: int = 110) -> None:
-    """Lay out and save a benchmark's figure, its hardware named at the foot."""
+    """Lay out and save a benchmark's figure, its hardware named at the foot and, if the result
+    has one, its label (what the server ran) at the top."""
+    if res.get("label"):
+        fig.suptitle(res["label"])
     fig.tight_layout()
     fig.text(0.99, 0.005, where(res), ha="right", va="bottom", fontsize=7, color="0.4")
     fig.savefig(path, dpi=dpi)

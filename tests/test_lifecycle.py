@@ -46,6 +46,7 @@ class Listener(threading.Thread):
         super().__init__(daemon=True)
         self.url, self.values = url, values
         self.first = threading.Event()
+        self.leave = threading.Event()          # set: hang up at the next chunk (outcome "left")
         self.chunks = 0
         self.outcome: tuple[str, str] | None = None
         self.ended_at = 0.0
@@ -55,7 +56,11 @@ class Listener(threading.Thread):
             for _ in stream_grpc(self.url, self.values, timeout=300):
                 self.chunks += 1
                 self.first.set()
-            self.outcome = ("complete", "")
+                if self.leave.is_set():
+                    self.outcome = ("left", "")
+                    break
+            else:
+                self.outcome = ("complete", "")
         except ServerError as e:
             self.outcome = ("error", str(e))
         except Exception as e:            # a dropped connection: an answer too, but not the one we want

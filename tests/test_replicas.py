@@ -150,6 +150,7 @@ def test_two_replicas_behind_a_balancer(tmp_path):
         now = parse_metric(r1b.metrics(), "velocity_refused_requests_total")
         assert now - refused >= 2, "r1 refused none of the gateway's requests: the retry was not exercised"
         assert "trying again on" in (tmp_path / "gateway.log").read_text()
+        held.leave.set()                                  # done with it: r1 need not wait out its drain
         held.join(DRAIN + 60)
         assert held.outcome is not None
         r1b.stop()

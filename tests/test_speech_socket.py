@@ -105,12 +105,17 @@ def test_text_token_by_token_is_spoken_as_the_whole_text_sentence_by_sentence(ga
     assert all(ser_db(a[:n], b[:n]) < 3 for a, b in zip(mine[1:], theirs[:-1]))
 
 
+def speak_long_text(ws) -> None:
+    """Set up, then send a long text and flush it."""
+    send(ws, **SETUP | {"max_new_tokens": 200})
+    json.loads(ws.recv(timeout=30))
+    send(ws, type="text", text=LONG_TEXT)
+    send(ws, type="flush")
+
+
 def test_cancel_stops_the_work_at_once_and_the_socket_goes_on(gateway, tts_server):
     with connect(ws_url(gateway)) as ws:
-        send(ws, **SETUP | {"max_new_tokens": 200})
-        json.loads(ws.recv(timeout=30))
-        send(ws, type="text", text=LONG_TEXT)
-        send(ws, type="flush")
+        speak_long_text(ws)
         first = ws.recv(timeout=60)
         assert isinstance(first, bytes)
         send(ws, type="cancel")
@@ -129,10 +134,7 @@ def test_cancel_stops_the_work_at_once_and_the_socket_goes_on(gateway, tts_serve
 
 def test_a_client_that_leaves_stops_the_work(gateway, tts_server):
     with connect(ws_url(gateway)) as ws:
-        send(ws, **SETUP | {"max_new_tokens": 200})
-        json.loads(ws.recv(timeout=30))
-        send(ws, type="text", text=LONG_TEXT)
-        send(ws, type="flush")
+        speak_long_text(ws)
         assert isinstance(ws.recv(timeout=60), bytes)
     assert_work_stops(tts_server, time.monotonic())
 
