@@ -83,22 +83,12 @@ def test_the_gateway_speaks_a_long_input_in_pieces_when_asked(tts_server, tmp_pa
     an input over the limit and streams its pieces' audio in order, one response, with sentence
     marks counted on across pieces; each piece's audio is what the piece alone gives."""
     import base64
-    import os
-    import subprocess
-    import sys
     import urllib.request
 
-    from benchmarks.replicas import stop_group
-    from triton_server import ROOT, assert_same_pcm, free_port, listening, wait_for
+    from triton_server import assert_same_pcm, side_gateway
 
-    port = free_port()
-    env = {**os.environ, "VELOCITY_GATEWAY_LONG_TEXT": "1", "VELOCITY_MAX_TEXT_CHARS": "80", "PYTHONPATH": str(ROOT)}
-    gw = subprocess.Popen([sys.executable, "-m", "velocity.gateway.app", "--triton", tts_server.grpc_url,
-                           "--host", "127.0.0.1", "--port", str(port)], cwd=ROOT, env=env, start_new_session=True,
-                          stdout=open(tmp_path / "gw.log", "w"), stderr=subprocess.STDOUT)
-    try:
-        assert wait_for(lambda: listening(port), 60), (tmp_path / "gw.log").read_text()
-
+    with side_gateway(tts_server, tmp_path / "gw.log", VELOCITY_GATEWAY_LONG_TEXT="1",
+                      VELOCITY_MAX_TEXT_CHARS="80") as long_gateway:
         def speak(url: str, text: str, **extra) -> list[dict]:
             body = {"model": "tts-1", "voice": "amber", "input": text, "response_format": "pcm", "seed": 3,
                     "temperature": 0, "max_new_tokens": 16, "stream_format": "sse"} | extra
@@ -110,7 +100,7 @@ def test_the_gateway_speaks_a_long_input_in_pieces_when_asked(tts_server, tmp_pa
         def pcm(events: list[dict]) -> bytes:
             return b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
 
-        events = speak(f"http://127.0.0.1:{port}", BOOK, marks=True)
+        events = speak(long_gateway, BOOK, marks=True)
         pieces = split_long(BOOK, 80)
         alone = [pcm(speak(tts_server.gateway_url, p)) for p in pieces]
         assert_same_pcm(pcm(events), b"".join(alone))
@@ -118,5 +108,3 @@ def test_the_gateway_speaks_a_long_input_in_pieces_when_asked(tts_server, tmp_pa
         assert [m["index"] for m in marks] == list(range(10)) and marks[-1]["end"] == len(pcm(events)) // 2
         assert all(a["end"] == b["start"] for a, b in zip(marks, marks[1:]))
         assert marks[2]["start"] == len(alone[0]) // 2              # the second piece starts after the first
-    finally:
-        stop_group(gw, 20)

@@ -2,6 +2,9 @@
 handle is benchmarks.server's; here, what only the tests assert with."""
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+
 from benchmarks.server import (ROOT, TritonServer, alive, comm, free_port, listening,  # noqa: F401 (theirs)
                                parse_metric, wait_for)
 
@@ -69,3 +72,24 @@ def llm_inputs(url: str, values: dict) -> list:
     if values.get("REFINE_TEXT"):
         names += ["REFINE_IDS", "REFINE_LENGTHS", "REFINE_PARAMS_F", "REFINE_PARAMS_I", "CODE_PREFIX"]
     return array_inputs(grpcclient, {name: fe.as_numpy(name) for name in names})
+
+
+@contextlib.contextmanager
+def side_gateway(server: TritonServer, log_path: Path, **env: str):
+    """A gateway of its own in front of `server`, with these VELOCITY_* settings: its base URL."""
+    import os
+    import subprocess
+    import sys
+
+    from benchmarks.replicas import stop_group
+
+    port = free_port()
+    gw = subprocess.Popen([sys.executable, "-m", "velocity.gateway.app", "--triton", server.grpc_url, "--host",
+                           "127.0.0.1", "--port", str(port)], cwd=ROOT, start_new_session=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+                          stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+    try:
+        assert wait_for(lambda: listening(port), 60), log_path.read_text()
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_group(gw, 20)

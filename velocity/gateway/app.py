@@ -238,6 +238,12 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
     keys, limit = api_keys(settings), settings.gateway_max_body_bytes
     gw = Gateway(triton_url, retries)
 
+    def seeded(values: dict) -> dict:
+        """VELOCITY_GATEWAY_DEFAULT_SEED for a request that names no seed."""
+        if settings.gateway_default_seed >= 0 and values.get("SEED") is None:
+            return values | {"SEED": settings.gateway_default_seed}
+        return values
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
@@ -296,7 +302,7 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
             return
         await ws.accept()
         names = await gw.voice_names(fresh=True)
-        await SpeechSocket(ws, gw, lambda body: triton_values(body, names)[0]).run()
+        await SpeechSocket(ws, gw, lambda body: seeded(triton_values(body, names)[0])).run()
 
     @app.get("/v1/models")
     async def models():
@@ -348,6 +354,7 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
         t0 = time.perf_counter()
         try:
             values, fmt, stream_format = triton_values(body, names)
+            values = seeded(values)
             want_marks = marks_asked(body, stream_format)
             timeout = request_timeout(body, request.headers.get(TIMEOUT_HEADER))
             if settings.gateway_long_text and len(values["TEXT"]) > settings.max_text_chars:

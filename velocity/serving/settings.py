@@ -74,6 +74,9 @@ class Settings:
     # An input over VELOCITY_MAX_TEXT_CHARS: 0 refuses it (400, as the server would); 1 speaks it
     # in pieces within the limit, cut at paragraphs and sentences, two generating at once, in order.
     gateway_long_text: int = 0               # VELOCITY_GATEWAY_LONG_TEXT
+    # The seed of requests that name none (an agent framework's OpenAI client sends none): the
+    # same text then gives the same audio. -1: each such request samples afresh.
+    gateway_default_seed: int = -1           # VELOCITY_GATEWAY_DEFAULT_SEED
 
     @classmethod
     def from_env(cls) -> "Settings":
