@@ -46,7 +46,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.harness import (ROOT, baseline_tree, bench_texts, finish, median_ratio,  # noqa: E402
+from benchmarks.harness import (ROOT, baseline_tree, bench_texts, exit_on_sigterm, finish, median_ratio,  # noqa: E402
                                 paired_rounds, pct, save)
 from benchmarks.server import TritonServer  # noqa: E402
 from benchmarks.sweep import InProcess, metrics_url_of, run_level  # noqa: E402
@@ -139,6 +139,7 @@ def main() -> None:
     ap.add_argument("--board", help="the server's core board file (default: the only one found)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "ab" / "ab"))
     args = ap.parse_args()
+    exit_on_sigterm()                                    # its servers are stopped on SIGTERM too
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     arms = args.arms.split(",")
     split = {a: a.partition("@") for a in arms}                         # "triton@32" -> ("triton", "@", "32")

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness import alternating, bench_texts, finish, save  # noqa: E402
+from benchmarks.harness import alternating, bench_texts, exit_on_sigterm, finish, save  # noqa: E402
 from benchmarks.sweep import run_level  # noqa: E402
 from benchmarks.replicas import Balancer, Replica, tts_requests  # noqa: E402
 from benchmarks.server import TritonServer, free_port  # noqa: E402
@@ -57,6 +57,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="rounds of each arm, alternating (1, 2, 2, 1, ...)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "replicas" / "replicas"))
     args = ap.parse_args()
+    exit_on_sigterm()                                    # its servers are stopped on SIGTERM too
     from tqdm import tqdm
 
     logs = Path(tempfile.mkdtemp(prefix="bench-replicas-"))

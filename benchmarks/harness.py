@@ -82,6 +82,15 @@ def by_arm(rounds: list[dict[A, R]]) -> dict[A, list[R]]:
     return {arm: [rd[arm] for rd in rounds] for arm in (rounds[0] if rounds else {})}
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM ends the script as an exception would, so that its `finally` blocks run (the servers
+    it started are stopped); Python's default ends it on the spot and leaves them running."""
+    import signal
+    import sys
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 def revision(root: Path = None) -> str:
     """This checkout's revision as `git describe --always --dirty` names it ("" outside git)."""
     got = subprocess.run(["git", "-C", str(root or ROOT), "describe", "--always", "--dirty"],

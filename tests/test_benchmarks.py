@@ -98,3 +98,18 @@ def test_baseline_tree_checks_out_a_revision_and_removes_it():
     with pytest.raises(SystemExit, match="no-such-rev"):
         with baseline_tree("no-such-rev"):
             pass
+
+
+def test_a_benchmark_stopped_with_sigterm_runs_its_finally_blocks():
+    """harness.exit_on_sigterm: the servers a benchmark started are stopped when it is."""
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import sys, time\nsys.path.insert(0, %r)\nfrom benchmarks.harness import exit_on_sigterm\n"
+            "exit_on_sigterm()\ntry:\n    print('started', flush=True)\n    time.sleep(60)\n"
+            "finally:\n    print('servers stopped', flush=True)\n" % str(ROOT))
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "started"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(30) == 143 and p.stdout.read().strip() == "servers stopped"
