@@ -1,0 +1,81 @@
+"""Voice-agent frameworks as an agent drives them, pointed at the gateway by their base URL:
+Pipecat's OpenAITTSService in a Pipecat pipeline, LiveKit Agents' openai.TTS. Each returns
+(the audio bytes, their sample rates, seconds to the first audio, when it left early or None).
+Used by tests/test_agents.py and benchmarks/bench_agents.py; the frameworks come from
+tests/agents-requirements.txt."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+
+def pipecat_pipeline(base_url: str, text: str, rate: int = 24000, leave_at_first_audio: bool = False):
+    """Pipecat's OpenAITTSService in a pipeline, as an agent has it: (its audio frames' bytes, their
+    sample rates, seconds from queueing the text to the first audio frame, when the pipeline was
+    cancelled or None)."""
+    from pipecat.frames.frames import EndFrame, TTSAudioRawFrame, TTSSpeakFrame
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.pipeline.runner import PipelineRunner
+    from pipecat.pipeline.task import PipelineParams, PipelineTask
+    from pipecat.processors.frame_processor import FrameProcessor
+    from pipecat.services.openai.tts import OpenAITTSService
+
+    class Sink(FrameProcessor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.audio, self.rates, self.heard, self.first = b"", set(), asyncio.Event(), None
+
+        async def process_frame(self, frame, direction) -> None:
+            await super().process_frame(frame, direction)
+            if isinstance(frame, TTSAudioRawFrame):
+                self.first = self.first or time.perf_counter()
+                self.audio += frame.audio
+                self.rates.add(frame.sample_rate)
+                self.heard.set()
+            await self.push_frame(frame, direction)
+
+    async def run():
+        tts = OpenAITTSService(api_key="unused", base_url=base_url + "/v1",
+                               settings=OpenAITTSService.Settings(voice="alloy", model="tts-1"))
+        sink = Sink()
+        task = PipelineTask(Pipeline([tts, sink]), params=PipelineParams(audio_out_sample_rate=rate))
+        t0 = time.perf_counter()
+        await task.queue_frames([TTSSpeakFrame(text)] + ([] if leave_at_first_audio else [EndFrame()]))
+        runner = asyncio.create_task(PipelineRunner(handle_sigint=False).run(task))
+        left = None
+        if leave_at_first_audio:                 # the user talks over it: the agent cancels
+            await asyncio.wait_for(sink.heard.wait(), 120)
+            await task.cancel()
+            left = time.monotonic()
+        await asyncio.wait_for(runner, 120)
+        return sink.audio, sink.rates, (sink.first or t0) - t0, left
+
+    return asyncio.run(run())
+
+
+def livekit_synthesize(base_url: str, text: str, model: str = "tts-1", leave_at_first_audio: bool = False):
+    """LiveKit Agents' OpenAI TTS (livekit-plugins-openai) as an agent uses it: (the bytes of its
+    audio frames, their sample rates, seconds to the first frame, when the stream was closed early
+    or None)."""
+    from livekit.plugins import openai as lk_openai
+
+    async def run():
+        tts = lk_openai.TTS(base_url=base_url + "/v1", api_key="unused", model=model, voice="alloy",
+                            response_format="pcm")
+        audio, rates, left, first = b"", set(), None, None
+        t0 = time.perf_counter()
+        try:
+            async with tts.synthesize(text) as stream:
+                async for ev in stream:
+                    first = first or time.perf_counter()
+                    audio += bytes(ev.frame.data)
+                    rates.add(ev.frame.sample_rate)
+                    if leave_at_first_audio:          # the user talks over it: the agent closes the stream
+                        await stream.aclose()
+                        left = time.monotonic()
+                        break
+        finally:
+            await tts.aclose()
+        return audio, rates, (first or t0) - t0, left
+
+    return asyncio.run(run())

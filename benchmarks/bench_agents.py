@@ -1,0 +1,89 @@
+"""Voice-agent frameworks against our own API, through the same gateway: seconds to the first
+audio and to the end of one sentence for the official `openai` client (streamed), Pipecat's
+OpenAITTSService in a pipeline and LiveKit's openai.TTS (benchmarks/agents.py), in paired
+rounds (ABBA). What a framework adds over a plain request. Writes JSON and a PNG.
+
+    .venv/bin/python benchmarks/bench_agents.py --gateway http://localhost:8080 --rounds 4 \\
+        --out docs/benchmarks/agents/tiny
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.agents import livekit_synthesize, pipecat_pipeline  # noqa: E402
+from benchmarks.harness import ROOT, by_arm, finish, median_ratio, paired_rounds, save  # noqa: E402
+
+log = logging.getLogger("bench_agents")
+ARMS = ("openai", "pipecat", "livekit")
+
+
+def openai_client(gateway: str, text: str) -> tuple[float, float]:
+    """(first audio, end) in seconds for a streamed request with the official client."""
+    import openai
+
+    api = openai.OpenAI(base_url=gateway + "/v1", api_key="unused", max_retries=0)
+    t0, first = time.perf_counter(), None
+    with api.audio.speech.with_streaming_response.create(model="tts-1", voice="alloy", input=text,
+                                                         response_format="pcm") as r:
+        for _ in r.iter_bytes(4096):
+            first = first or time.perf_counter()
+    return (first or t0) - t0, time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gateway", default="http://localhost:8080")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--text", default="Hello there, how are you today?")
+    ap.add_argument("--label", default="")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "agents" / "agents"))
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    def run(arm: str) -> dict:
+        t0 = time.perf_counter()
+        if arm == "openai":
+            first, end = openai_client(args.gateway, args.text)
+        else:
+            first = (pipecat_pipeline if arm == "pipecat" else livekit_synthesize)(args.gateway, args.text)[2]
+            end = time.perf_counter() - t0
+        log.info("%s: first audio %.3f s, end %.3f s", arm, first, end)
+        return {"first_audio_s": first, "end_s": end}
+
+    rounds = paired_rounds(list(ARMS), args.rounds, run)
+    per = by_arm(rounds)
+    res = {"label": args.label, "text": args.text, "arms": list(ARMS), "rounds": rounds,
+           "median": {a: {k: statistics.median(x[k] for x in per[a]) for k in ("first_audio_s", "end_s")}
+                      for a in ARMS},
+           "first_audio_over_openai": {a: median_ratio(rounds, a, "openai", lambda x: x["first_audio_s"])
+                                       for a in ARMS[1:]}}
+    out = Path(args.out)
+    save(res, out, plot)
+    log.info("median: %s; first audio over the openai client's: %s; wrote %s and .png", json.dumps(res["median"]),
+             json.dumps(res["first_audio_over_openai"]), out.with_suffix(".json"))
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for k, arm in enumerate(res["arms"]):
+        xs = [rd[arm]["first_audio_s"] for rd in res["rounds"]]
+        ax.scatter([k] * len(xs), xs, color="tab:blue")
+    ax.set_xticks(range(len(res["arms"])), ["openai client", "Pipecat", "LiveKit"])
+    ax.set(ylabel="seconds to the first audio", title=f"one sentence through the gateway: {res['text']!r}",
+           ylim=(0, None))
+    finish(fig, path, res)
+
+
+if __name__ == "__main__":
+    main()
