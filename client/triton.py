@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from velocity.serving.inputs import array_inputs, make_inputs  # noqa: F401 (re-exported)
-from velocity.gateway.upstream import Retry
+from velocity.gateway.upstream import Chunk, Retry
 
 RETRY_PAUSE = 0.5     # seconds: a balancer that checks every 300 ms has seen a drain by then
 
@@ -87,9 +87,8 @@ def _stream_grpc(url: str, values: dict, timeout: float, check: bool, texts: lis
                     texts.append(refined.reshape(-1)[0].decode())
                 index = int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0])
                 if marks is not None:
-                    one = {n: result.as_numpy(n).reshape(-1)[0] for n in ("SENTENCE_INDEX", "SAMPLE_OFFSET", "SENTENCE_TEXT")}
-                    marks.append((index, int(one["SENTENCE_INDEX"]), int(one["SAMPLE_OFFSET"]),
-                                  one["SENTENCE_TEXT"].decode()))
+                    c = Chunk.of(result, wav)             # as the gateway reads a chunk
+                    marks.append((index, c.sentence, c.offset, c.text))
                 yield index, wav.reshape(-1)
             if ended:
                 return

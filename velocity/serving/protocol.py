@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from velocity.serving.settings import Settings
-from velocity.tts.chunking import CodeChunk
+from velocity.tts.chunking import CodeChunk, sample_offset
 
 STREAM_SHUTTING_DOWN = -1     # ended by the drain on stop
 STREAM_FAILED = -2            # generation failed (the llm logs why)
@@ -103,8 +103,8 @@ class ChunkIn:
     sentence_text: bytes = b""        # SENTENCE_TEXT, passed on
 
     def sample_offset(self, samples_per_frame: int) -> int:
-        """Samples of the stream's audio before this chunk's (as CodeChunk.sample_offset)."""
-        return self.start * samples_per_frame - self.lasts * (samples_per_frame // 2)
+        """Samples of the stream's audio before this chunk's (velocity.tts.chunking.sample_offset)."""
+        return sample_offset(self.start, self.lasts, samples_per_frame)
 
     @property
     def number(self) -> int:

@@ -71,7 +71,13 @@ class CodeChunk:
 
     def sample_offset(self, samples_per_frame: int) -> int:
         """Samples of the stream's audio before this chunk's."""
-        return self.start * samples_per_frame - self.lasts * (samples_per_frame // 2)
+        return sample_offset(self.start, self.lasts, samples_per_frame)
+
+
+def sample_offset(start: int, lasts: int, samples_per_frame: int) -> int:
+    """Samples of a stream's audio before a chunk: `start` frames, less half a frame for each of
+    the `lasts` utterances before it that ended in a `last` chunk."""
+    return start * samples_per_frame - lasts * (samples_per_frame // 2)
 
 
 class FrameChunker:

@@ -84,6 +84,7 @@ class SentenceStream:
             self.generated[i] += out.new_token_ids
             if ended:
                 self.texts[i], self.sentences[i] = self.refine.audio_prompt(self.generated[i])
+                self.spoken[i] = self.texts[i]              # what the audio speaks is the refined text
                 self.phase[i], self.started[i], self.generated[i] = "audio", False, []
             return []
         keep = [k for k, f in enumerate(out.new_token_ids) if self.end_code not in f]
@@ -103,8 +104,7 @@ class SentenceStream:
             frames, hidden, ended = outputs.pop(0)
             mine = self.chunker.push(frames, hidden) + (self.chunker.finish() if ended else [])
             if mine and self.texts[self.sentence]:       # the refined text rides on its first chunk
-                mine[0].text, self.spoken[self.sentence] = self.texts[self.sentence], self.texts[self.sentence]
-                self.texts[self.sentence] = ""
+                mine[0].text, self.texts[self.sentence] = self.texts[self.sentence], ""
             if mine and self.spoken[self.sentence]:      # and the text it speaks, for marks
                 mine[0].sentence_text, self.spoken[self.sentence] = self.spoken[self.sentence], ""
             chunks += mine
