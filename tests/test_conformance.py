@@ -241,6 +241,45 @@ def test_every_frontend_fixture_text_gives_the_references_prompt_ids(tmp_path):
         at += n
 
 
+def test_traditional_chinese_is_read_as_the_reference_reads_it(tmp_path):
+    """Traditional texts (traditional.npz): every traditional character is replaced before the GPT
+    sees it, as in the reference, although the vocabulary has it (後 -> 后, 來 -> 来). The same pieces
+    and prompt ids, but where the reference's homophone map picks a character other than the
+    simplified form (時 -> 石; 9 of the 91 ids here, measured): there ours is OpenCC's simplified form and
+    reads the same (pypinyin, with tone). The map is the reference's data (AGPL), not ours to copy."""
+    import opencc
+    from pypinyin import Style, pinyin
+
+    from velocity.demo.checkpoint import write_tokenizer
+    from velocity.tts.frontend import TextFrontend
+
+    t2s = opencc.OpenCC("t2s").convert
+    ref = np.load(FIXTURES / "traditional.npz")
+    write_tokenizer(tmp_path / "asset" / "tokenizer", int(ref["vocab"]))
+    fe = TextFrontend(tmp_path)
+    tok = fe.tokenizer
+    want = np.split(ref["ids"], np.cumsum(ref["lengths"])[:-1])
+    at, same, homophone = 0, 0, []
+    for text, n in zip(ref["texts"].tolist(), ref["pieces"].tolist()):
+        got = [s.token_ids for s in fe.encode(text, speaker=False)[0]]
+        assert len(got) == n, text
+        spoken = "".join(tok.convert_ids_to_tokens([i for g in got for i in g]))
+        assert all(t2s(c) == c for c in spoken), (text, spoken)         # nothing traditional reaches the GPT
+        for g, w in zip(got, want[at:at + n]):
+            assert len(g) == len(w), (text, tok.decode(g), tok.decode(w))
+            for a, b in zip(g, w.tolist()):
+                if a == b:
+                    same += 1
+                    continue
+                ours, theirs = tok.convert_ids_to_tokens([a, b])
+                read = [pinyin(c, style=Style.TONE3)[0][0] for c in (ours, theirs)]
+                assert read[0] == read[1], (text, ours, theirs, read)       # a homophone: the same reading
+                homophone.append(ours + theirs)
+        at += n
+    print(f"{same} ids the same, {len(homophone)} homophones (ours, the reference's): {homophone}")
+    assert "时石" in homophone and same >= 8 * len(homophone), (same, homophone)
+
+
 @pytest.fixture(scope="module")
 def voice_ref():
     return np.load(FIXTURES / "voice.npz")

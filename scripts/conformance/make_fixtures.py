@@ -26,6 +26,10 @@ those weights in tests/fixtures/chattts_0.2.5/:
                   and the waveform of each decode path (Chat._decode_to_wavs)
   frontend.npz    the prompt ids of each piece of a set of texts through the reference's text
                   path (its split, normaliser and homophones, prompt template, tokenizer)
+  traditional.npz the same for traditional-Chinese texts
+  carried.npz     the reference's voice carry-over (a text of several pieces, no sample): the
+                  sample it makes of the first piece's audio, every piece's frames and hidden
+                  states after it, and the audio
   voice.npz       voice samples: seeded test audio, the reference's log-mel of it, the codes of
                   Chat.sample_audio_speaker (mel, DVAE encoder, quantizer) and the sample string
                   it makes of them; torchaudio's mel filter bank as the reference configures it
@@ -58,8 +62,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
-from text_fixtures import frontend, speakers  # noqa: E402  (beside this script)
-from voice_fixtures import cloned, refine, voice  # noqa: E402
+from text_fixtures import TRADITIONAL_TEXTS, frontend, speakers  # noqa: E402  (beside this script)
+from voice_fixtures import carried, cloned, refine, voice  # noqa: E402
 
 SIZE, SEED = "tiny", 0        # the demo folder the fixtures are recorded on (tests rebuild it)
 FRAMES = 40                   # GPT frames decoded (0.85 s of audio)
@@ -231,10 +235,17 @@ def main() -> None:
     ap.add_argument("--full-folder", default=str(ROOT / "checkpoints" / "reference-full"),
                     help="also write a full-size folder (release dimensions, seeded; about 1 GB) that the "
                          "reference loads, for local runs ('' to skip)")
+    ap.add_argument("--only", default="", help="comma-separated fixture names (e.g. frontend,carried) to write "
+                    "only those; default: all")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    only = set(filter(None, args.only.split(",")))
     from velocity.demo.checkpoint import SIZES, write_checkpoint
+
+    def save(name: str, make) -> None:
+        if not only or name in only:
+            np.savez_compressed(out / f"{name}.npz", **make())
 
     torch.manual_seed(0)                     # the reference's constructors draw random initial values
     with tempfile.TemporaryDirectory() as tmp:
@@ -243,17 +254,20 @@ def main() -> None:
         mods = reference_modules(s.hidden, s.text_vocab)
         for name, module in mods.items():
             strict_load(module.eval(), folder / name)
-        (out / "manifest.json").write_text(json.dumps(manifest(folder), indent=1) + "\n")
-        np.savez_compressed(out / "audio.npz", **audio(folder, mods))
-        np.savez_compressed(out / "greedy.npz", **greedy(folder))
+        if not only:
+            (out / "manifest.json").write_text(json.dumps(manifest(folder), indent=1) + "\n")
+        save("audio", lambda: audio(folder, mods))
+        save("greedy", lambda: greedy(folder))
         voices = voice(mods)
-        np.savez_compressed(out / "voice.npz", **voices)
+        save("voice", lambda: voices)
         chat = reference_chat(folder)
-        np.savez_compressed(out / "cloned.npz", **cloned(chat, str(voices["string_0"]), GREEDY_TEXTS[:2], GREEDY_FRAMES))
-        np.savez_compressed(out / "refine.npz", **refine(chat, GREEDY_TEXTS[:2]))
-    np.savez_compressed(out / "sampling.npz", **sampling())
-    np.savez_compressed(out / "speakers.npz", **speakers())
-    np.savez_compressed(out / "frontend.npz", **frontend())
+        save("cloned", lambda: cloned(chat, str(voices["string_0"]), GREEDY_TEXTS[:2], GREEDY_FRAMES))
+        save("refine", lambda: refine(chat, GREEDY_TEXTS[:2]))
+        save("carried", lambda: carried(chat, GREEDY_FRAMES))
+    save("sampling", sampling)
+    save("speakers", speakers)
+    save("frontend", frontend)
+    save("traditional", lambda: frontend(TRADITIONAL_TEXTS))
     pkgs = ["chattts", "torch", "torchaudio", "vector-quantize-pytorch", "vocos", "transformers", "numpy"]
     (out / "versions.json").write_text(json.dumps({p: md.version(p) for p in pkgs}, indent=1) + "\n")
     print(f"[conformance] wrote {out}")

@@ -1,5 +1,6 @@
 """The reference's speaker and text-front-end fixtures (run by make_fixtures.py in .refvenv):
-speaker strings and random speakers (speakers.npz), prompt ids of a set of texts (frontend.npz)."""
+speaker strings and random speakers (speakers.npz), prompt ids of a set of texts (frontend.npz)
+and of traditional-Chinese texts (traditional.npz)."""
 from __future__ import annotations
 
 import tempfile
@@ -57,7 +58,15 @@ FRONTEND_TEXTS = [
 FRONTEND_VOCAB = 21178       # the full demo's vocabulary: every CJK ideograph U+4E00-U+9FA5
 
 
-def frontend() -> dict[str, np.ndarray]:
+# Traditional Chinese as a new user would write it: the reference replaces every traditional
+# character (its homophone map), mostly by the simplified form, sometimes by another homophone
+TRADITIONAL_TEXTS = [
+    "他後來會來，時間不多了。", "我們為什麼還沒有聽說過這個消息？", "這裡的風景很漂亮，歡迎來臺灣！",
+    "請問圖書館怎麼走？謝謝你的幫助。", "電腦與網絡讓世界變得更小了。",
+]
+
+
+def frontend(texts: list[str] = FRONTEND_TEXTS) -> dict[str, np.ndarray]:
     """The reference's text path for each text: infer()'s split, Normalizer (text normalisation and
     homophones), decorate_code_prompts, its tokenizer; the prompt ids of every piece (no speaker,
     [speed_5]). On the full demo's tokenizer, written by our writer."""
@@ -74,12 +83,12 @@ def frontend() -> dict[str, np.ndarray]:
     with tempfile.TemporaryDirectory() as tmp:
         write_tokenizer(Path(tmp), FRONTEND_VOCAB)
         tok = Tokenizer(tmp)
-        for text in FRONTEND_TEXTS:
+        for text in texts:
             parts = text.split("\n") if "\n" in text else re.split(r"(?<=。)|(?<=\.\s)", text)   # Chat.infer's split
             parts = [chat.normalizer(p, True, True) for p in parts if p]
             prompts = Speaker.decorate_code_prompts(parts, "[speed_5]", None, None)
             for p in prompts:
                 ids.append(tok.encode([p], 4)[0][0, :, 0].numpy())
             pieces.append(len(prompts))
-    return {"texts": np.array(FRONTEND_TEXTS), "pieces": np.array(pieces), "lengths": np.array([len(i) for i in ids]),
+    return {"texts": np.array(texts), "pieces": np.array(pieces), "lengths": np.array([len(i) for i in ids]),
             "ids": np.concatenate(ids), "vocab": np.array(FRONTEND_VOCAB)}

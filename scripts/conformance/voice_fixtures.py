@@ -2,6 +2,8 @@
 (Chat.sample_audio_speaker), generation with a sample (spk_smp, txt_smp) and text refine."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import torch
 
@@ -88,4 +90,39 @@ def refine(chat, texts: list[str]) -> dict[str, np.ndarray]:
             out[f"generated_{key}"] = r.ids[0].numpy()
             out[f"refined_{key}"] = np.array(refined)
             out[f"code_prompt_{key}"] = code[0, :, 0].numpy()
+    return out
+
+
+CARRY_TEXTS = ["hello world. this is a test of the engine. the quick brown fox.",
+               "one more time. and once again."]
+
+
+@torch.inference_mode()
+def carried(chat, frames: int) -> dict[str, np.ndarray]:
+    """The reference's voice carry-over: Chat.infer on a text of several pieces without a sample
+    (near-greedy, no refine) generates the first piece alone, makes a sample of its audio
+    (Chat.sample_audio_speaker) and speaks every piece with it (spk_smp, txt_smp = the first
+    piece). Recorded: the sample string and transcript infer() itself set in its params, each
+    piece's frames and hidden states from the same _infer_code call infer() then makes, and
+    infer()'s audio. With and without a speaker."""
+    import ChatTTS
+
+    from velocity.tts.speaker import encode_speaker
+
+    speaker = encode_speaker(np.random.default_rng(5).standard_normal(chat.config.gpt.hidden_size))
+    out: dict[str, np.ndarray] = {"texts": np.array(CARRY_TEXTS), "speaker": np.array(speaker)}
+    for n, text in enumerate(CARRY_TEXTS):
+        for spk in (None, speaker):
+            key = f"{n}_{'spk' if spk else 'none'}"
+            params = ChatTTS.Chat.InferCodeParams(temperature=1e-6, max_new_token=frames, spk_emb=spk, show_tqdm=False)
+            wav = chat.infer(text, skip_refine_text=True, params_infer_code=params)[0]
+            assert params.spk_smp is not None, "the reference did not carry the voice over"
+            pieces = [chat.normalizer(p, True, True) for p in re.split(r"(?<=。)|(?<=\.\s)", text) if p]  # infer's
+            r = list(chat._infer_code(pieces, False, torch.device("cpu"), True, params))[-1]
+            out[f"sample_{key}"] = np.array(params.spk_smp)
+            out[f"sample_text_{key}"] = np.array(params.txt_smp)
+            out[f"wav_{key}"] = wav
+            for i, (ids, hidden) in enumerate(zip(r.ids, r.hiddens)):
+                out[f"frames_{key}_{i}"] = ids.numpy()
+                out[f"hidden_{key}_{i}"] = hidden.float().numpy()
     return out

@@ -1,10 +1,14 @@
 """Chinese characters the tokenizer lacks, replaced by ones it has.
 
-The reference replaces such characters from a fixed map (mostly traditional -> simplified). We
-derive replacements from the tokenizer's own vocabulary instead: the character's simplified form
-(OpenCC, t2s) if the vocabulary has it, else a character with the same pinyin and tone
-(pypinyin) that it has, the one with the lowest token id (BERT vocabularies put common
-characters first); else none, and the character is dropped.
+The reference replaces characters from a fixed map of 16k entries, every traditional character
+among them, even those its vocabulary has (so `時間` never reaches the GPT as written). We derive
+replacements instead: every character becomes its simplified form (OpenCC t2s, character by
+character) when the vocabulary has that; a character the vocabulary still lacks becomes one with
+the same pinyin and tone (pypinyin) that it has, the one with the lowest token id (BERT
+vocabularies put common characters first); else none, and the character is dropped.
+
+Where the reference's map picks a homophone other than the simplified form (`時` -> `石`, not
+`时`), the prompt ids differ while the reading is the same (tests/test_conformance.py shows which).
 """
 from __future__ import annotations
 
@@ -14,7 +18,8 @@ from velocity.tts.normalizer import CJK
 
 
 class Homophones:
-    """homophones(ch) -> ch itself when the vocabulary has it, else its replacement or ""."""
+    """homophones(ch) -> its simplified form when the vocabulary has it, else ch itself when the
+    vocabulary has it, else a same-pinyin replacement, or "" (see the module)."""
 
     def __init__(self, vocab: dict[str, int]) -> None:
         import opencc
@@ -25,7 +30,7 @@ class Homophones:
         self.lookup = lru_cache(maxsize=65536)(self._lookup)
 
     def __call__(self, ch: str) -> str:
-        return ch if ch in self.vocab else self.lookup(ch)
+        return self.lookup(ch)
 
     @staticmethod
     def _pinyin(ch: str) -> str | None:
@@ -38,6 +43,8 @@ class Homophones:
         simple = self._t2s.convert(ch)
         if len(simple) == 1 and simple in self.vocab:
             return simple
+        if ch in self.vocab:
+            return ch
         if self._by_pinyin is None:
             self._by_pinyin = {}
             for tok, _ in sorted(self.vocab.items(), key=lambda kv: kv[1]):
