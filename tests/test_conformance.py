@@ -445,3 +445,63 @@ def test_the_pipeline_refines_then_speaks_the_refined_texts_prompt(demo, refine_
     whole = AudioDecoder(load_dvae(demo), load_vocos(demo)).decode(codes)[0].numpy()
     wav = np.concatenate([c.audio for c in chunks])
     assert wav.shape == (512 * codes.shape[-1] - 256,) and snr_db(whole[:len(wav)], wav) >= 100
+
+
+@pytest.fixture(scope="module")
+def carried_ref():
+    return np.load(FIXTURES / "carried.npz")
+
+
+def test_voice_carry_over_makes_the_references_sample_frames_and_audio(demo, carried_ref):
+    """The reference's voice carry-over (carried.npz: Chat.infer on a text of several pieces, no
+    sample, near-greedy), through TTSPipeline(carry_over=True):
+    - the voice sample made of the first sentence's audio: the frames of the sample string that
+      infer() set, bit for bit;
+    - every sentence, the first again, then spoken with it: the reference's frames exactly (the
+      engine's own requests, replayed);
+    - the audio: the reference's within 100 dB SNR (the hidden-state path's float rounding, as
+      without carry-over), after infer()'s own trimming (it drops every sample within 1e-5 of
+      zero), where its pieces were of one length. Where they were not, infer() decoded the
+      shorter one padded with zero hidden states and kept that padding's audio: the reference's
+      audio is longer than its frames make, ours is exactly theirs.
+    Without carry-over the audio is another voice's."""
+    from velocity import LLM, SamplingParams
+    from velocity.tts.carry_over import VoiceCarrier
+    from velocity.tts.pipeline import TTSPipeline, chattts_params
+    from velocity.tts.speaker import decode_sample, decode_speaker, sample_frames
+
+    pipe = TTSPipeline(demo, device="cpu")
+    llm = LLM(model=str(demo), device="cpu")
+    add, made, prompts = pipe.engine.add_request, [], []       # the engine's requests, and the samples made
+    pipe.engine.add_request = lambda rid, prompt, *a, **k: prompts.append(prompt) or add(rid, prompt, *a, **k)
+    pipe._carrier = carrier = VoiceCarrier.load(demo, pipe.decoder)
+    sample = carrier.sample
+    carrier.sample = lambda frames, hidden: made.append(sample(frames, hidden)) or made[-1]
+    for n, text in enumerate(carried_ref["texts"].tolist()):
+        for spk in ("none", "spk"):
+            key = f"{n}_{spk}"
+            speaker = str(carried_ref["speaker"]) if spk == "spk" else None
+            want_frames = [carried_ref[f"frames_{key}_{i}"] for i in range(3) if f"frames_{key}_{i}" in carried_ref]
+            params = chattts_params(temperature=0, max_new_tokens=len(want_frames[0]))
+            prompts.clear()
+            wav = np.concatenate([c.audio for c in pipe.stream(text, speaker=speaker, params=params, carry_over=True)])
+            want_sample = sample_frames(decode_sample(str(carried_ref[f"sample_{key}"]), 4, 625, 4096))
+            assert made.pop() == want_sample and not made, key
+            carried = [p for p in prompts if isinstance(p[-1], tuple)]   # the first pass's prompt has no sample
+            assert len(prompts) == 1 + len(want_frames) and len(carried) == len(want_frames), key
+            assert all(p[-len(want_sample):] == want_sample for p in carried), key
+            vec = None if speaker is None else decode_speaker(speaker, llm.engine.worker.model.config.hidden_size)
+            outs = llm.generate(prompt_token_ids=carried, sampling_params=SamplingParams(
+                temperature=0, top_p=0.7, top_k=20, repetition_penalty=1.05, max_new_tokens=len(want_frames[0])),
+                speakers=[vec] * len(carried))
+            got = [[list(f) for f in o.token_ids if 625 not in f] for o in outs]
+            assert got == [w.tolist() for w in want_frames], key
+            assert wav.shape == (sum(512 * len(f) - 256 for f in want_frames),), key
+            want, wav = carried_ref[f"wav_{key}"], wav[np.abs(wav) > 1e-5]
+            if len({len(f) for f in want_frames}) == 1:
+                assert wav.shape == want.shape and snr_db(want, wav) >= 100, (key, wav.shape, want.shape)
+                plain = np.concatenate([c.audio for c in pipe.stream(text, speaker=speaker, params=params)])
+                plain = plain[np.abs(plain) > 1e-5]
+                assert plain.shape != want.shape or snr_db(want, plain) < 20, key
+            else:
+                assert len(want) > sum(512 * len(f) - 256 for f in want_frames) > len(wav), key

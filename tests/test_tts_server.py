@@ -109,6 +109,38 @@ def test_served_audio_equals_the_in_process_pipeline_for_both_decoders(server, d
         assert not np.allclose(np.concatenate([a for _, a in hidden]), served)     # the two paths differ
 
 
+def test_voice_carry_over_through_the_server_equals_the_pipelines(server):
+    """VOICE_CARRY_OVER true (the reference's voice carry-over, velocity.tts.carry_over): the
+    served audio equals TTSPipeline(carry_over=True) with the server's chunking (>= 100 dB SNR,
+    as without), differs from the audio without it, and is refused with text refine."""
+    from velocity.tts.pipeline import TTSPipeline, chattts_params
+    from velocity.tts.chunking import ChunkSchedule
+
+    carried, err = stream_tts(server.grpc_url, {**GOOD, "VOICE_CARRY_OVER": True})
+    assert err is None, err
+    served = np.concatenate([a for _, a in carried])
+    pipe = TTSPipeline(server.env["VELOCITY_WEIGHTS"], device="cpu", schedule=ChunkSchedule(4, 8, 144), lookahead=4,
+                       num_kv_blocks=64)
+    params = chattts_params(temperature=GOOD["TEMPERATURE"], seed=GOOD["SEED"], max_new_tokens=GOOD["MAX_NEW_TOKENS"])
+    local = pipe.synthesize(GOOD["TEXT"], speaker=DEFAULT_VOICE_SEED, params=params, carry_over=True)
+    assert served.shape == local.shape
+    assert 10 * np.log10((local ** 2).sum() / max(((served - local) ** 2).sum(), 1e-30)) >= 100
+    plain = np.concatenate([a for _, a in stream_tts(server.grpc_url, GOOD)[0]])
+    assert plain.shape != served.shape or not np.allclose(plain, served, atol=1e-3)
+    _, err = stream_tts(server.grpc_url, {**GOOD, "VOICE_CARRY_OVER": True, "REFINE_TEXT": True})
+    assert err is not None and "VOICE_CARRY_OVER cannot be combined with REFINE_TEXT" in err, err
+    # a direct llm caller's carry-over prompts that do not match its sentences: INVALID_ARG naming them
+    from client.triton import array_inputs
+    inputs = [i for i in llm_inputs(server.grpc_url, {**GOOD, "VOICE_CARRY_OVER": True}) if i.name() != "CARRY_LENGTHS"]
+    errors = []
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    g.start_stream(callback=lambda result, error: errors.append(error) if error else None)
+    g.async_stream_infer("llm", inputs + array_inputs(grpcclient, {"CARRY_LENGTHS": np.array([[3]], np.int32)}))
+    assert wait_for(lambda: errors, timeout=60)
+    g.stop_stream()
+    assert "CARRY_LENGTHS must be positive and add up to" in str(errors[0]), errors
+
+
 def test_offline_equals_stream_over_grpc_and_http(server):
     chunks, _ = stream_tts(server.grpc_url, GOOD)
     streamed = np.concatenate([a for _, a in chunks])

@@ -71,6 +71,8 @@ def llm_inputs(url: str, values: dict) -> list:
     names = ["TOKEN_IDS", "SENTENCE_LENGTHS", "SPEAKER_VECTOR", "PARAMS_F", "PARAMS_I"]
     if values.get("REFINE_TEXT"):
         names += ["REFINE_IDS", "REFINE_LENGTHS", "REFINE_PARAMS_F", "REFINE_PARAMS_I", "CODE_PREFIX"]
+    if values.get("VOICE_CARRY_OVER"):
+        names += ["CARRY_IDS", "CARRY_LENGTHS"]
     return array_inputs(grpcclient, {name: fe.as_numpy(name) for name in names})
 
 

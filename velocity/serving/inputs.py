@@ -179,6 +179,9 @@ INPUTS: tuple[Input, ...] = (
           requires=("SPEAKER_SAMPLE", "is the transcript of SPEAKER_SAMPLE: send it with one")),
     Input("LEXICON", "BYTES", "pronunciations for this request: a JSON object of word -> replacement (whole "
           "words, case-aware), merged over the server's lexicon (VELOCITY_LEXICON)", max_chars=100_000, json=True),
+    Input("VOICE_CARRY_OVER", "BOOL", "true: a text of several sentences without a voice sample keeps its "
+          "first sentence's voice, as the reference speaks it (the first sentence is generated twice: later "
+          "first audio); not with REFINE_TEXT", "VELOCITY_VOICE_CARRY_OVER"),
     Input("REFINE_TEXT", "BOOL", "true: text refine first (the reference's default first pass; off here, for "
           "latency)", False, field="refine", flag="--refine"),
     Input("REFINE_PROMPT", "BYTES", "control tokens that end the refine prompt, such as [oral_2][laugh_0][break_6]",

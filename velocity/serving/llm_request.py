@@ -23,6 +23,7 @@ class LLMInputs:
     refine: SamplingParams | None = None
     code_prefix: list | None = None
     texts: list[str] | None = None        # each sentence's text (SENTENCE_TEXTS), for the marks
+    carry_prompts: list | None = None     # voice carry-over (CARRY_IDS): each sentence's prompt before the sample
 
 
 def split_ids(ids: np.ndarray, lengths: np.ndarray, what: str) -> list[list[int]]:
@@ -67,6 +68,14 @@ def llm_inputs(get, max_new_tokens: int, num_vq: int) -> LLMInputs:
         if texts.size != len(sentences):
             raise ValueError(f"SENTENCE_TEXTS holds {texts.size} texts, SENTENCE_LENGTHS {len(sentences)} sentences")
         out.texts = [t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t) for t in texts.reshape(-1)]
+    carry = get("CARRY_IDS")
+    if carry is not None and carry.size:
+        if frames:
+            raise ValueError("CARRY_IDS is for a request without a voice sample: SAMPLE_CODES is given")
+        out.carry_prompts = split_ids(carry.reshape(-1), need("CARRY_LENGTHS"), "CARRY")
+        if len(out.carry_prompts) != len(sentences):
+            raise ValueError(f"CARRY_LENGTHS holds {len(out.carry_prompts)} sentences, SENTENCE_LENGTHS "
+                             f"{len(sentences)}")
     refine = get("REFINE_IDS")
     if refine is not None and refine.size:
         out.refine_prompts = split_ids(refine.reshape(-1), need("REFINE_LENGTHS"), "REFINE")
@@ -79,4 +88,6 @@ def llm_inputs(get, max_new_tokens: int, num_vq: int) -> LLMInputs:
         if prefix.dtype.kind not in "iu" or not prefix.size:
             raise ValueError("CODE_PREFIX must hold the audio prompt's token ids before the text")
         out.code_prefix = prefix.tolist()
+        if out.carry_prompts is not None:
+            raise ValueError("CARRY_IDS cannot be combined with REFINE_IDS")
     return out

@@ -38,6 +38,10 @@ class Settings:
     voices: str = ""                         # VELOCITY_VOICES: a voices file or folder (default: <weights>/voices.json)
     default_voice: str = "amber"             # VELOCITY_DEFAULT_VOICE: for requests that name no voice ("": none)
     lexicon: str = ""                        # VELOCITY_LEXICON: a pronunciation lexicon (default: <weights>/lexicon.json)
+    # 1: a text of several sentences without a voice sample keeps its first sentence's voice, as the
+    # reference speaks it (velocity.tts.carry_over); the first sentence is generated twice, and the
+    # first audio waits for it. A request's VOICE_CARRY_OVER overrides it.
+    voice_carry_over: int = 0                # VELOCITY_VOICE_CARRY_OVER
     # Requests in flight in the llm (running, waiting, or between sentences); one more is refused
     # with UNAVAILABLE ("server busy") instead of queueing without bound. 0: no limit.
     max_concurrent_requests: int = 256       # VELOCITY_MAX_CONCURRENT_REQUESTS

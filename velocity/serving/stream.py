@@ -25,7 +25,7 @@ from velocity.serving.protocol import (STREAM_BUSY, STREAM_DEADLINE, STREAM_DRAI
 from velocity.serving.settings import Settings
 from velocity.serving.stream_board import CANCELLED, ENDED, StreamBoard
 from velocity.tts.chunking import FRAMES_PER_SECOND, FrameChunker
-from velocity.tts.sentence_stream import Refine, SentenceStream
+from velocity.tts.sentence_stream import Carry, Refine, SentenceStream
 
 log = logging.getLogger("velocity.llm")
 Send = Callable[[object, "dict | None", bool], None]       # (sender, outputs or None: only the flag, final)
@@ -38,12 +38,12 @@ class Stream:
 
     def __init__(self, host: "Streams", sender, cancelled: Callable[[], bool], sentences: list, speaker, params,
                  hidden: bool, refine: Refine | None = None, ref: int = 0, timeout: float = 0.0,
-                 texts: list[str] | None = None) -> None:
+                 texts: list[str] | None = None, carry: Carry | None = None) -> None:
         self.host, self.sender, self.cancelled = host, sender, cancelled
         self.speaker, self.params, self.hidden = speaker, params, hidden
         s = host.settings
         self.sentences = SentenceStream(sentences, FrameChunker(s.schedule, s.left_context, s.lookahead), host.end_code,
-                                        refine, ahead=s.sentences_ahead, texts=texts)
+                                        refine, ahead=s.sentences_ahead, texts=texts, carry=carry)
         self.rid = f"{id(self)}"                 # in logs; its engine requests are rid-<sentence>[r]
         self.running: dict[int, str] = {}        # sentence -> its engine request in flight
         self.paused: set[str] = set()            # engine requests paused for the vocoder
@@ -197,15 +197,16 @@ class Streams:
 
     def start(self, sender, cancelled: Callable[[], bool], sentences: list, speaker, params, hidden: bool,
               refine: Refine | None = None, in_ensemble: bool = False, timeout: float = 0.0,
-              texts: list[str] | None = None) -> None:
+              texts: list[str] | None = None, carry: Carry | None = None) -> None:
         """Start a checked request; it holds a slot until its final flag is sent. in_ensemble: the
         `tts` ensemble's vocoder follows (the stream takes a board slot: probes, backpressure);
-        timeout: seconds it may take (0: no limit); texts: its sentences' (for the marks)."""
+        timeout: seconds it may take (0: no limit); texts: its sentences' (for the marks); carry:
+        voice carry-over (velocity.tts.carry_over)."""
         ref = (self.board.open() or 0) if in_ensemble and self.board is not None else 0
         if in_ensemble and self.board is not None and not ref:
             log.warning("the stream board is full (%d streams): this stream will not notice its client leaving",
                         self.board.slots)
-        stream = Stream(self, sender, cancelled, sentences, speaker, params, hidden, refine, ref, timeout, texts)
+        stream = Stream(self, sender, cancelled, sentences, speaker, params, hidden, refine, ref, timeout, texts, carry)
         self.live[id(stream)] = stream
         try:
             stream.start_requests()

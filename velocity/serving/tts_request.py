@@ -25,6 +25,7 @@ class TTSRequest:
     refine: SamplingParams | None = None  # text refine first (REFINE_TEXT), with these parameters
     refine_prompts: list | None = None    # per sentence: the text head's prompt
     code_prefix: list | None = None       # the audio prompt before a refined text
+    carry_prompts: list | None = None     # voice carry-over: each sentence's prompt, the first one's text as the sample's
 
 
 @dataclass
@@ -81,6 +82,15 @@ def parse_tts_request(get, front: TTSFront) -> TTSRequest:
         except ValueError as e:
             raise ValueError(f"REFINE_{e}") from e       # "PROMPT must hold only control tokens ..."
         req.code_prefix = frontend.code_prefix(vec.size > 0, prompt, sample_text)
+    carry = v["VOICE_CARRY_OVER"]
+    if carry is None:
+        carry = bool(front.settings.voice_carry_over)
+    if carry and v["REFINE_TEXT"] and v["VOICE_CARRY_OVER"]:
+        raise ValueError("VOICE_CARRY_OVER cannot be combined with REFINE_TEXT yet: send one of them")
+    if carry and sample is None and req.refine is None and len(sentences) > 1:
+        carried, _ = frontend.encode(v["TEXT"], speaker=vec.size > 0, prompt=prompt, sample_text=sentences[0].text,
+                                     lexicon=lexicon)
+        req.carry_prompts = [s.token_ids for s in carried]
     return req
 
 

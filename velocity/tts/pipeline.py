@@ -18,7 +18,7 @@ from velocity.tts.frontend import DEFAULT_PROMPT, TextFrontend
 from velocity.tts.speaker import decode_sample, decode_speaker, random_speaker, sample_frames
 from velocity.tts.audio_decoder import DECODERS, AudioDecoder, default_decode_batch
 from velocity.tts.chunking import ChunkSchedule, CodeChunk, FrameChunker
-from velocity.tts.sentence_stream import SentenceStream
+from velocity.tts.sentence_stream import Carry, SentenceStream
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class TTSPipeline:
         sentences_ahead: sentences generated while the one before them is spoken (0: one by one).
         vocoder_quantize: "int8" for the decoders' int8 linears (AudioDecoder.quantize);
         engine_kwargs go to EngineConfig (quantize="int8" for the GPT's)."""
-        self.frontend = TextFrontend(folder)
+        self.frontend, self.frontend_folder = TextFrontend(folder), folder
         self.engine = LLMEngine(EngineConfig(model=str(folder), device=device, **engine_kwargs))
         dev = self.engine.worker.device
         self.decoder = AudioDecoder(load_dvae(folder, dev), load_vocos(folder, dev), load_decoder(folder, dev))
@@ -70,6 +70,17 @@ class TTSPipeline:
         self.decode_batch = decode_batch or default_decode_batch(dev)
         self.sentences_ahead = sentences_ahead
         self._n = 0
+        self._carrier = None                                        # loaded on the first carry-over
+
+    def carry_plan(self, text: str, sentences: list, speaker: bool, prompt: str) -> Carry:
+        """Voice carry-over for a text of several sentences (velocity.tts.carry_over)."""
+        from velocity.tts.carry_over import VoiceCarrier
+
+        if self._carrier is None:
+            self._carrier = VoiceCarrier.load(self.frontend_folder, self.decoder)
+        carried, _ = self.frontend.encode(text, speaker=speaker, prompt=prompt, sample_text=sentences[0].text)
+        assert len(carried) == len(sentences)
+        return self._carrier.plan([s.token_ids for s in carried])
 
     def speaker_vector(self, speaker: str | int | None) -> torch.Tensor | None:
         """A release speaker string, a seed for a random speaker, or None for no speaker."""
@@ -91,24 +102,29 @@ class TTSPipeline:
 
     def stream(self, text: str, speaker: str | int | None = None, prompt: str = DEFAULT_PROMPT,
                params: SamplingParams | None = None, decoder: str = "hidden", sample: str | np.ndarray | None = None,
-               sample_text: str = "", refine: SamplingParams | None = None, refine_prompt: str = "") -> Iterator[Chunk]:
+               sample_text: str = "", refine: SamplingParams | None = None, refine_prompt: str = "",
+               carry_over: bool = False) -> Iterator[Chunk]:
         """Sentences in order, one speaker; audio chunks as soon as each is decodable."""
         for ev in self.stream_many([text], speaker, prompt, params, decoder=decoder, sample=sample,
-                                   sample_text=sample_text, refine=refine, refine_prompt=refine_prompt):
+                                   sample_text=sample_text, refine=refine, refine_prompt=refine_prompt,
+                                   carry_over=carry_over):
             if ev.chunk is not None:
                 yield ev.chunk
 
     def stream_many(self, texts: list[str], speaker: str | int | None = None, prompt: str = DEFAULT_PROMPT,
                     params: SamplingParams | Callable[[int], SamplingParams] | None = None,
                     concurrency: int = 1, decoder: str = "hidden", sample: str | np.ndarray | None = None,
-                    sample_text: str = "", refine: SamplingParams | None = None, refine_prompt: str = "") -> Iterator[Event]:
+                    sample_text: str = "", refine: SamplingParams | None = None, refine_prompt: str = "",
+                    carry_over: bool = False) -> Iterator[Event]:
         """Texts through one engine, at most `concurrency` at a time, each its sentences in order
         with one speaker; chunks are decoded in the step loop, a step's chunks of one length
         together (up to decode_batch). params: one for all, or a function of the text's index.
         decoder: "hidden" or "codes" (see the class). sample, sample_text: a voice sample (the
         reference's spk_smp: its string or codes) and its transcript (txt_smp). refine: refine
         each sentence's text first with these sampling parameters (`refine_params()`: the
-        reference's), the text head's prompt ending in `refine_prompt`."""
+        reference's), the text head's prompt ending in `refine_prompt`. carry_over: a text of several
+        sentences without a sample (and without refine) takes the first sentence's voice for all, as
+        the reference's (velocity.tts.carry_over)."""
         if decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
         spk = self.speaker_vector(speaker)
@@ -141,8 +157,10 @@ class TTSPipeline:
                     plan = None if refine is None else self.frontend.refine_plan(
                         [self.frontend.refine_prompt(x.text, refine_prompt) for x in sentences], refine,
                         self.frontend.code_prefix(spk is not None, prompt, sample_text), frames)
+                    carry = self.carry_plan(texts[i], sentences, spk is not None, prompt) \
+                        if carry_over and not frames and plan is None and len(sentences) > 1 else None
                     t = _Text(i, SentenceStream([x.token_ids + frames for x in sentences], chunker, end_code, plan,
-                                                self.sentences_ahead), p, decoder == "hidden")
+                                                self.sentences_ahead, carry=carry), p, decoder == "hidden")
                     if not t.stream.done:
                         add(t)
                     else:

@@ -1,6 +1,6 @@
 """One request's sentences as one stream of chunks (`SentenceStream`), with text refine first
-where asked (`Refine`): the order of engine requests and of their frames, shared by the llm
-model and the in-process pipeline."""
+where asked (`Refine`), or the first sentence's voice carried over to all (`Carry`): the order
+of engine requests and of their frames, shared by the llm model and the in-process pipeline."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -19,11 +19,22 @@ class Refine:
     audio_prompt: Callable[[list[int]], tuple[str, list]]
 
 
+@dataclass
+class Carry:
+    """Voice carry-over (velocity.tts.carry_over): the first sentence is generated on its own first;
+    `sample(its frames, its hidden rows or None)` -> the voice sample's frames, which follow each of
+    `prompts` (every sentence's audio prompt with the first one's text as the sample's transcript)."""
+    prompts: list[list[int]]
+    sample: Callable[[list, list | None], list]
+
+
 class SentenceStream:
     """One request's sentences, spoken in order as one stream of chunks: each sentence is one
     engine request (`prompt`, on `head`), its end frame is dropped, and it is its own utterance
     (its last chunk marked). With `refine`, a text-head request comes first and its refined text
-    becomes the sentence's audio prompt. Serves the llm model and the in-process pipeline alike.
+    becomes the sentence's audio prompt. With `carry` (and no refine), the first sentence is
+    generated once without chunks, and its audio's voice sample goes into every sentence's prompt.
+    Serves the llm model and the in-process pipeline alike.
 
     Once the stream's first chunk is out (so the first audio is not slowed by a larger batch),
     up to `ahead` sentences after the one being spoken generate at the same time, batched with
@@ -36,12 +47,17 @@ class SentenceStream:
     """
 
     def __init__(self, sentences: list[list], chunker: FrameChunker, end_code: int,
-                 refine: Refine | None = None, ahead: int = 0, texts: list[str] | None = None) -> None:
+                 refine: Refine | None = None, ahead: int = 0, texts: list[str] | None = None,
+                 carry: Carry | None = None) -> None:
+        assert carry is None or refine is None, "carry-over with text refine"
         self.sentences, self.chunker, self.end_code, self.refine = list(sentences), chunker, end_code, refine
+        self.carry, self.carried = carry, ([], [])   # the first sentence's frames and hidden rows
         self.ahead = ahead
         self.sentence = 0                           # the one being spoken: its chunks go out now
         n = len(self.sentences)
         self.phase = ["refine" if refine is not None else "audio"] * n    # then "done"
+        if carry is not None and n:
+            self.phase[0] = "carry"                                       # then "audio"
         self.started = [False] * n                  # the current phase's request has started
         self.generated: list[list[int]] = [[] for _ in range(n)]        # a refine's text ids so far
         self.texts = [""] * n                       # refined texts, until the sentence's first chunk takes it
@@ -90,6 +106,15 @@ class SentenceStream:
         keep = [k for k, f in enumerate(out.new_token_ids) if self.end_code not in f]
         frames = [out.new_token_ids[k] for k in keep]
         hidden = None if out.new_hidden is None else out.new_hidden[keep]
+        if self.phase[i] == "carry":
+            self.carried[0].extend(frames)
+            if hidden is not None:
+                self.carried[1].extend(hidden)
+            if ended:
+                sample = self.carry.sample(self.carried[0], self.carried[1] or None)
+                self.sentences = [p + sample for p in self.carry.prompts]
+                self.phase[i], self.started[i], self.carried = "audio", False, ([], [])
+            return []
         if ended:
             self.phase[i] = "done"
         if i != self.sentence:

@@ -68,6 +68,9 @@ class TritonPythonModel:
             self.frontend = TextFrontend(s.weights)          # the tokenizer, for text refine
             # what the vocoder tells the llm of each stream of the tts ensemble (cancel, progress)
             self.board = StreamBoard(board_path(s.run_dir, "streams"))
+            self._carrier = None
+            if s.voice_carry_over:
+                self.carrier()
         except Exception as e:
             raise pb_utils.TritonModelException(f"llm: cannot start the engine on {s.weights}: {e}") from e
         self.streams = Streams(self.engine, s, make_metrics(pb_utils, "llm", LLM), send, self.lender, self.board)
@@ -85,7 +88,7 @@ class TritonPythonModel:
             return
         try:
             get = input_reader(request, pb_utils)
-            sentences, speaker, params, hidden, refine, texts = self._parse(get)
+            sentences, speaker, params, hidden, refine, texts, carry = self._parse(get)
             in_ensemble = flag_input(get("IN_ENSEMBLE"), "IN_ENSEMBLE")
         except ValueError as e:                  # what the caller sent
             send_failure(request.get_response_sender(), str(e), pb_utils.TritonError.INVALID_ARG)
@@ -97,12 +100,12 @@ class TritonPythonModel:
             return
         # Triton's request timeout (microseconds, 0: none): the stream ends with an error after it
         self.streams.start(request.get_response_sender(), request.is_cancelled, sentences, speaker, params, hidden,
-                           refine, in_ensemble, request.timeout() / 1e6, texts)
+                           refine, in_ensemble, request.timeout() / 1e6, texts, carry)
 
-    def _parse(self, get) -> tuple[list, object, SamplingParams, bool, object, list | None]:
+    def _parse(self, get) -> tuple[list, object, SamplingParams, bool, object, list | None, object]:
         """The request's sentences, speaker, sampling, whether it takes the Decoder path, its text
-        refine (or None) and its sentences' texts (or None), checked as the engine will check them.
-        get: its input reader."""
+        refine (or None), its sentences' texts (or None) and its voice carry-over (or None), checked
+        as the engine will check them. get: its input reader."""
         import torch
 
         from velocity.serving.llm_request import llm_inputs
@@ -125,7 +128,18 @@ class TritonPythonModel:
                 speaker = engine.worker.model.check_speaker(torch.from_numpy(spk))
             except ValueError as e:
                 raise ValueError(f"SPEAKER_VECTOR: {e}") from e
-        return sentences, speaker, params, decoder_input(get("DECODER")) == "hidden", refine, inputs.texts
+        carry = None if inputs.carry_prompts is None else self.carrier().plan(inputs.carry_prompts)
+        return sentences, speaker, params, decoder_input(get("DECODER")) == "hidden", refine, inputs.texts, carry
+
+    def carrier(self):
+        """Voice carry-over's decoders and voice encoder (velocity.tts.carry_over), on the CPU: loaded
+        at initialize under VELOCITY_VOICE_CARRY_OVER=1, else at the first request that asks."""
+        from velocity.tts.carry_over import VoiceCarrier
+
+        if self._carrier is None:
+            self._carrier = VoiceCarrier.load(self.settings.weights)
+            log.info("voice carry-over: the decoders and the voice encoder are loaded")
+        return self._carrier
 
     def finalize(self) -> None:
         self.streams.close()                 # in-flight requests end with the final flag

@@ -42,13 +42,15 @@ class TritonPythonModel:
         ids = np.concatenate([np.asarray(s.token_ids, np.int32) for s in sentences])[None]
         lengths = np.asarray([len(s.token_ids) for s in sentences], np.int32)[None]
         pf, pi = params_arrays(params)
-        refine = req.refine_prompts or []
+        refine, carry = req.refine_prompts or [], req.carry_prompts or []
         rf, ri = params_arrays(req.refine or params)
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("REFINE_IDS", np.asarray([t for p in refine for t in p], np.int32)[None]),
             pb_utils.Tensor("REFINE_LENGTHS", np.asarray([len(p) for p in refine], np.int32)[None]),
             pb_utils.Tensor("REFINE_PARAMS_F", rf), pb_utils.Tensor("REFINE_PARAMS_I", ri),
             pb_utils.Tensor("CODE_PREFIX", np.asarray(req.code_prefix or [], np.int32)[None]),
+            pb_utils.Tensor("CARRY_IDS", np.asarray([t for p in carry for t in p], np.int32)[None]),
+            pb_utils.Tensor("CARRY_LENGTHS", np.asarray([len(p) for p in carry], np.int32)[None]),
             pb_utils.Tensor("TOKEN_IDS", ids), pb_utils.Tensor("SENTENCE_LENGTHS", lengths),
             pb_utils.Tensor("SENTENCE_TEXTS", np.array([[s.text.encode() for s in sentences]], object)),
             pb_utils.Tensor("SPEAKER_VECTOR", vec[None]), pb_utils.Tensor("PARAMS_F", pf),
