@@ -1,5 +1,6 @@
 """Voice-agent frameworks as an agent drives them, pointed at the gateway by their base URL:
-Pipecat's OpenAITTSService in a Pipecat pipeline, LiveKit Agents' openai.TTS. Each returns
+Pipecat's OpenAITTSService or ElevenLabsTTSService (its WebSocket, velocity/gateway/elevenlabs.py)
+in a Pipecat pipeline, LiveKit Agents' openai.TTS. Each returns
 (the audio bytes, their sample rates, seconds to the first audio, when it left early or None).
 Used by tests/test_agents.py and benchmarks/bench_agents.py; the frameworks come from
 tests/agents-requirements.txt."""
@@ -9,11 +10,14 @@ import asyncio
 import time
 
 
-def pipecat_pipeline(base_url: str, text: str, rate: int = 24000, leave_at_first_audio: bool = False):
-    """Pipecat's OpenAITTSService in a pipeline, as an agent has it: (its audio frames' bytes, their
-    sample rates, seconds from queueing the text to the first audio frame, when the pipeline was
-    cancelled or None)."""
-    from pipecat.frames.frames import EndFrame, TTSAudioRawFrame, TTSSpeakFrame
+def pipecat_pipeline(base_url: str, text: str, rate: int = 24000, leave_at_first_audio: bool = False,
+                     service: str = "openai", interrupt_at_first_audio: bool = False):
+    """Pipecat's OpenAITTSService (service "openai") or ElevenLabsTTSService ("elevenlabs") in a
+    pipeline at `rate`, as an agent has it: (its audio frames' bytes, their sample rates, seconds
+    from queueing the text to the first audio frame, when the pipeline was cancelled or
+    interrupted, or None). interrupt_at_first_audio: the user talks over it, an InterruptionFrame
+    (Pipecat's barge-in), and the pipeline goes on to its end."""
+    from pipecat.frames.frames import EndFrame, InterruptionFrame, TTSAudioRawFrame, TTSSpeakFrame
     from pipecat.pipeline.pipeline import Pipeline
     from pipecat.pipeline.runner import PipelineRunner
     from pipecat.pipeline.task import PipelineParams, PipelineTask
@@ -35,17 +39,26 @@ def pipecat_pipeline(base_url: str, text: str, rate: int = 24000, leave_at_first
             await self.push_frame(frame, direction)
 
     async def run():
-        tts = OpenAITTSService(api_key="unused", base_url=base_url + "/v1",
-                               settings=OpenAITTSService.Settings(voice="alloy", model="tts-1"))
+        if service == "elevenlabs":
+            from pipecat.services.elevenlabs.tts import ElevenLabsTTSService
+            tts = ElevenLabsTTSService(api_key="unused", url=base_url.replace("http", "ws", 1),
+                                       settings=ElevenLabsTTSService.Settings(voice="alloy"))
+        else:
+            tts = OpenAITTSService(api_key="unused", base_url=base_url + "/v1",
+                                   settings=OpenAITTSService.Settings(voice="alloy", model="tts-1"))
         sink = Sink()
         task = PipelineTask(Pipeline([tts, sink]), params=PipelineParams(audio_out_sample_rate=rate))
         t0 = time.perf_counter()
-        await task.queue_frames([TTSSpeakFrame(text)] + ([] if leave_at_first_audio else [EndFrame()]))
+        early = leave_at_first_audio or interrupt_at_first_audio
+        await task.queue_frames([TTSSpeakFrame(text)] + ([] if early else [EndFrame()]))
         runner = asyncio.create_task(PipelineRunner(handle_sigint=False).run(task))
         left = None
-        if leave_at_first_audio:                 # the user talks over it: the agent cancels
+        if early:
             await asyncio.wait_for(sink.heard.wait(), 120)
-            await task.cancel()
+            if leave_at_first_audio:             # the agent cancels
+                await task.cancel()
+            else:                                # the user talks over it, then the pipeline ends
+                await task.queue_frames([InterruptionFrame(), EndFrame()])
             left = time.monotonic()
         await asyncio.wait_for(runner, 120)
         return sink.audio, sink.rates, (sink.first or t0) - t0, left

@@ -1,5 +1,6 @@
 """Voice-agent frameworks, unchanged apart from their base URL, against the real server: Pipecat's
-own OpenAI TTS service (pipecat-ai, installed with the test tools) in a Pipecat pipeline.
+own OpenAI TTS service and its ElevenLabs WebSocket service (pipecat-ai, installed with the test
+tools) in a Pipecat pipeline, and LiveKit Agents' OpenAI TTS.
 
 The gateway here has VELOCITY_GATEWAY_DEFAULT_SEED set: a framework's OpenAI client sends no
 seed, and with one the same text gives the same audio, which the official `openai` client's
@@ -56,4 +57,42 @@ def test_livekits_openai_tts_speaks_our_api_audio_at_24_khz(agent_gateway, model
 
 def test_a_livekit_agent_that_closes_the_stream_stops_the_servers_work(agent_gateway, tts_server):
     *_, left = livekit_synthesize(agent_gateway, LONG_TEXT, leave_at_first_audio=True)
+    assert_work_stops(tts_server, left)
+
+
+def resampled_pcm(pcm: bytes, rate: int) -> bytes:
+    """16-bit pcm at 24 kHz -> at `rate`, by the gateway's resampler in one piece."""
+    import numpy as np
+
+    from velocity.gateway.encode import Encoder
+    enc = Encoder("pcm", 24000, rate)
+    return enc.push(np.frombuffer(pcm, "<i2").astype(np.float32) / 32768) + enc.finish()
+
+
+def test_pipecats_elevenlabs_service_speaks_our_api_audio_resampled(agent_gateway):
+    """Pipecat's ElevenLabsTTSService with its `url` on the gateway (its multi-context WebSocket,
+    velocity/gateway/elevenlabs.py), in a 16 kHz pipeline: frames at 16 kHz (output_format
+    pcm_16000), our API's audio for the same seeded text, resampled. Against our API's 24 kHz
+    audio resampled by the same FFmpeg resampler in one piece: the gateway resamples the float
+    audio chunk by chunk, this the 16-bit audio, so one more 16-bit step either side (3 / 32768)."""
+    import numpy as np
+    import openai
+
+    from velocity.gateway.encode import Encoder
+
+    audio, rates, _, _ = pipecat_pipeline(agent_gateway, TEXT, rate=16000, service="elevenlabs")
+    assert rates == {16000} and len(audio) > 0
+    api = openai.OpenAI(base_url=agent_gateway + "/v1", api_key="unused", max_retries=0)
+    ours = api.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format="pcm").read()
+    enc = Encoder("pcm", 24000, 16000)
+    want = enc.push(np.frombuffer(ours, "<i2").astype(np.float32) / 32768) + enc.finish()
+    got, want = (np.frombuffer(b, "<i2").astype(np.float32) / 32768 for b in (audio, want))
+    assert got.shape == want.shape, (got.shape, want.shape)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * float(np.abs(want).max()) + 3 / 32768)
+
+
+def test_a_pipecat_elevenlabs_barge_in_stops_the_servers_work(agent_gateway, tts_server):
+    """The user talks over it (Pipecat's InterruptionFrame): Pipecat closes the context, a second
+    time (its turn's end already closed it after a flush), and the server's work on it stops."""
+    *_, left = pipecat_pipeline(agent_gateway, LONG_TEXT, service="elevenlabs", interrupt_at_first_audio=True)
     assert_work_stops(tts_server, left)

@@ -158,3 +158,53 @@ def test_a_bad_message_gets_an_error_and_the_socket_stays_usable(gateway, msg, s
         send(ws, type="close")
         audio, msgs = read_until(ws, "done")
     assert len(audio) > 0 and [m["text"] for m in msgs if m["type"] == "sentence"] == ["Still here"]
+
+
+def el_url(gateway: str, voice: str = "amber", fmt: str = "pcm_24000") -> str:
+    return (gateway.replace("http://", "ws://") + f"/v1/text-to-speech/{voice}/multi-stream-input"
+            f"?model_id=eleven_flash_v2_5&output_format={fmt}")
+
+
+def test_the_elevenlabs_socket_speaks_contexts_apart_and_keeps_going_after_bad_messages(gateway):
+    """ElevenLabs' multi-context protocol (velocity/gateway/elevenlabs.py) with the `websockets`
+    client: a bad message gets an error and the socket goes on; two contexts interleaved each get
+    their own audio and then isFinal once closed after a flush; a context closed without a flush
+    (a barge-in) ends at once."""
+    with connect(el_url(gateway), additional_headers={"xi-api-key": "unused"}) as ws:
+        ws.send("not json")
+        assert json.loads(ws.recv(timeout=30))["error"] == "invalid_message"
+        ws.send(json.dumps({"text": 5, "context_id": "a"}))
+        assert "text must be a string" in json.loads(ws.recv(timeout=30))["message"]
+        for cid, text in (("a", "The first one. "), ("b", "Another one here")):
+            ws.send(json.dumps({"text": " ", "context_id": cid, "voice_settings": {"speed": 1.0}}))
+            ws.send(json.dumps({"text": text, "context_id": cid}))
+        ws.send(json.dumps({"text": ""}))                                   # a keepalive
+        for cid in ("b", "a"):
+            ws.send(json.dumps({"context_id": cid, "flush": True}))
+            ws.send(json.dumps({"context_id": cid, "close_context": True}))
+        ws.send(json.dumps({"text": " ", "context_id": "c"}))
+        ws.send(json.dumps({"text": "Cut me off. Right now. ", "context_id": "c"}))
+        ws.send(json.dumps({"context_id": "c", "close_context": True}))     # no flush: stop now
+        audio, final = {"a": 0, "b": 0, "c": 0}, []
+        while len(final) < 3:
+            m = json.loads(ws.recv(timeout=120))
+            assert "error" not in m, m
+            if m.get("isFinal"):
+                final.append(m["contextId"])
+            else:
+                assert m["contextId"] not in final, m                       # nothing after its isFinal
+                audio[m["contextId"]] += len(base64.b64decode(m["audio"]))
+    assert sorted(final) == ["a", "b", "c"] and final[0] == "c" and audio["a"] > 0 and audio["b"] > 0, (final, audio)
+
+
+@pytest.mark.parametrize("voice,fmt,says", [("nobody", "pcm_24000", "voice 'nobody' is not a voice here"),
+                                            ("amber", "mp3_44100_128", "output_format must be pcm_<rate>")])
+def test_the_elevenlabs_socket_refuses_a_bad_voice_or_format(gateway, voice, fmt, says):
+    from websockets.exceptions import ConnectionClosed
+
+    with connect(el_url(gateway, voice, fmt)) as ws:
+        m = json.loads(ws.recv(timeout=30))
+        assert m["error"] == "invalid_request" and says in m["message"], m
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=30)
+    assert ws.close_code == 1008

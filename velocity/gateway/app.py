@@ -28,6 +28,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
+from velocity.gateway import elevenlabs
 from velocity.gateway.encode import FORMATS, Encoder
 from velocity.gateway.sentences import SentencePipe, split_long
 from velocity.gateway.speech_socket import PATH, SpeechSocket
@@ -303,6 +304,29 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
         await ws.accept()
         names = await gw.voice_names(fresh=True)
         await SpeechSocket(ws, gw, lambda body: seeded(triton_values(body, names)[0])).run()
+
+    @app.websocket(elevenlabs.PATH)
+    async def elevenlabs_stream(ws: WebSocket, voice_id: str):
+        """ElevenLabs' multi-context WebSocket, as Pipecat speaks it (velocity/gateway/elevenlabs.py)."""
+        key = ws.headers.get("xi-api-key") or ws.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if keys and key not in keys:
+            await ws.close(code=1008, reason="a valid API key is required: the xi-api-key header")
+            return
+        await ws.accept()
+        names = await gw.voice_names(fresh=True)
+
+        def values_of(text: str, speed: float) -> dict:
+            body = {"model": "tts-1", "voice": voice_id, "input": text, "response_format": "pcm", "speed": speed}
+            return seeded(triton_values(body, names)[0])
+
+        try:
+            rate = elevenlabs.output_rate(ws.query_params.get("output_format"))
+            await gw.check(values_of("Hi.", 1.0))           # the voice, checked by the server now
+        except ApiError as e:
+            await ws.send_text(json.dumps({"error": "invalid_request", "message": e.message}))
+            await ws.close(code=1008, reason=e.message[:120])
+            return
+        await elevenlabs.ElevenLabsSocket(ws, gw, values_of, rate).run()
 
     @app.get("/v1/models")
     async def models():

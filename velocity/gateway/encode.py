@@ -1,7 +1,8 @@
 """Audio chunks (float32, 24 kHz mono) -> the bytes of a response format, incrementally: each
 chunk's bytes leave as soon as the encoder has them. PyAV (FFmpeg) encodes mp3, opus (Ogg),
 aac (ADTS) and flac; wav is a header with the 0xFFFFFFFF "size unknown" convention of streamed
-WAV, then 16-bit PCM; pcm is the bare 16-bit little-endian samples.
+WAV, then 16-bit PCM; pcm is the bare 16-bit little-endian samples, at another rate if asked
+(`out_rate`: FFmpeg's resampler, its state kept from chunk to chunk).
 
     enc = Encoder("mp3", 24000)
     for chunk in chunks: yield enc.push(chunk)
@@ -48,12 +49,18 @@ class _Sink:
 
 
 class Encoder:
-    """One response's encoder; push(chunk) -> the bytes ready now, finish() -> the rest."""
+    """One response's encoder; push(chunk) -> the bytes ready now, finish() -> the rest.
+    out_rate: pcm at this rate (0: the audio's)."""
 
-    def __init__(self, fmt: str, rate: int) -> None:
+    def __init__(self, fmt: str, rate: int, out_rate: int = 0) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"response_format must be one of {', '.join(FORMATS)}, got {fmt!r}")
         self.fmt, self.rate, self.started = fmt, rate, False
+        self.pcm_resampler = None
+        if fmt == "pcm" and out_rate and out_rate != rate:
+            import av
+
+            self.pcm_resampler = av.AudioResampler(format="s16", layout="mono", rate=out_rate)
         if fmt in CODECS:
             import av
 
@@ -67,16 +74,23 @@ class Encoder:
             self.fifo = av.AudioFifo()
             self.resampler = av.AudioResampler(format=cc.format.name, layout="mono", rate=out_rate or rate)
 
-    def push(self, audio: np.ndarray) -> bytes:
-        if self.fmt in ("wav", "pcm"):
-            head = wav_header(self.rate) if self.fmt == "wav" and not self.started else b""
-            self.started = True
-            return head + pcm16(audio)
+    def _frame(self, audio: np.ndarray):
         import av
 
         frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(audio, np.float32)[None], format="flt", layout="mono")
         frame.sample_rate = self.rate
-        for f in self.resampler.resample(frame):
+        return frame
+
+    def push(self, audio: np.ndarray) -> bytes:
+        if self.pcm_resampler is not None:
+            # float -> s16 by FFmpeg here (its rounding), at the asked rate
+            return b"".join(f.to_ndarray().astype("<i2").tobytes()
+                            for f in self.pcm_resampler.resample(self._frame(np.clip(audio, -1.0, 1.0))))
+        if self.fmt in ("wav", "pcm"):
+            head = wav_header(self.rate) if self.fmt == "wav" and not self.started else b""
+            self.started = True
+            return head + pcm16(audio)
+        for f in self.resampler.resample(self._frame(audio)):
             self.fifo.write(f)
         self._encode(self.frame_size)
         return self.sink.take()
@@ -88,6 +102,8 @@ class Encoder:
 
     def finish(self) -> bytes:
         """Flush the encoder and close the container (its trailer); the last bytes."""
+        if self.pcm_resampler is not None:                   # what the resampler still holds
+            return b"".join(f.to_ndarray().astype("<i2").tobytes() for f in self.pcm_resampler.resample(None))
         if self.fmt == "wav" and not self.started:
             self.started = True
             return wav_header(self.rate)

@@ -1,0 +1,173 @@
+"""ElevenLabs' multi-context WebSocket, the subset that Pipecat's ElevenLabsTTSService speaks, so
+that it works unchanged apart from its `url` (docs/clients.md):
+
+    WS /v1/text-to-speech/{voice_id}/multi-stream-input?output_format=pcm_16000&model_id=...
+    xi-api-key: a key of VELOCITY_GATEWAY_API_KEYS, when the gateway has keys
+
+voice_id is one of our voices (or OpenAI's names for them); model_id and the other query
+parameters are taken and ignored; output_format is pcm_<rate> (8000, 16000, 22050, 24000,
+32000, 44100 or 48000; default pcm_24000, our audio's rate: others are resampled).
+The client sends JSON messages, each for a context (`context_id`; none: one default context):
+    {"text": " ", "context_id": "c1", "voice_settings": {"speed": 1.1}}    opens it (speed only)
+    {"text": "Hello there. ", "context_id": "c1"}     text: each sentence is spoken once complete
+    {"text": ""}                                      keepalive
+    {"context_id": "c1", "flush": true}               speak what is pending now
+    {"context_id": "c1", "close_context": true}       after a flush (the end of a turn): its audio
+                                                      goes on to the end, then isFinal; else, or
+                                                      a second time (barge-in): it stops at once
+    {"close_socket": true}                            stop every context and close
+The server sends {"audio": base64 16-bit PCM, "isFinal": false, "contextId"} in order within a
+context, then {"isFinal": true, "contextId"}; and {"error", "message"} for a bad message (the
+socket stays usable). No character alignment: ChatTTS gives no character timing.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+
+from velocity.gateway.encode import Encoder
+from velocity.gateway.sentences import SentencePipe, split_complete
+from velocity.gateway.upstream import ApiError
+
+log = logging.getLogger("velocity.gateway")
+PATH = "/v1/text-to-speech/{voice_id}/multi-stream-input"
+RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
+MAX_CONTEXTS = 5                 # open at once on one socket, as ElevenLabs allows
+AHEAD = 2                        # sentences generating beside the one being spoken
+
+
+def output_rate(fmt: str | None) -> int:
+    """output_format -> its sample rate; ApiError for a format we do not speak."""
+    rate = fmt.removeprefix("pcm_") if fmt else "24000"
+    if not (fmt is None or fmt.startswith("pcm_")) or not rate.isdigit() or int(rate) not in RATES:
+        raise ApiError(400, f"output_format must be pcm_<rate> with a rate of {', '.join(map(str, RATES))}, "
+                            f"got {fmt!r}", "output_format")
+    return int(rate)
+
+
+class Context:
+    """One context: its pending text, its sentences (a SentencePipe), its own resampler, and the
+    task that sends its audio, then isFinal when it is closed and all spoken."""
+
+    def __init__(self, socket: "ElevenLabsSocket", cid: str, speed: float) -> None:
+        self.socket, self.cid = socket, cid
+        self.pending, self.flushed, self.closing = "", False, False
+        self.pipe = SentencePipe(lambda text: socket.gw.chunks(socket.values_of(text, speed)), AHEAD)
+        self.encoder = Encoder("pcm", 24000, socket.rate)
+        self.writer = asyncio.create_task(self._write())
+
+    def text(self, text: str) -> None:
+        done, self.pending = split_complete(self.pending + text)
+        for sentence in done:
+            self.pipe.add(sentence)
+        if text.strip():
+            self.flushed = False
+
+    def flush(self) -> None:
+        if self.pending.strip():
+            self.pipe.add(self.pending.strip())
+        self.pending, self.flushed = "", True
+
+    async def stop(self) -> None:
+        """Stop at once: its Triton streams are cancelled, nothing more of it is sent."""
+        await self.pipe.cancel()
+        self.writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self.writer
+
+    async def _write(self) -> None:
+        async for s, chunk in self.pipe.out():
+            if isinstance(chunk, Exception):
+                msg = chunk.message if isinstance(chunk, ApiError) else str(chunk)
+                await self.socket.send(error="synthesis_failed", message=f"sentence {s.index}: {msg}", contextId=self.cid)
+            elif chunk is not None and (data := self.encoder.push(chunk.audio)):
+                await self.socket.send(audio=base64.b64encode(data).decode(), isFinal=False, contextId=self.cid)
+            if chunk is not None and not isinstance(chunk, Exception):
+                continue
+            if self.closing and self.pipe.idle:
+                await self.finish()
+                return
+
+    async def finish(self) -> None:
+        if tail := self.encoder.finish():
+            await self.socket.send(audio=base64.b64encode(tail).decode(), isFinal=False, contextId=self.cid)
+        await self.socket.final(self.cid)
+
+
+class ElevenLabsSocket:
+    """One WebSocket session (see the module). values_of(text, speed) -> the `tts` inputs."""
+
+    def __init__(self, ws, gw, values_of, rate: int) -> None:
+        self.ws, self.gw, self.values_of, self.rate = ws, gw, values_of, rate
+        self.contexts: dict[str, Context] = {}
+        self.lock = asyncio.Lock()
+
+    async def send(self, **msg) -> None:
+        async with self.lock:
+            await self.ws.send_text(json.dumps(msg, ensure_ascii=False))
+
+    async def final(self, cid: str) -> None:
+        self.contexts.pop(cid, None)
+        await self.send(isFinal=True, contextId=cid)
+
+    async def run(self) -> None:
+        try:
+            while True:
+                msg = await self.ws.receive()
+                if msg["type"] == "websocket.disconnect":
+                    log.info("elevenlabs socket: the client left; its speech is stopped")
+                    return
+                try:
+                    if not await self.handle(json.loads(msg.get("text") or "null")):
+                        return
+                except (json.JSONDecodeError, ApiError) as e:
+                    text = e.message if isinstance(e, ApiError) else f"a message must be a JSON object ({e})"
+                    await self.send(error="invalid_message", message=text)
+        finally:
+            for ctx in list(self.contexts.values()):
+                await ctx.stop()
+
+    async def handle(self, msg) -> bool:
+        """One message; False once the socket is to close."""
+        if not isinstance(msg, dict):
+            raise ApiError(400, "a message must be a JSON object")
+        if msg.get("close_socket"):
+            await self.ws.close()
+            return False
+        cid = msg.get("context_id") or msg.get("contextId") or ""
+        if not isinstance(cid, str):
+            raise ApiError(400, f"context_id must be a string, got {cid!r}")
+        ctx = self.contexts.get(cid)
+        text = msg.get("text")
+        if text is not None and not isinstance(text, str):
+            raise ApiError(400, f"text must be a string, got {text!r}")
+        if ctx is None and text:                              # " " opens a context
+            if len(self.contexts) >= MAX_CONTEXTS:
+                raise ApiError(400, f"at most {MAX_CONTEXTS} contexts may be open at once: close one first")
+            speed = (msg.get("voice_settings") or {}).get("speed", 1.0)
+            if not isinstance(speed, (int, float)) or not 0.25 <= speed <= 4.0:
+                raise ApiError(400, f"voice_settings.speed must be a number in [0.25, 4.0], got {speed!r}")
+            ctx = self.contexts[cid] = Context(self, cid, float(speed))
+        if ctx is None:
+            if msg.get("close_context"):
+                await self.send(isFinal=True, contextId=cid)   # nothing of it is open
+            return True                                       # a keepalive, or a flush of nothing
+        if text:
+            ctx.text(text)
+        if msg.get("flush"):
+            ctx.flush()
+        if msg.get("close_context"):
+            if ctx.closing or not ctx.flushed:                # barge-in: stop now
+                log.info("elevenlabs socket: context %r closed %s: its speech is stopped", cid,
+                         "again" if ctx.closing else "before a flush")
+                await ctx.stop()
+                await self.final(cid)
+            else:                                             # the turn's end: speak it all, then isFinal
+                ctx.closing = True
+                if ctx.pipe.idle:
+                    await ctx.stop()
+                    await ctx.finish()
+        return True
