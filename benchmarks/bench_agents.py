@@ -1,6 +1,7 @@
 """Voice-agent frameworks against our own API, through the same gateway: seconds to the first
 audio and to the end of one sentence for the official `openai` client (streamed), Pipecat's
-OpenAITTSService in a pipeline and LiveKit's openai.TTS (benchmarks/agents.py), in paired
+OpenAITTSService and ElevenLabsTTSService (its WebSocket) in a pipeline and LiveKit's openai.TTS
+(benchmarks/agents.py), in paired
 rounds (ABBA). What a framework adds over a plain request. Writes JSON and a PNG.
 
     .venv/bin/python benchmarks/bench_agents.py --gateway http://localhost:8080 --rounds 4 \\
@@ -21,7 +22,7 @@ from benchmarks.agents import livekit_synthesize, pipecat_pipeline  # noqa: E402
 from benchmarks.harness import ROOT, by_arm, finish, median_ratio, paired_rounds, save  # noqa: E402
 
 log = logging.getLogger("bench_agents")
-ARMS = ("openai", "pipecat", "livekit")
+ARMS = ("openai", "pipecat", "pipecat-elevenlabs", "livekit")
 
 
 def openai_client(gateway: str, text: str) -> tuple[float, float]:
@@ -51,8 +52,12 @@ def main() -> None:
         t0 = time.perf_counter()
         if arm == "openai":
             first, end = openai_client(args.gateway, args.text)
+        elif arm == "livekit":
+            first = livekit_synthesize(args.gateway, args.text)[2]
+            end = time.perf_counter() - t0
         else:
-            first = (pipecat_pipeline if arm == "pipecat" else livekit_synthesize)(args.gateway, args.text)[2]
+            first = pipecat_pipeline(args.gateway, args.text,
+                                     service="elevenlabs" if arm == "pipecat-elevenlabs" else "openai")[2]
             end = time.perf_counter() - t0
         log.info("%s: first audio %.3f s, end %.3f s", arm, first, end)
         return {"first_audio_s": first, "end_s": end}
@@ -79,7 +84,9 @@ def plot(res: dict, path: Path) -> None:
     for k, arm in enumerate(res["arms"]):
         xs = [rd[arm]["first_audio_s"] for rd in res["rounds"]]
         ax.scatter([k] * len(xs), xs, color="tab:blue")
-    ax.set_xticks(range(len(res["arms"])), ["openai client", "Pipecat", "LiveKit"])
+    names = {"openai": "openai client", "pipecat": "Pipecat (OpenAI)", "pipecat-elevenlabs": "Pipecat (ElevenLabs)",
+             "livekit": "LiveKit"}
+    ax.set_xticks(range(len(res["arms"])), [names.get(a, a) for a in res["arms"]])
     ax.set(ylabel="seconds to the first audio", title=f"one sentence through the gateway: {res['text']!r}",
            ylim=(0, None))
     finish(fig, path, res)
