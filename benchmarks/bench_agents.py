@@ -12,14 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.agents import livekit_synthesize, pipecat_pipeline  # noqa: E402
-from benchmarks.harness import ROOT, by_arm, finish, median_ratio, paired_rounds, save  # noqa: E402
+from benchmarks.harness import ROOT, finish, median_ratio, medians, paired_rounds, save  # noqa: E402
 
 log = logging.getLogger("bench_agents")
 ARMS = ("openai", "pipecat", "pipecat-elevenlabs", "livekit")
@@ -63,10 +62,8 @@ def main() -> None:
         return {"first_audio_s": first, "end_s": end}
 
     rounds = paired_rounds(list(ARMS), args.rounds, run)
-    per = by_arm(rounds)
     res = {"label": args.label, "text": args.text, "arms": list(ARMS), "rounds": rounds,
-           "median": {a: {k: statistics.median(x[k] for x in per[a]) for k in ("first_audio_s", "end_s")}
-                      for a in ARMS},
+           "median": medians(rounds, ("first_audio_s", "end_s")),
            "first_audio_over_openai": {a: median_ratio(rounds, a, "openai", lambda x: x["first_audio_s"])
                                        for a in ARMS[1:]}}
     out = Path(args.out)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.harness import ROOT, bench_texts, by_arm, finish, median_ratio, paired_rounds, save  # noqa: E402
+from benchmarks.harness import ROOT, bench_texts, finish, median_ratio, medians, paired_rounds, save  # noqa: E402
 from client.triton import stream_grpc  # noqa: E402
 
 log = logging.getLogger("bench_carry")
@@ -46,10 +46,8 @@ def main() -> None:
         return got
 
     rounds = paired_rounds(ARMS, args.rounds, run)
-    per = by_arm(rounds)
     res = {"label": args.label, "text": text, "arms": list(ARMS), "rounds": rounds,
-           "median": {a: {k: statistics.median(x[k] for x in per[a]) for k in ("first_audio_s", "seconds", "audio_s")}
-                      for a in ARMS},
+           "median": medians(rounds, ("first_audio_s", "seconds", "audio_s")),
            "carry_over_plain": {k: median_ratio(rounds, "carry", "plain", lambda x, k=k: x[k])
                                 for k in ("first_audio_s", "seconds")}}
     out = Path(args.out)

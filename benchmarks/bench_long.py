@@ -11,13 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.harness import ROOT, bench_texts, by_arm, finish, median_ratio, paired_rounds, save  # noqa: E402
+from benchmarks.harness import ROOT, bench_texts, finish, median_ratio, medians, paired_rounds, save  # noqa: E402
 from client.long_text import speak_long  # noqa: E402
 from client.triton import stream_grpc  # noqa: E402
 from velocity.gateway.sentences import split_long  # noqa: E402
@@ -57,12 +56,9 @@ def main() -> None:
         return got
 
     rounds = paired_rounds(arms, args.rounds, run)
-    per = by_arm(rounds)
     res = {"label": args.label, "paragraphs": args.paragraphs, "pieces": len(pieces), "characters": len(text),
            "arms": arms, "rounds": [{str(k): v for k, v in rd.items()} for rd in rounds],
-           "median": {str(a): {k: statistics.median(x[k] for x in per[a]) for k in ("audio_s_per_s", "stall_s",
-                                                                                     "first_audio_s")}
-                      for a in arms},
+           "median": medians(rounds, ("audio_s_per_s", "stall_s", "first_audio_s")),
            "throughput_over_baseline": {str(a): median_ratio(rounds, a, arms[0], lambda x: x["audio_s_per_s"])
                                         for a in arms[1:]}}
     out = Path(args.out)

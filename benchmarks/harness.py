@@ -115,6 +115,11 @@ def baseline_tree(rev: str) -> Iterator[Path]:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
 
 
+def medians(rounds: list[dict[A, dict]], keys: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Each arm's median of each key over the rounds: {str(arm): {key: median}}."""
+    return {str(a): {k: statistics.median(x[k] for x in xs) for k in keys} for a, xs in by_arm(rounds).items()}
+
+
 def median_ratio(rounds: list[dict], arm: str, base: str, key) -> float:
     """The median over paired rounds of arm's value over base's (key(result) -> number): on
     machines whose speed drifts, only ratios within a round compare."""
