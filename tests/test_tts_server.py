@@ -129,16 +129,21 @@ def test_voice_carry_over_through_the_server_equals_the_pipelines(server):
     assert plain.shape != served.shape or not np.allclose(plain, served, atol=1e-3)
     _, err = stream_tts(server.grpc_url, {**GOOD, "VOICE_CARRY_OVER": True, "REFINE_TEXT": True})
     assert err is not None and "VOICE_CARRY_OVER cannot be combined with REFINE_TEXT" in err, err
-    # a direct llm caller's carry-over prompts that do not match its sentences: INVALID_ARG naming them
+    # a direct llm caller's carry-over prompts that do not match its sentences, or hold no token
+    # of the model: INVALID_ARG naming them
     from client.triton import array_inputs
-    inputs = [i for i in llm_inputs(server.grpc_url, {**GOOD, "VOICE_CARRY_OVER": True}) if i.name() != "CARRY_LENGTHS"]
-    errors = []
-    g = grpcclient.InferenceServerClient(server.grpc_url)
-    g.start_stream(callback=lambda result, error: errors.append(error) if error else None)
-    g.async_stream_infer("llm", inputs + array_inputs(grpcclient, {"CARRY_LENGTHS": np.array([[3]], np.int32)}))
-    assert wait_for(lambda: errors, timeout=60)
-    g.stop_stream()
-    assert "CARRY_LENGTHS must be positive and add up to" in str(errors[0]), errors
+    inputs = [i for i in llm_inputs(server.grpc_url, {**GOOD, "VOICE_CARRY_OVER": True})
+              if i.name() not in ("CARRY_IDS", "CARRY_LENGTHS")]
+    for ids, lengths, says in ((np.array([[5, 6, 7]]), np.array([[2, 2]]), "CARRY_LENGTHS must be positive and add up to"),
+                               (np.array([[5, 10**6]]), np.array([[1, 1]]), "CARRY_IDS, sentence 1:")):
+        errors = []
+        g = grpcclient.InferenceServerClient(server.grpc_url)
+        g.start_stream(callback=lambda result, error: errors.append(error) if error else None)
+        g.async_stream_infer("llm", inputs + array_inputs(grpcclient, {"CARRY_IDS": ids.astype(np.int32),
+                                                                      "CARRY_LENGTHS": lengths.astype(np.int32)}))
+        assert wait_for(lambda: errors, timeout=60)
+        g.stop_stream()
+        assert says in str(errors[0]), errors
 
 
 def test_offline_equals_stream_over_grpc_and_http(server):

@@ -155,6 +155,8 @@ class ElevenLabsSocket:
             if msg.get("close_context"):
                 await self.send(isFinal=True, contextId=cid)   # nothing of it is open
             return True                                       # a keepalive, or a flush of nothing
+        if ctx.closing and (text or msg.get("flush")):
+            raise ApiError(400, f"context {cid!r} is closed: open another for more text")
         if text:
             ctx.text(text)
         if msg.get("flush"):

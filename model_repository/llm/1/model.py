@@ -120,6 +120,11 @@ class TritonPythonModel:
                     engine.validate(inputs.refine_prompts[i], inputs.refine, head="text")
             except ValueError as e:
                 raise ValueError(f"TOKEN_IDS, sentence {i}: {e}") from e
+        for i, ids in enumerate(inputs.carry_prompts or []):
+            try:                  # the sample's frames are added once made: checked here without them
+                engine.validate(ids, params)
+            except ValueError as e:
+                raise ValueError(f"CARRY_IDS, sentence {i}: {e}") from e
         refine = None if inputs.refine is None else self.frontend.refine_plan(
             inputs.refine_prompts, inputs.refine, inputs.code_prefix, inputs.frames)
         speaker = None
