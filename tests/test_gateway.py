@@ -433,3 +433,29 @@ def test_a_servers_error_names_the_body_field_of_the_input_it_names():
                            ("the llm says no", None)]:
         e = triton_error(message)
         assert (e.status, e.param) == (400, param), message
+
+
+def test_a_check_goes_to_the_next_upstream_when_one_is_down(tts_server):
+    """Gateway.check (a WebSocket's setup, an ElevenLabs connect) with the first upstream down: the
+    next one checks it; a bad request is still the 400 naming its field; none up is a 502."""
+    import asyncio
+
+    from triton_server import free_port
+    from velocity.gateway.upstream import ApiError, Gateway
+
+    down = f"127.0.0.1:{free_port()}"
+
+    async def check(urls: str, values: dict):
+        gw = Gateway(urls)
+        try:
+            await gw.check(values)
+        except ApiError as e:
+            return e
+        finally:
+            await gw.close()
+
+    assert asyncio.run(check(f"{down},{tts_server.grpc_url}", {"TEXT": "Hi.", "VOICE": "amber"})) is None
+    bad = asyncio.run(check(f"{down},{tts_server.grpc_url}", {"TEXT": "Hi.", "TEMPERATURE": -1.0}))
+    assert bad.status == 400 and bad.param == "temperature", bad
+    none = asyncio.run(check(down, {"TEXT": "Hi."}))
+    assert none.status == 502 and down in none.message, none

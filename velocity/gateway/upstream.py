@@ -120,18 +120,23 @@ class Gateway:
 
     async def check(self, values: dict) -> None:
         """A request's inputs checked by the server's text front end, which generates nothing:
-        ApiError as the stream would give it (400 naming the field), before any text is spoken."""
+        ApiError as the stream would give it (400 naming the field), before any text is spoken.
+        An upstream that fails otherwise (down, draining) passes the check to the next one."""
         import tritonclient.grpc.aio as grpcclient
         from tritonclient.utils import InferenceServerException
 
         from velocity.serving.inputs import make_inputs
 
-        try:
-            await self.client_for(self.urls[0]).infer("text_frontend", make_inputs(grpcclient, values))
-        except InferenceServerException as e:
-            if e.status() != "StatusCode.INVALID_ARGUMENT":
-                raise ApiError(502, f"the Triton server at {self.urls[0]} failed: {e.message()}") from e
-            raise triton_error(e.message()) from e
+        failed = []
+        for url in self.urls:
+            try:
+                await self.client_for(url).infer("text_frontend", make_inputs(grpcclient, values))
+                return
+            except InferenceServerException as e:
+                if e.status() == "StatusCode.INVALID_ARGUMENT":
+                    raise triton_error(e.message()) from e
+                failed.append(f"{url}: {e.message()}")
+        raise ApiError(502, f"no Triton server could check the request ({'; '.join(failed)})")
 
     async def ready(self) -> bool:
         """Some upstream's `tts` is ready and that server is not draining (its `voices` says)."""
