@@ -41,11 +41,16 @@ def replica(tmp_path: Path, ckpt: Path, name: str, like: TritonServer | None = N
 
 def start_all(*servers: TritonServer) -> None:
     """Start the servers side by side (each start is mostly loading)."""
+    side_by_side(lambda s: s.start(timeout=400), servers)
+
+
+def side_by_side(action, servers) -> None:
+    """action(server) for each server at the same time, in threads; the first error raised."""
     errors: list[BaseException] = []
 
     def go(s: TritonServer) -> None:
         try:
-            s.start(timeout=400)
+            action(s)
         except BaseException as e:
             errors.append(e)
 
@@ -82,6 +87,7 @@ def test_two_replicas_behind_a_balancer(tmp_path):
     r1, r2 = replica(tmp_path, ckpt, "r1"), replica(tmp_path, ckpt, "r2")
     lb = None
     gateway = None
+    r1b = None
     try:
         start_all(r1, r2)
         lb = Balancer(free_port(), [Replica("127.0.0.1", s.grpc_port, s.health_port) for s in (r1, r2)],
@@ -153,11 +159,9 @@ def test_two_replicas_behind_a_balancer(tmp_path):
         held.leave.set()                                  # done with it: r1 need not wait out its drain
         held.join(DRAIN + 60)
         assert held.outcome is not None
-        r1b.stop()
     finally:
         if gateway is not None:
             stop_group(gateway, 20)
         if lb is not None:
             lb.stop()
-        for s in (r1, r2):
-            s.stop()
+        side_by_side(TritonServer.stop, [s for s in (r1, r2, r1b) if s is not None])   # each stop is mostly unloading

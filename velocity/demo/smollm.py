@@ -10,6 +10,8 @@ the dequantized Q4_1 model, which is what int8 is compared against.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.metadata
 import math
 from pathlib import Path
@@ -35,13 +37,30 @@ def gguf_dir() -> Path:
     return folder
 
 
+@contextlib.contextmanager
+def gguf_read_once():
+    """transformers parses the GGUF's header once for the config, once for the tokenizer and once
+    for the weights (a reader each, ~3.7 s here: 49k vocabulary strings), and builds gguf's
+    tensor-name map once per tensor (~11 ms each, 397 times): while this is open, each is made
+    once and reused (gguf's functions, as transformers imports them at each call)."""
+    import gguf
+
+    saved = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader, gguf.get_tensor_name_map = (functools.lru_cache(maxsize=None)(f) for f in saved)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = saved
+
+
 def write_llama_folder(dst: Path) -> Path:
-    """Dequantize the GGUF to float32 and save it as a Llama folder in dst (about 15 s)."""
+    """Dequantize the GGUF to float32 and save it as a Llama folder in dst (about 8 s)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = gguf_dir()
-    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(src, gguf_file=GGUF)
+    with gguf_read_once():
+        model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(src, gguf_file=GGUF)
     dst.mkdir(parents=True, exist_ok=True)
     tied = model.config.tie_word_embeddings          # lm_head shares the embedding: saved once
     weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()
