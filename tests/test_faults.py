@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 from safetensors.torch import load_file, save_file
 
-from triton_server import ROOT, alive, wait_for
+from triton_server import ROOT, TritonServer, alive, side_by_side, wait_for
 from velocity.serving.core_board import find_boards
 from velocity.demo.checkpoint import write_checkpoint
 
@@ -49,22 +49,30 @@ def model_ready(server, model: str) -> bool:
         return False
 
 
-@pytest.mark.parametrize("fault", [truncated, wrong_shape], ids=lambda f: f.__name__)
-def test_bad_weights_leave_the_server_up_and_not_ready(start_triton, good, tmp_path, fault):
-    weights, must_say = fault(good, tmp_path)
-    s = start_triton(ROOT / "model_repository", env={"VELOCITY_WEIGHTS": str(weights),
-                                                     "VELOCITY_KV_CACHE_BYTES": str(8 << 20)}, until="live")
-    assert s.health("live") and not s.ready()
-    assert not model_ready(s, "llm") and not model_ready(s, "tts")
-    log = s.log()
-    assert "llm: cannot start the engine" in log, log
-    for text in must_say:
-        assert text in log, f"{text!r} not in the server log:\n{log}"
-    pids = s.processes()
-    s.stop()
-    assert not [p for p in pids if alive(p)]
-    # the llm that failed never finalizes: its core board goes with serve.sh's run folder
-    assert not [b for p in pids for b in find_boards(p)]
+def test_bad_weights_leave_the_server_up_and_not_ready(good, tmp_path):
+    """A truncated file and a tensor of the wrong shape, a server each (started and stopped side by
+    side: each is mostly loading): up, not ready, the file and the reason in the log."""
+    faults = [fault(good, tmp_path) for fault in (truncated, wrong_shape)]
+    servers = [TritonServer(repo=ROOT / "model_repository", log_path=tmp_path / f"server{i}.log",
+                            env={"VELOCITY_WEIGHTS": str(w), "VELOCITY_KV_CACHE_BYTES": str(8 << 20)})
+               for i, (w, _) in enumerate(faults)]
+
+    try:
+        side_by_side(lambda s: s.start(timeout=240, until="live"), servers)
+        for s, (_, must_say) in zip(servers, faults):
+            assert s.health("live") and not s.ready()
+            assert not model_ready(s, "llm") and not model_ready(s, "tts")
+            log = s.log()
+            assert "llm: cannot start the engine" in log, log
+            for text in must_say:
+                assert text in log, f"{text!r} not in the server log:\n{log}"
+        pids = [p for s in servers for p in s.processes()]
+        side_by_side(TritonServer.stop, servers)
+        assert not [p for p in pids if alive(p)]
+        # the llm that failed never finalizes: its core board goes with serve.sh's run folder
+        assert not [b for p in pids for b in find_boards(p)]
+    finally:
+        side_by_side(TritonServer.stop, servers)
 
 
 @pytest.mark.parametrize("where,says", [("no-such-folder", "does not exist"),

@@ -22,7 +22,7 @@ import pytest
 from benchmarks.replicas import Balancer, Replica, stop_group, tts_requests
 from client.triton import ServerError, parse_metric, stream_grpc
 from test_lifecycle import LONG, Listener
-from triton_server import ROOT, TritonServer, free_port, listening, wait_for
+from triton_server import ROOT, TritonServer, free_port, listening, side_by_side, wait_for
 from velocity.demo.checkpoint import write_checkpoint
 
 pytestmark = pytest.mark.server
@@ -42,25 +42,6 @@ def replica(tmp_path: Path, ckpt: Path, name: str, like: TritonServer | None = N
 def start_all(*servers: TritonServer) -> None:
     """Start the servers side by side (each start is mostly loading)."""
     side_by_side(lambda s: s.start(timeout=400), servers)
-
-
-def side_by_side(action, servers) -> None:
-    """action(server) for each server at the same time, in threads; the first error raised."""
-    errors: list[BaseException] = []
-
-    def go(s: TritonServer) -> None:
-        try:
-            action(s)
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=go, args=(s,)) for s in servers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
 
 
 def load(url: str, n: int, concurrency: int, first_seed: int, retries: int = 2) -> list[str | None]:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from triton_server import TESTS_REPO, TritonServer, alive, comm
+from triton_server import TESTS_REPO, TritonServer, alive, comm, side_by_side
 
 pytestmark = pytest.mark.server
 
@@ -66,23 +66,28 @@ def test_http_generate_stream(smoke_server):
     assert [e["INDEX"] for e in events] == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_serve_sh_stop_leaves_nothing(tmp_path, sig, code):
-    """SIGTERM, or Ctrl-C's SIGINT, to serve.sh stops the server and every stub."""
-    s = TritonServer(repo=TESTS_REPO, log_path=tmp_path / "server.log").start()
+def test_serve_sh_stop_leaves_nothing(tmp_path):
+    """SIGTERM to one serve.sh, Ctrl-C's SIGINT to another (side by side: each start is mostly
+    loading): each stops its server and every stub, with its exit code."""
+    cases = [(signal.SIGTERM, 143), (signal.SIGINT, 130)]
+    servers = [TritonServer(repo=TESTS_REPO, log_path=tmp_path / f"server{i}.log") for i in range(len(cases))]
     try:
-        pids = s.processes()
-        names = {comm(p) for p in pids}
-        assert {"tritonserver", "triton_python_backend_stub"} <= names, names
-        s.proc.send_signal(sig)
-        rc = s.proc.wait(timeout=60)
+        side_by_side(TritonServer.start, servers)
+        pids = [s.processes() for s in servers]
+        for p in pids:
+            names = {comm(x) for x in p}
+            assert {"tritonserver", "triton_python_backend_stub"} <= names, names
+        for s, (sig, _) in zip(servers, cases):
+            s.proc.send_signal(sig)
+        rcs = [s.proc.wait(timeout=60) for s in servers]
         time.sleep(0.5)
-        left = [(p, comm(p)) for p in pids if alive(p)]
+        left = [[(x, comm(x)) for x in p if alive(x)] for p in pids]
     finally:
-        s.stop()
-    assert rc == code, s.log()
-    assert left == [], f"left running after {sig.name}: {left}\n{s.log()}"
-    assert glob.glob(shm_pattern(s)) == []
+        side_by_side(TritonServer.stop, servers)
+    for s, (sig, code), rc, lost in zip(servers, cases, rcs, left):
+        assert rc == code, (sig.name, s.log())
+        assert lost == [], f"left running after {sig.name}: {lost}\n{s.log()}"
+        assert glob.glob(shm_pattern(s)) == []
 
 
 def shm_pattern(s: TritonServer) -> str:

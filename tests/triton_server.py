@@ -95,3 +95,25 @@ def side_gateway(server: TritonServer, log_path: Path, **env: str):
         yield f"http://127.0.0.1:{port}"
     finally:
         stop_group(gw, 20)
+
+
+def side_by_side(action, servers) -> None:
+    """action(server) for each server at the same time, in threads (a server's start is mostly
+    loading, its stop unloading: two take little longer than one); the first error raised."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def go(s) -> None:
+        try:
+            action(s)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=go, args=(s,)) for s in servers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
