@@ -75,6 +75,21 @@ def test_stop_stream_with_cancel_stops_the_work(server):
     assert aborted(server, "cancelled") == before + 1
 
 
+def test_a_client_that_leaves_during_voice_carry_over_stops_the_work(server):
+    """VOICE_CARRY_OVER: no audio goes out while the first sentence is generated alone and its
+    voice sample made (off the engine's thread); a cancel then still stops the work (the
+    fixture: well under half the request's frames)."""
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    g.start_stream(callback=lambda result, error: None)
+    g.async_stream_infer("tts", make_inputs(grpcclient, {**LONG, "VOICE_CARRY_OVER": True}),
+                         enable_empty_final_response=True)
+    assert wait_for(lambda: server.metric("velocity_running_sequences") >= 1, 60)
+    g.stop_stream(cancel_requests=True)
+    left = time.monotonic()
+    g.close()
+    assert_work_stops(server, left)
+
+
 def test_the_aio_streams_cancel_stops_the_work(server):
     import tritonclient.grpc.aio as aio
 

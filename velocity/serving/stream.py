@@ -16,6 +16,7 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
 from functools import partial
 
@@ -115,6 +116,19 @@ class Stream:
                 self.host.engine.pause(rid, want)
                 (self.paused.add if want else self.paused.discard)(rid)
 
+    def _voice(self, first: tuple) -> None:
+        """Voice carry-over's sample of the first sentence (velocity.tts.carry_over), on the voicing
+        thread: decoding its audio would hold up every stream's step on the engine's thread."""
+        try:
+            sample = self.sentences.carry.sample(*first)
+            if self.done or self.stop_reason is not None:
+                return
+            self.sentences.voiced(sample)
+            self.start_requests()
+        except Exception:
+            log.exception("stream %s: voice carry-over failed", self.rid)
+            self.stop(STREAM_FAILED, "failed")
+
     def on_output(self, i: int, out) -> None:    # on the engine thread: sentence i's output
         try:
             if out.finished:
@@ -133,6 +147,8 @@ class Stream:
                 return
             before = self.sentences.chunker.total
             chunks = self.sentences.feed(i, out)
+            if (first := self.sentences.voicing()) is not None:    # its audio decoded off this thread
+                self.host.voicer.submit(self._voice, first)
             if (n := self.sentences.chunker.total - before) > 0:
                 self.host.metrics["frames"].increment(n)
             if chunks and self.first_chunk_at is None:
@@ -182,6 +198,7 @@ class Streams:
         self.live: dict[int, Stream] = {}
         self.drain = Drain(settings.run_dir)
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.voicer = ThreadPoolExecutor(1, thread_name_prefix="llm-voicing")   # voice carry-over's samples
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._respond_loop, name="llm-responses", daemon=True),
                          threading.Thread(target=self._watch, name="llm-monitor", daemon=True)]
@@ -303,6 +320,7 @@ class Streams:
         """Stop: the engine aborts what is in flight, every stream ends, queued responses go out."""
         self._stop.set()
         self.engine.shutdown()
+        self.voicer.shutdown(wait=False, cancel_futures=True)
         for stream in list(self.live.values()):
             if not stream.done:
                 stream.stop_reason = stream.stop_reason or "shutdown"

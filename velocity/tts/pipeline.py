@@ -169,6 +169,8 @@ class TTSPipeline:
                 for out in self.engine.step():
                     t, j = live[out.request_id]
                     chunks = t.stream.feed(j, out)
+                    if (first := t.stream.voicing()) is not None:         # voice carry-over's sample
+                        t.stream.voiced(t.stream.carry.sample(*first))
                     ready += [(t, c) for c in chunks]
                     if not out.finished:
                         if chunks:

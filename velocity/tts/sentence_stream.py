@@ -33,7 +33,9 @@ class SentenceStream:
     engine request (`prompt`, on `head`), its end frame is dropped, and it is its own utterance
     (its last chunk marked). With `refine`, a text-head request comes first and its refined text
     becomes the sentence's audio prompt. With `carry` (and no refine), the first sentence is
-    generated once without chunks, and its audio's voice sample goes into every sentence's prompt.
+    generated once without chunks; its frames wait in `voicing()` for the caller to make their
+    voice sample (carry.sample, off the engine's thread if it likes), which `voiced()` puts into
+    every sentence's prompt.
     Serves the llm model and the in-process pipeline alike.
 
     Once the stream's first chunk is out (so the first audio is not slowed by a larger batch),
@@ -111,9 +113,7 @@ class SentenceStream:
             if hidden is not None:
                 self.carried[1].extend(hidden)
             if ended:
-                sample = self.carry.sample(self.carried[0], self.carried[1] or None)
-                self.sentences = [p + sample for p in self.carry.prompts]
-                self.phase[i], self.started[i], self.carried = "audio", False, ([], [])
+                self.phase[i] = "voicing"                 # until voiced(): its request stays started
             return []
         if ended:
             self.phase[i] = "done"
@@ -121,6 +121,21 @@ class SentenceStream:
             self.held[i].append((frames, hidden, ended))
             return []
         return self._speak([(frames, hidden, ended)])
+
+    def voicing(self) -> tuple[list, list | None] | None:
+        """Once the carry-over's first pass has ended: its frames and hidden rows (None: none), for
+        carry.sample; then None."""
+        if not self.phase or self.phase[0] != "voicing" or self.carried is None:
+            return None
+        frames, hidden = self.carried
+        self.carried = None
+        return frames, hidden or None
+
+    def voiced(self, sample: list) -> None:
+        """The carried voice sample's frames: they follow every sentence's prompt, and the first
+        sentence's audio request may start."""
+        self.sentences = [p + sample for p in self.carry.prompts]
+        self.phase[0], self.started[0] = "audio", False
 
     def _speak(self, outputs: list[tuple]) -> list[CodeChunk]:
         """The current sentence's outputs into the chunker; at its end, the next one's held ones."""
