@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.agents import livekit_synthesize, pipecat_pipeline  # noqa: E402
-from benchmarks.harness import ROOT, finish, median_ratio, medians, paired_rounds, save  # noqa: E402
+from benchmarks.harness import ROOT, arms_plot, median_ratio, medians, paired_rounds, save  # noqa: E402
 
 log = logging.getLogger("bench_agents")
 ARMS = ("openai", "pipecat", "pipecat-elevenlabs", "livekit")
@@ -73,20 +73,10 @@ def main() -> None:
 
 
 def plot(res: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for k, arm in enumerate(res["arms"]):
-        xs = [rd[arm]["first_audio_s"] for rd in res["rounds"]]
-        ax.scatter([k] * len(xs), xs, color="tab:blue")
     names = {"openai": "openai client", "pipecat": "Pipecat (OpenAI)", "pipecat-elevenlabs": "Pipecat (ElevenLabs)",
              "livekit": "LiveKit"}
-    ax.set_xticks(range(len(res["arms"])), [names.get(a, a) for a in res["arms"]])
-    ax.set(ylabel="seconds to the first audio", title=f"one sentence through the gateway: {res['text']!r}",
-           ylim=(0, None))
-    finish(fig, path, res)
+    arms_plot(res, path, "first_audio_s", names, "seconds to the first audio",
+              f"one sentence through the gateway: {res['text']!r}")
 
 
 if __name__ == "__main__":

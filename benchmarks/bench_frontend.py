@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.harness import ROOT, bench_texts, finish, median_ratio, medians, paired_rounds, save  # noqa: E402
+from benchmarks.harness import ROOT, arms_plot, bench_texts, median_ratio, medians, paired_rounds, save  # noqa: E402
 
 log = logging.getLogger("bench_frontend")
 ARMS = ("plain", "server-lexicon", "request-lexicon", "traditional")
@@ -73,20 +73,10 @@ def main() -> None:
 
 
 def plot(res: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
     n = res["lexicon_entries"]
-    names = {"plain": "plain", "server-lexicon": f"server lexicon\n({n} entries)",
-             "request-lexicon": f"request lexicon\n({n} entries)", "traditional": "traditional\ncharacters"}
-    for k, arm in enumerate(res["arms"]):
-        xs = [rd[arm]["ms_per_text"] for rd in res["rounds"]]
-        ax.scatter([k] * len(xs), xs, color="tab:blue")
-    ax.set_xticks(range(len(res["arms"])), [names[a] for a in res["arms"]])
-    ax.set(ylabel="ms per text", title=f"the text front end, {res['texts']} shipped texts", ylim=(0, None))
-    finish(fig, path, res)
+    names = {"server-lexicon": f"server lexicon\n({n} entries)", "request-lexicon": f"request lexicon\n({n} entries)",
+             "traditional": "traditional\ncharacters"}
+    arms_plot(res, path, "ms_per_text", names, "ms per text", f"the text front end, {res['texts']} shipped texts")
 
 
 if __name__ == "__main__":

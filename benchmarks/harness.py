@@ -156,6 +156,21 @@ def finish(fig, path: Path, res: dict, dpi: int = 110) -> None:
     fig.savefig(path, dpi=dpi)
 
 
+def arms_plot(res: dict, path: Path, key: str, names: dict[str, str], ylabel: str, title: str) -> None:
+    """The PNG of a result with arms and rounds: each round's `key` per arm, a point each."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for k, arm in enumerate(res["arms"]):
+        xs = [rd[arm][key] for rd in res["rounds"]]
+        ax.scatter([k] * len(xs), xs, color="tab:blue")
+    ax.set_xticks(range(len(res["arms"])), [names.get(a, a) for a in res["arms"]])
+    ax.set(ylabel=ylabel, title=title, ylim=(0, None))
+    finish(fig, path, res)
+
+
 def save(res: dict, out: Path, plot=None) -> Path:
     """out.json (with the hardware, if the result lacks it) and, given plot(res, png_path), out.png."""
     out = Path(out)
