@@ -29,7 +29,7 @@ import json
 import logging
 
 from velocity.gateway.encode import Encoder
-from velocity.gateway.sentences import SentencePipe, split_complete
+from velocity.gateway.sentences import SentenceBuffer, SentencePipe
 from velocity.gateway.upstream import ApiError
 
 log = logging.getLogger("velocity.gateway")
@@ -54,22 +54,21 @@ class Context:
 
     def __init__(self, socket: "ElevenLabsSocket", cid: str, speed: float) -> None:
         self.socket, self.cid = socket, cid
-        self.pending, self.flushed, self.closing = "", False, False
+        self.buffer, self.flushed, self.closing = SentenceBuffer(), False, False
         self.pipe = SentencePipe(lambda text: socket.gw.chunks(socket.values_of(text, speed)), AHEAD)
         self.encoder = Encoder("pcm", 24000, socket.rate)
         self.writer = asyncio.create_task(self._write())
 
     def text(self, text: str) -> None:
-        done, self.pending = split_complete(self.pending + text)
-        for sentence in done:
+        for sentence in self.buffer.write(text):
             self.pipe.add(sentence)
         if text.strip():
             self.flushed = False
 
     def flush(self) -> None:
-        if self.pending.strip():
-            self.pipe.add(self.pending.strip())
-        self.pending, self.flushed = "", True
+        for sentence in self.buffer.flush():
+            self.pipe.add(sentence)
+        self.flushed = True
 
     async def stop(self) -> None:
         """Stop at once: its Triton streams are cancelled, nothing more of it is sent."""
@@ -80,13 +79,13 @@ class Context:
 
     async def _write(self) -> None:
         async for s, chunk in self.pipe.out():
-            if isinstance(chunk, Exception):
+            if chunk is not None and not isinstance(chunk, Exception):
+                if data := self.encoder.push(chunk.audio):
+                    await self.socket.send(audio=base64.b64encode(data).decode(), isFinal=False, contextId=self.cid)
+                continue
+            if isinstance(chunk, Exception):                  # a sentence ended, or failed
                 msg = chunk.message if isinstance(chunk, ApiError) else str(chunk)
                 await self.socket.send(error="synthesis_failed", message=f"sentence {s.index}: {msg}", contextId=self.cid)
-            elif chunk is not None and (data := self.encoder.push(chunk.audio)):
-                await self.socket.send(audio=base64.b64encode(data).decode(), isFinal=False, contextId=self.cid)
-            if chunk is not None and not isinstance(chunk, Exception):
-                continue
             if self.closing and self.pipe.idle:
                 await self.finish()
                 return

@@ -2,7 +2,7 @@
 chunk's bytes leave as soon as the encoder has them. PyAV (FFmpeg) encodes mp3, opus (Ogg),
 aac (ADTS) and flac; wav is a header with the 0xFFFFFFFF "size unknown" convention of streamed
 WAV, then 16-bit PCM; pcm is the bare 16-bit little-endian samples, at another rate if asked
-(`out_rate`: FFmpeg's resampler, its state kept from chunk to chunk).
+(`pcm_rate`: FFmpeg's resampler, its state kept from chunk to chunk).
 
     enc = Encoder("mp3", 24000)
     for chunk in chunks: yield enc.push(chunk)
@@ -50,17 +50,17 @@ class _Sink:
 
 class Encoder:
     """One response's encoder; push(chunk) -> the bytes ready now, finish() -> the rest.
-    out_rate: pcm at this rate (0: the audio's)."""
+    pcm_rate: pcm at this rate (0: the audio's)."""
 
-    def __init__(self, fmt: str, rate: int, out_rate: int = 0) -> None:
+    def __init__(self, fmt: str, rate: int, pcm_rate: int = 0) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"response_format must be one of {', '.join(FORMATS)}, got {fmt!r}")
         self.fmt, self.rate, self.started = fmt, rate, False
         self.pcm_resampler = None
-        if fmt == "pcm" and out_rate and out_rate != rate:
+        if fmt == "pcm" and pcm_rate and pcm_rate != rate:
             import av
 
-            self.pcm_resampler = av.AudioResampler(format="s16", layout="mono", rate=out_rate)
+            self.pcm_resampler = av.AudioResampler(format="s16", layout="mono", rate=pcm_rate)
         if fmt in CODECS:
             import av
 
@@ -81,11 +81,14 @@ class Encoder:
         frame.sample_rate = self.rate
         return frame
 
+    def _resampled_pcm(self, frame) -> bytes:
+        """16-bit pcm at the asked rate of a frame (None: what the resampler still holds); float ->
+        s16 by FFmpeg here (its rounding)."""
+        return b"".join(f.to_ndarray().astype("<i2").tobytes() for f in self.pcm_resampler.resample(frame))
+
     def push(self, audio: np.ndarray) -> bytes:
         if self.pcm_resampler is not None:
-            # float -> s16 by FFmpeg here (its rounding), at the asked rate
-            return b"".join(f.to_ndarray().astype("<i2").tobytes()
-                            for f in self.pcm_resampler.resample(self._frame(np.clip(audio, -1.0, 1.0))))
+            return self._resampled_pcm(self._frame(np.clip(audio, -1.0, 1.0)))
         if self.fmt in ("wav", "pcm"):
             head = wav_header(self.rate) if self.fmt == "wav" and not self.started else b""
             self.started = True
@@ -102,8 +105,8 @@ class Encoder:
 
     def finish(self) -> bytes:
         """Flush the encoder and close the container (its trailer); the last bytes."""
-        if self.pcm_resampler is not None:                   # what the resampler still holds
-            return b"".join(f.to_ndarray().astype("<i2").tobytes() for f in self.pcm_resampler.resample(None))
+        if self.pcm_resampler is not None:
+            return self._resampled_pcm(None)
         if self.fmt == "wav" and not self.started:
             self.started = True
             return wav_header(self.rate)

@@ -1,7 +1,8 @@
 """Text spoken a piece at a time: the sentence rule that Wyoming's streamed synthesize, the
-WebSocket and long texts share (`split_complete`, `split_long`: pieces within the server's text
-limit, cut at paragraphs and then sentences), and the pipe that speaks pieces in order with
-several generating at once (`SentencePipe`)."""
+WebSockets and long texts share (`split_complete`, and `SentenceBuffer` for text as it is
+written; `split_long`: pieces within the server's text limit, cut at paragraphs and then
+sentences), and the pipe that speaks pieces in order with several generating at once
+(`SentencePipe`)."""
 from __future__ import annotations
 
 import asyncio
@@ -61,6 +62,22 @@ def split_complete(text: str) -> tuple[list[str], str]:
     """Streamed text -> (its complete sentences, the rest still being written)."""
     parts = SENTENCE_END.split(text)
     return [p.strip() for p in parts[:-1] if p.strip()], parts[-1]
+
+
+class SentenceBuffer:
+    """Text as it is written: write(text) -> the sentences it completes; flush() -> what is left,
+    as a last sentence (none if blank), and the buffer is empty again."""
+
+    def __init__(self) -> None:
+        self.pending = ""
+
+    def write(self, text: str) -> list[str]:
+        done, self.pending = split_complete(self.pending + text)
+        return done
+
+    def flush(self) -> list[str]:
+        rest, self.pending = self.pending.strip(), ""
+        return [rest] if rest else []
 
 
 @dataclass

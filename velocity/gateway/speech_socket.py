@@ -28,7 +28,7 @@ import json
 import logging
 
 from velocity.gateway.encode import pcm16
-from velocity.gateway.sentences import SentencePipe, split_complete
+from velocity.gateway.sentences import SentenceBuffer, SentencePipe
 from velocity.gateway.upstream import ApiError
 
 log = logging.getLogger("velocity.gateway")
@@ -45,7 +45,7 @@ class SpeechSocket:
         """values_of(body) -> the `tts` inputs of an /v1/audio/speech body (ApiError if bad)."""
         self.ws, self.gw, self.values_of = ws, gw, values_of
         self.setup: dict | None = None
-        self.pending = ""
+        self.text = SentenceBuffer()
         self.pipe = SentencePipe(self._stream, AHEAD)
         self.samples = 0                          # audio samples sent on this socket
         self.finished = 0                         # sentences whose mark (or error) is sent
@@ -102,13 +102,11 @@ class SpeechSocket:
                 text = msg.get("text")
                 if not isinstance(text, str):
                     raise ApiError(400, f"text must be a string, got {text!r}", "text")
-                done, self.pending = split_complete(self.pending + text)
-                for sentence in done:
+                for sentence in self.text.write(text):
                     self.pipe.add(sentence)
             elif kind in ("flush", "close"):
-                if self.pending.strip():
-                    self.pipe.add(self.pending.strip())
-                self.pending = ""
+                for sentence in self.text.flush():
+                    self.pipe.add(sentence)
                 if kind == "close":
                     while self.finished < self.pipe.count:     # every sentence out, its mark sent
                         await asyncio.sleep(0.02)
@@ -116,7 +114,7 @@ class SpeechSocket:
                     await self.ws.close()
                     return False
             elif kind == "cancel":
-                self.pending = ""
+                self.text.flush()                           # what is pending is dropped
                 async with self.send_lock:                  # no audio of before goes out after this
                     dropped = await self.pipe.cancel()
                     self.finished = self.pipe.count

@@ -29,7 +29,7 @@ from wyoming.server import AsyncEventHandler, AsyncServer
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
 from velocity.gateway.encode import pcm16
-from velocity.gateway.sentences import split_complete
+from velocity.gateway.sentences import SentenceBuffer
 from velocity.gateway.upstream import ApiError, Gateway
 
 log = logging.getLogger("velocity.wyoming")
@@ -56,7 +56,7 @@ class SpeechHandler(AsyncEventHandler):
         super().__init__(*args, **kwargs)
         self.gw, self.defaults = gw, defaults
         self.streaming: SynthesizeStart | None = None
-        self.pending = ""
+        self.text = SentenceBuffer()                 # a streamed synthesize's text as it comes
         self.speech: asyncio.Task | None = None      # the last of the queued speech, awaiting the ones before
 
     async def handle_event(self, event: Event) -> bool:
@@ -69,15 +69,14 @@ class SpeechHandler(AsyncEventHandler):
                 self.then(partial(self.speak, s.text, s.voice))
         elif SynthesizeStart.is_type(event.type):
             await self.barge_in()
-            self.streaming, self.pending = SynthesizeStart.from_event(event), ""
+            self.streaming, self.text = SynthesizeStart.from_event(event), SentenceBuffer()
         elif SynthesizeChunk.is_type(event.type) and self.streaming is not None:
-            done, self.pending = split_complete(self.pending + SynthesizeChunk.from_event(event).text)
-            for sentence in done:
+            for sentence in self.text.write(SynthesizeChunk.from_event(event).text):
                 self.then(partial(self.speak, sentence, self.streaming.voice))
         elif SynthesizeStop.is_type(event.type) and self.streaming is not None:
-            if self.pending.strip():
-                self.then(partial(self.speak, self.pending.strip(), self.streaming.voice))
-            self.streaming, self.pending = None, ""
+            for sentence in self.text.flush():
+                self.then(partial(self.speak, sentence, self.streaming.voice))
+            self.streaming = None
             self.then(partial(self.write_event, SynthesizeStopped().event()))
         return True
 

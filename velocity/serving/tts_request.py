@@ -88,9 +88,7 @@ def parse_tts_request(get, front: TTSFront) -> TTSRequest:
     if carry and v["REFINE_TEXT"] and v["VOICE_CARRY_OVER"]:
         raise ValueError("VOICE_CARRY_OVER cannot be combined with REFINE_TEXT yet: send one of them")
     if carry and sample is None and req.refine is None and len(sentences) > 1:
-        carried, _ = frontend.encode(v["TEXT"], speaker=vec.size > 0, prompt=prompt, sample_text=sentences[0].text,
-                                     lexicon=lexicon)
-        req.carry_prompts = [s.token_ids for s in carried]
+        req.carry_prompts = frontend.carried_prompts(sentences, vec.size > 0, prompt)
     return req
 
 

@@ -89,6 +89,16 @@ class TextFrontend:
 
         return Refine(prompts, params, audio_prompt)
 
+    def code_prompt(self, text: str, speaker: bool, prompt: str = DEFAULT_PROMPT, sample_text: str = "") -> list[int]:
+        """A normalised sentence's audio prompt: [Stts][spk_emb|empty_spk]{sample text}{prompt}{text}[Ptts]."""
+        return self.tokenizer.encode(f"{self.prefix_text(speaker, prompt, sample_text)}{text}[Ptts]",
+                                     add_special_tokens=False)
+
+    def carried_prompts(self, sentences: list[Sentence], speaker: bool, prompt: str = DEFAULT_PROMPT) -> list[list[int]]:
+        """Voice carry-over's prompts (velocity.tts.carry_over): every sentence's, with the first
+        sentence's text as the voice sample's transcript (the reference's txt_smp)."""
+        return [self.code_prompt(s.text, speaker, prompt, sentences[0].text) for s in sentences]
+
     def encode(self, text: str, speaker: bool, prompt: str = DEFAULT_PROMPT, sample_text: str = "",
                lexicon: Lexicon | None = None) -> tuple[list[Sentence], Normalized]:
         """Text -> one prompt per piece, in order, and the normalisation report. Pieces as the
@@ -98,14 +108,12 @@ class TextFrontend:
         lexicon: the request's pronunciations, merged over the server's; both apply before all else."""
         self.check_prompt(prompt)
         text = self.lexicon.merged(lexicon).apply(text)
-        prefix = self.prefix_text(speaker, prompt, sample_text)
         out, norms = [], [self.normalize(piece) for piece in split_text(text)]
         for norm in norms:
             for s in split_sentences(norm.text):
                 if not re.sub(CONTROL.pattern, "", s).strip(" ，。、,."):
                     continue                      # nothing left to speak
-                ids = self.tokenizer.encode(f"{prefix}{s}[Ptts]", add_special_tokens=False)
-                out.append(Sentence(s, ids))
+                out.append(Sentence(s, self.code_prompt(s, speaker, prompt, sample_text)))
         report = Normalized(" ".join(n.text for n in norms), norms[0].lang if norms else "en",
                             sum(n.removed for n in norms), [t for n in norms for t in n.unknown_tokens])
         return out, report

@@ -72,15 +72,13 @@ class TTSPipeline:
         self._n = 0
         self._carrier = None                                        # loaded on the first carry-over
 
-    def carry_plan(self, text: str, sentences: list, speaker: bool, prompt: str) -> Carry:
+    def carry_plan(self, sentences: list, speaker: bool, prompt: str) -> Carry:
         """Voice carry-over for a text of several sentences (velocity.tts.carry_over)."""
         from velocity.tts.carry_over import VoiceCarrier
 
         if self._carrier is None:
             self._carrier = VoiceCarrier.load(self.frontend_folder, self.decoder)
-        carried, _ = self.frontend.encode(text, speaker=speaker, prompt=prompt, sample_text=sentences[0].text)
-        assert len(carried) == len(sentences)
-        return self._carrier.plan([s.token_ids for s in carried])
+        return self._carrier.plan(self.frontend.carried_prompts(sentences, speaker, prompt))
 
     def speaker_vector(self, speaker: str | int | None) -> torch.Tensor | None:
         """A release speaker string, a seed for a random speaker, or None for no speaker."""
@@ -157,7 +155,7 @@ class TTSPipeline:
                     plan = None if refine is None else self.frontend.refine_plan(
                         [self.frontend.refine_prompt(x.text, refine_prompt) for x in sentences], refine,
                         self.frontend.code_prefix(spk is not None, prompt, sample_text), frames)
-                    carry = self.carry_plan(texts[i], sentences, spk is not None, prompt) \
+                    carry = self.carry_plan(sentences, spk is not None, prompt) \
                         if carry_over and not frames and plan is None and len(sentences) > 1 else None
                     t = _Text(i, SentenceStream([x.token_ids + frames for x in sentences], chunker, end_code, plan,
                                                 self.sentences_ahead, carry=carry), p, decoder == "hidden")
