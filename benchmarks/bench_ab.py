@@ -137,6 +137,7 @@ def main() -> None:
     ap.add_argument("--other-metrics-url", help="its metrics (default: its host, port 8002)")
     ap.add_argument("--baseline-rev", help="the `baseline` arm's git revision (a server started from it)")
     ap.add_argument("--board", help="the server's core board file (default: the only one found)")
+    ap.add_argument("--note", help="what the servers are, for the record (e.g. 'other: --cpu-isa avx2')")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "ab" / "ab"))
     args = ap.parse_args()
     exit_on_sigterm()                                    # its servers are stopped on SIGTERM too
@@ -224,7 +225,7 @@ def main() -> None:
 
     base = arms[0]
     res = {"concurrency": conc, "requests_per_round": n, "arms": arms, "max_new_tokens": args.max_new_tokens,
-           "sentences": args.sentences,
+           "sentences": args.sentences, "note": args.note,
            "baseline_rev": args.baseline_rev,
            "pooled": {a: pooled(a) for a in arms}, "rounds": rounds, "median_ratio_to_" + base: {
                a: {"first_audio": median_ratio(rounds, a, base, lambda x: x["first_audio_s"]["avg"]),

@@ -24,22 +24,21 @@ TEXTS = Path(__file__).with_name("texts.txt")
 
 
 def cpu_model() -> str:
-    """This machine's CPU by name and vector ISA ("AMD EPYC (AVX-512, VNNI)"), for benchmark
-    records: the class of machine behind a CI-class host varies (int8 and float32 speeds differ by
-    ISA: AVX2-only machines are far slower), and platform.processor() says only "x86_64"."""
-    name, flags = "", set()
+    """This machine's CPU by name and the vector ISA this process runs ("AMD EPYC (AVX-512, VNNI)",
+    "AMD EPYC (AVX2 (capped; the CPU has AVX-512, VNNI))" under ATEN_CPU_CAPABILITY=avx2), for
+    benchmark records: the class of machine behind a CI-class host varies (int8 and float32 speeds
+    differ by ISA: AVX2-only machines are far slower), and platform.processor() says only "x86_64"."""
+    from velocity.model.cpu_isa import describe
+
+    name = ""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and not name:
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
+        name = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                     if ln.startswith("model name")), "")
     except OSError:
         pass
-    isa = [label for label, flag in (("AVX-512", "avx512f"), ("VNNI", "avx512_vnni"), ("AVX-VNNI", "avx_vnni"))
-           if flag in flags] or (["AVX2"] if "avx2" in flags else [])
     name = name or platform.processor() or platform.machine()
-    return f"{name} ({', '.join(isa)})" if isa else name
+    isa = describe()
+    return f"{name} ({isa})" if isa else name
 
 
 def bench_texts() -> list[str]:

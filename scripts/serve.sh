@@ -3,7 +3,7 @@
 #
 #   scripts/serve.sh [--weights DIR] [--http-port N] [--grpc-port N] [--metrics-port N]
 #                    [--health-port N] [--gateway-port N] [--wyoming-port N] [--bind ADDRESS]
-#                    [--model-repository DIR] [-- extra tritonserver flags]
+#                    [--model-repository DIR] [--cpu-isa avx2] [-- extra tritonserver flags]
 #
 # Each flag can also be set by environment: VELOCITY_WEIGHTS, HTTP_PORT, GRPC_PORT,
 # METRICS_PORT, HEALTH_PORT, GATEWAY_PORT, BIND (default 0.0.0.0, every interface; 127.0.0.1 =
@@ -23,6 +23,8 @@
 # last the gateway and Wyoming, which serve their streams until Triton has ended them.
 # A second Ctrl-C (SIGINT) skips the drain; a repeated SIGTERM does not. A shell started in
 # the background without job control starts this with SIGINT ignored: send it SIGTERM.
+# --cpu-isa avx2 (or CPU_ISA) caps torch, fbgemm, oneDNN and MKL to AVX2 code: what an AVX2-only
+# machine runs, measured on one with AVX-512 (velocity/model/cpu_isa.py; the llm logs the ISA).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
@@ -37,10 +39,11 @@ WYOMING_PORT="${WYOMING_PORT:-0}"
 BIND="${BIND:-0.0.0.0}"
 REPO="${MODEL_REPOSITORY:-$ROOT/model_repository}"
 EXIT_TIMEOUT="${EXIT_TIMEOUT:-30}"
+CPU_ISA="${CPU_ISA:-}"
 DRAIN_TIMEOUT="${DRAIN_TIMEOUT:-20}"
 extra=()
 
-usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --weights) WEIGHTS="$2"; shift 2 ;;
@@ -52,11 +55,18 @@ while [[ $# -gt 0 ]]; do
         --wyoming-port) WYOMING_PORT="$2"; shift 2 ;;
         --bind) BIND="$2"; shift 2 ;;
         --model-repository) REPO="$2"; shift 2 ;;
+        --cpu-isa) CPU_ISA="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         --) shift; extra=("$@"); break ;;
         *) echo "serve.sh: unknown flag '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
+
+case "$CPU_ISA" in
+    "") ;;
+    avx2) export ATEN_CPU_CAPABILITY=avx2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ;;
+    *) echo "serve.sh: --cpu-isa must be avx2 (or unset: the CPU's own), got '$CPU_ISA'" >&2; exit 2 ;;
+esac
 
 args=(--model-repository="$REPO" --http-port="$HTTP_PORT" --grpc-port="$GRPC_PORT"
       --metrics-port="$METRICS_PORT" --exit-timeout-secs="$EXIT_TIMEOUT"

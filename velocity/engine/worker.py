@@ -8,6 +8,7 @@ import torch
 from velocity.config import EngineConfig
 from velocity.engine.scheduler import SchedulerOutput
 from velocity.model.attention import AttentionMetadata, build_attn_mask
+from velocity.model import cpu_isa
 from velocity.model.cpu_kernels import paged_decode_kernel, sort_rows_kernel
 from velocity.model.loader import load_model
 from velocity.model.int8_linear import quantize_linears, require_int8
@@ -47,6 +48,8 @@ class Worker:
         if config.quantize == "int8":
             require_int8(self.device, self.dtype, "the engine", "VELOCITY_QUANTIZE")
         self.model = load_model(config.model, self.device, self.dtype)
+        if self.device.type == "cpu":
+            logger.info("CPU vector instructions: %s", cpu_isa.describe())
         if config.quantize == "int8":
             logger.info("CPU: %d linears of the transformer layers on int8 weights (quantize=int8)",
                         quantize_linears(self.model, LlamaLayer))

@@ -8,9 +8,9 @@ scripts/setup.sh, or on first use:
 
 The build (about 30 s) is cached inside the Python environment (sys.prefix/velocity-kernels), so
 checkouts with venvs of their own never rebuild each other's; torch's default cache is used
-where that folder is not writable. A built module is named by a hash of its source, flags, torch
-version and the CPU (-march=native), and a later process imports it straight from its file: no
-build step (ninja) runs at load time, so the two ninja binaries a machine may have (Debian's on
+where that folder is not writable. A built module is named by a hash of its source, flags
+(-march=native, less what a --cpu-isa cap leaves out: velocity.model.cpu_isa), torch version and
+the CPU, and a later process imports it straight from its file: no build step (ninja) runs at load time, so the two ninja binaries a machine may have (Debian's on
 PATH, the venv's) can never make one process see another's build as stale and rebuild it.
 
     python -m velocity.model.cpu_kernels     # build now; exit 1 (with the reason) if it cannot
@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 
 import torch
+
+from velocity.model.cpu_isa import compiler_flags
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +157,7 @@ bool built_with_openmp() {
 
 _module = None
 _tried = False
-CFLAGS = ["-O3", "-fopenmp", "-march=native"]      # -fopenmp: without it at::parallel_for runs on one thread
+CFLAGS = ["-O3", "-fopenmp", *compiler_flags()]    # -fopenmp: without it at::parallel_for runs on one thread
 FUNCTIONS = ["paged_decode", "sort_rows", "built_with_openmp"]
 
 

@@ -26,12 +26,12 @@ This changes the output (quantization error), so it is opt-in (VELOCITY_QUANTIZE
 """
 from __future__ import annotations
 
-import functools
 import warnings
 
 import torch
 from torch import nn
 
+from velocity.model.cpu_isa import has_vnni
 from velocity.model.packed_linear import replace_linears
 
 
@@ -47,15 +47,10 @@ def channel_scale(w: torch.Tensor) -> torch.Tensor:
     return (w.abs().amax(dim=1) / 127).clamp_min(1e-12)
 
 
-@functools.cache
 def activation_bits() -> int:
-    """8 where the CPU has AVX-512 VNNI (fbgemm accumulates in 32 bits), else 7."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        flags = []
-    return 8 if "avx512_vnni" in flags else 7
+    """8 where fbgemm runs its AVX-512 VNNI path (products accumulate in 32 bits), else 7: also on
+    a VNNI machine capped to AVX2 (scripts/serve.sh --cpu-isa), where fbgemm runs its AVX2 path."""
+    return 8 if has_vnni() else 7
 
 
 class Int8Linear(nn.Module):
