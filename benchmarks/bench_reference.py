@@ -9,6 +9,8 @@ end token and a padded batch runs to its longest; random weights rarely sample t
 this emulates it: each text gets frames proportional to its length (3.1 per character, about
 15 characters a second; 24 to 300), velocity generates exactly that many (min = max), and the
 reference's batch is limited to the longest. Throughput counts those frames' audio for both.
+--equal-frames N gives every text exactly N frames instead, as a new user's test would: the
+padded batch then wastes nothing, and the reference's default splitting is skipped.
 
 Arms, each in a fresh process, in alternating rounds (ABAB...): the reference's best call (one
 padded batch, `infer(texts, split_text=False)`, text refine skipped), streamed for its first audio,
@@ -51,11 +53,14 @@ def velocity_child(args: argparse.Namespace, work: dict) -> dict:
     """velocity in this (fresh) process: all texts at once, then the first text alone."""
     import torch
 
+    from velocity.serving.settings import Settings
     from velocity.tts.pipeline import TTSPipeline, chattts_params
 
     torch.set_num_threads(args.threads)
     q = args.child_quantize
-    pipe = TTSPipeline(args.weights, device="cpu", kv_cache_bytes=args.kv_mib << 20, quantize=q, vocoder_quantize=q)
+    s = Settings()                      # the server's chunk schedule and lookahead, as a server runs
+    pipe = TTSPipeline(args.weights, device="cpu", kv_cache_bytes=args.kv_mib << 20, quantize=q, vocoder_quantize=q,
+                       **({"schedule": s.schedule, "lookahead": s.lookahead} if args.served_chunks else {}))
     res = {"memory_after_load_mib": memory_mib()}
 
     def params(i: int):
@@ -92,7 +97,8 @@ def arm(name: str, args: argparse.Namespace, texts_file: Path) -> dict:
                "--texts", str(texts_file), "--threads", str(args.threads)]
     else:
         cmd = [sys.executable, __file__, "--child", name.split("-")[1], "--weights", args.weights,
-               "--texts-file", str(texts_file), "--threads", str(args.threads), "--kv-mib", str(args.kv_mib)]
+               "--texts-file", str(texts_file), "--threads", str(args.threads), "--kv-mib", str(args.kv_mib)] + \
+            (["--served-chunks"] if args.served_chunks else [])
     p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     if p.returncode != 0:
         raise SystemExit(f"{name} failed:\n{p.stderr[-3000:]}")
@@ -106,7 +112,8 @@ def summarize(res: dict, useful_s: float) -> dict:
         med = lambda f: statistics.median(f(r) for r in rounds)  # noqa: E731
         if name == "reference":
             out[name] = {"batch_audio_s_per_s": med(lambda r: useful_s / r["batch"]["wall_s"]),
-                         "default_audio_s_per_s": med(lambda r: useful_s / r["default"]["wall_s"]),
+                         "default_audio_s_per_s": med(lambda r: useful_s / r["default"]["wall_s"])
+                         if all("default" in r for r in rounds) else None,
                          "first_audio_all_s": med(lambda r: r["batch_stream"]["first_audio_s"]),
                          "first_audio_one_s": med(lambda r: r["one_text_stream"]["first_audio_s"]),
                          "memory_after_load_mib": med(lambda r: r["memory_after_load_mib"]),
@@ -122,7 +129,8 @@ def summarize(res: dict, useful_s: float) -> dict:
     for name, m in out.items():
         if name != "reference":
             m["vs_reference"] = {"throughput_vs_batch": m["audio_s_per_s"] / ref["batch_audio_s_per_s"],
-                                 "throughput_vs_default": m["audio_s_per_s"] / ref["default_audio_s_per_s"],
+                                 "throughput_vs_default": m["audio_s_per_s"] / ref["default_audio_s_per_s"]
+                                 if ref["default_audio_s_per_s"] else None,
                                  "first_audio_earlier_all": ref["first_audio_all_s"] / m["first_audio_all_s"],
                                  "first_audio_earlier_one": ref["first_audio_one_s"] / m["first_audio_one_s"],
                                  # after the 16 texts, when every weight has been read in both
@@ -138,11 +146,13 @@ def plot(res: dict, path: Path) -> None:
     s = res["summary"]
     names = [n for n in s if n != "reference"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    labels = ["reference\npadded batch", "reference\ndefault"] + [n for n in names]
-    vals = [s["reference"]["batch_audio_s_per_s"], s["reference"]["default_audio_s_per_s"]] + \
-           [s[n]["audio_s_per_s"] for n in names]
-    a.bar(labels, vals, color=["tab:gray", "tab:gray"] + ["tab:blue"] * len(names))
-    a.set(ylabel="audio seconds per second", title=f"{len(res['texts'])} texts at once, 2 threads")
+    ref = [("reference\npadded batch", s["reference"]["batch_audio_s_per_s"])]
+    if s["reference"]["default_audio_s_per_s"]:
+        ref.append(("reference\ndefault", s["reference"]["default_audio_s_per_s"]))
+    a.bar([r[0] for r in ref] + names, [r[1] for r in ref] + [s[n]["audio_s_per_s"] for n in names],
+          color=["tab:gray"] * len(ref) + ["tab:blue"] * len(names))
+    lengths = f"{res['equal_frames']} frames each" if res.get("equal_frames") else "frames as the text"
+    a.set(ylabel="audio seconds per second", title=f"{len(res['texts'])} texts at once ({lengths}), 2 threads")
     x = range(2)
     for j, n in enumerate(["reference"] + names):
         b.bar([i + (j - len(names) / 2) * 0.25 for i in x],
@@ -164,6 +174,9 @@ def main() -> None:
     ap.add_argument("--kv-mib", type=int, default=768, help="velocity's KV budget (16 texts of up to 300 frames: ~700 MiB)")
     ap.add_argument("--quantize", choices=("none", "int8"), default="none", help="int8: also an int8 velocity arm")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--equal-frames", type=int, help="every text exactly this many frames (default: in proportion to the text)")
+    ap.add_argument("--served-chunks", action="store_true",
+                    help="velocity with the server's chunk schedule and lookahead (default: TTSPipeline's, exact audio)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "reference" / "reference"))
     ap.add_argument("--child", choices=("float32", "int8"), help=argparse.SUPPRESS)
     ap.add_argument("--texts-file", help=argparse.SUPPRESS)
@@ -176,7 +189,8 @@ def main() -> None:
 
 
     texts = bench_texts()[:args.texts]
-    work = {"texts": texts, "frames": [frames_for(t) for t in texts]}
+    work = {"texts": texts, "frames": [args.equal_frames or frames_for(t) for t in texts],
+            "skip_default": bool(args.equal_frames)}
     useful_s = sum(work["frames"]) / FPS
     arms = ["reference", "velocity-float32"] + (["velocity-int8"] if args.quantize == "int8" else [])
     with tempfile.TemporaryDirectory() as tmp:
@@ -186,7 +200,7 @@ def main() -> None:
             rounds = by_arm(paired_rounds(arms, args.rounds, lambda a: arm(a, args, tf), bar))
     res = {"hardware": hardware(threads=args.threads),
            "weights": args.weights, "texts": texts, "frames": work["frames"], "useful_audio_s": useful_s,
-           "kv_budget_mib": args.kv_mib, "rounds": rounds}
+           "kv_budget_mib": args.kv_mib, "equal_frames": args.equal_frames, "served_chunks": args.served_chunks, "rounds": rounds}
     res["summary"] = summarize(res, useful_s)
     out = Path(args.out)
     save(res, out, plot)

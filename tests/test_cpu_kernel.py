@@ -33,14 +33,18 @@ def test_kernel_equals_torch_paged_attention(B, Hq, Hkv, W, S):
     ctx = torch.randint(1, W * S + 1, (B,), generator=g)
     pos = ctx - 1
     slots = tables.gather(1, (pos // S)[:, None])[:, 0] * S + pos % S
-    q, k, v = (torch.randn(B, h, D, generator=g) for h in (Hq, Hkv, Hkv))
+    # q, k, v as the layer gives them: row slices of one [B, Hq + 2 Hkv, D] (the kernel reads strides)
+    q, k, v = torch.randn(B, Hq + 2 * Hkv, D, generator=g).split([Hq, Hkv, Hkv], dim=1)
     ref_md = AttentionMetadata(slot_mapping=slots, block_tables=tables, attn_mask=build_attn_mask(pos[:, None], W * S))
-    ref = paged_attention(q, k, v, kc.clone(), vc.clone(), ref_md, D ** -0.5)
+    ref_caches, caches = (kc.clone(), vc.clone()), (kc.clone(), vc.clone())
+    ref = paged_attention(q, k, v, *ref_caches, ref_md, D ** -0.5)
     md = AttentionMetadata(slot_mapping=slots, block_tables=tables, attn_mask=None, context_lens=ctx,
                            kernel=paged_decode_kernel())
-    got = paged_attention(q, k, v, kc.clone(), vc.clone(), md, D ** -0.5)
+    got = paged_attention(q, k, v, *caches, md, D ** -0.5)
     # float32 sums in another order: a few ulps of values of order 1
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=2e-6)
+    assert all(torch.equal(a, b) for a, b in zip(caches, ref_caches))      # this step's k, v written alike
+    assert not torch.equal(caches[0], kc)
 
 
 @pytest.mark.parametrize("R,V,c", [(1, 626, 20), (128, 626, 20), (7, 21178, 50), (5, 3, 3), (9, 626, 626)])

@@ -38,10 +38,11 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     """
     T, Hq, D = q.shape
     N, S, Hkv, _ = k_cache.shape
+    if md.kernel is not None:   # decode: write k, v and read the cache in place, in C++
+        return md.kernel(q, k, v, md.slot_mapping, k_cache, v_cache, md.block_tables, md.context_lens,
+                         scale).view(T, Hq * D)
     k_cache.view(N * S, Hkv, D).index_copy_(0, md.slot_mapping, k)
     v_cache.view(N * S, Hkv, D).index_copy_(0, md.slot_mapping, v)
-    if md.kernel is not None:   # decode: read keys and values straight from the paged cache
-        return md.kernel(q, k_cache, v_cache, md.block_tables, md.context_lens, scale).view(T, Hq * D)
     B, W = md.block_tables.shape
     blocks = md.block_tables.reshape(-1)
     keys = k_cache.index_select(0, blocks).view(B, W * S, Hkv, D).transpose(1, 2)   # [B, Hkv, L, D]

@@ -37,16 +37,30 @@ SOURCE = r"""
 #include <cstring>
 #include <vector>
 
-// q: [B, Hq, D]; k_cache, v_cache: [N, S, Hkv, D]; block_tables: [B, W]; context_lens: [B] -> [B, Hq, D]
+// q: [B, Hq, D]; k, v: [B, Hkv, D], this step's, written first at slot_mapping [B]; k_cache, v_cache:
+// [N, S, Hkv, D]; block_tables: [B, W]; context_lens: [B] -> [B, Hq, D]. q, k and v may be row
+// slices of a wider tensor (any stride between rows; each row's heads contiguous).
 // One task per sequence; each cached token row (all heads) is read once, front to back.
-torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor slot_mapping,
+                           torch::Tensor k_cache, torch::Tensor v_cache,
                            torch::Tensor block_tables, torch::Tensor context_lens, double scale) {
-  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous()
-              && block_tables.is_contiguous() && context_lens.is_contiguous(), "contiguous inputs expected");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && block_tables.is_contiguous()
+              && context_lens.is_contiguous() && slot_mapping.is_contiguous(), "contiguous caches and tables expected");
+  for (const auto& t : {q, k, v})
+    TORCH_CHECK(t.scalar_type() == torch::kFloat && t.dim() == 3 && t.stride(2) == 1 && t.stride(1) == t.size(2),
+                "q, k, v: float32 [B, H, D] with each row's heads contiguous");
   const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
   const int64_t S = k_cache.size(1), Hkv = k_cache.size(2), W = block_tables.size(1);
-  const int64_t group = Hq / Hkv;
-  auto out = torch::zeros_like(q);
+  const int64_t group = Hq / Hkv, row = Hkv * D;
+  float* kcw = k_cache.data_ptr<float>();
+  float* vcw = v_cache.data_ptr<float>();
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {                   // this step's keys and values into their slots
+    std::memcpy(kcw + slots[b] * row, k.data_ptr<float>() + b * k.stride(0), row * sizeof(float));
+    std::memcpy(vcw + slots[b] * row, v.data_ptr<float>() + b * v.stride(0), row * sizeof(float));
+  }
+  const int64_t q_stride = q.stride(0);
+  auto out = torch::zeros({B, Hq, D}, q.options());
   const float* qp = q.data_ptr<float>();
   const float* kp = k_cache.data_ptr<float>();
   const float* vp = v_cache.data_ptr<float>();
@@ -58,7 +72,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
     std::vector<float> scores, mx(Hq), sum(Hq);
     for (int64_t b = begin; b < end; ++b) {
       const int64_t ctx = cl[b];
-      const float* qb = qp + b * Hq * D;
+      const float* qb = qp + b * q_stride;
       scores.assign(ctx * Hq, 0.f);
       for (int64_t t = 0; t < ctx; ++t) {                 // pass 1: q . k for every head
         const float* row = kp + (bt[b * W + t / S] * S + t % S) * Hkv * D;
@@ -208,7 +222,7 @@ def kernels():
 
 
 def paged_decode_kernel():
-    """paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale), or None."""
+    """paged_decode(q, k, v, slot_mapping, k_cache, v_cache, block_tables, context_lens, scale), or None."""
     m = kernels()
     return None if m is None else m.paged_decode
 

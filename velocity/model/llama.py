@@ -44,11 +44,11 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 md: AttentionMetadata) -> torch.Tensor:
-        T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = rotate(q.view(T, self.num_heads, self.head_dim), cos, sin)       # [T, Hq, D]
-        k = rotate(k.view(T, self.num_kv_heads, self.head_dim), cos, sin)    # [T, Hkv, D]
-        v = v.view(T, self.num_kv_heads, self.head_dim)
+        T, Hq, Hkv, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(x)                                                 # [T, (Hq + 2 Hkv) D]
+        qk = rotate(qkv[:, :self.q_size + self.kv_size].view(T, Hq + Hkv, D), cos, sin)   # q and k at once
+        q, k = qk[:, :Hq], qk[:, Hq:]                                          # [T, Hq, D], [T, Hkv, D]
+        v = qkv[:, self.q_size + self.kv_size:].view(T, Hkv, D)
         o = paged_attention(q, k, v, self.k_cache, self.v_cache, md, self.scale)
         return self.o_proj(o)
 

@@ -57,7 +57,7 @@ class Settings:
     # Queued chunks of one length the vocoder decodes in one call (0: 32 on a GPU, 1 on CPU,
     # where a batch costs what its chunks do one by one and only delays the most urgent)
     vocoder_batch: int = 0                   # VELOCITY_VOCODER_BATCH
-    pack_cpu_weights: int = 1                # VELOCITY_PACK_CPU_WEIGHTS: 1: oneDNN-prepacked llm weights on CPU
+    pack_cpu_weights: int = 1                # VELOCITY_PACK_CPU_WEIGHTS: 1: oneDNN-prepacked llm and vocoder weights on CPU
     # int8: the llm's transformer layers on int8 weights and per-token int8 activations (CPU): about
     # 2.6x faster decode steps, +2.8% perplexity on a real model, and the output is no longer the
     # reference's (docs/benchmarks.md "int8 on CPU")

@@ -56,11 +56,23 @@ class AudioDecoder:
         self.num_codes = math.prod(dvae.cfg.levels)              # codes per codebook: [0, num_codes)
         self.hidden_size = 2 * decoder.cfg.idim if decoder is not None else 0   # the Decoder's input
 
-    def quantize(self, mode: str) -> int:
-        """mode "none" (nothing) or "int8" (quantize_int8); returns how many linears changed."""
+    def quantize(self, mode: str, pack: bool = True) -> int:
+        """mode "int8": the ConvNeXt linears on int8 (quantize_int8); "none": with `pack`, on
+        oneDNN-prepacked float32 weights where the device allows (CPU, float32: 1.2-1.7x MKL's
+        speed at a chunk's 60-500 rows; the same arithmetic in another order, about 130 dB from
+        the plain decode). Returns how many linears changed."""
         if mode not in ("none", "int8"):
             raise ValueError(f"the vocoder's quantize (VELOCITY_VOCODER_QUANTIZE) must be none or int8, got {mode!r}")
-        return self.quantize_int8() if mode == "int8" else 0
+        if mode == "int8":
+            return self.quantize_int8()
+        from velocity.model.convnext import ConvNeXtBlock
+        from velocity.model.packed_linear import PackedLinear, can_pack, replace_linears
+        p = next(self.vocos.parameters())
+        if not (pack and can_pack(p.device, p.dtype)):
+            return 0
+        return sum(replace_linears(b, lambda lin: PackedLinear(lin, rows_hint=128))
+                   for m in (self.dvae, self.decoder, self.vocos) if m is not None
+                   for b in [x for x in m.modules() if isinstance(x, ConvNeXtBlock)])
 
     def quantize_int8(self) -> int:
         """The ConvNeXt blocks' linears (most of the decoders' work) on int8 weights with per-row int8

@@ -72,8 +72,9 @@ class TritonPythonModel:
             dev = resolve_device(s.device)
             self.decoder = AudioDecoder(load_dvae(s.weights, dev), load_vocos(s.weights, dev),
                                         load_decoder(s.weights, dev))
-            if n := self.decoder.quantize(s.vocoder_quantize):
-                log.info("vocoder: %d ConvNeXt linears on int8 weights", n)
+            if n := self.decoder.quantize(s.vocoder_quantize, pack=bool(s.pack_cpu_weights)):
+                log.info("vocoder: %d ConvNeXt linears on %s weights", n,
+                         "int8" if s.vocoder_quantize == "int8" else "oneDNN-prepacked")
         except Exception as e:
             raise pb_utils.TritonModelException(f"vocoder: cannot load {s.weights}: {e}") from e
         self.device = dev
