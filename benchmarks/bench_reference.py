@@ -3,6 +3,7 @@
 
     scripts/conformance/setup_venv.sh                   # once: the reference's side venv, .refvenv
     .venv/bin/python benchmarks/bench_reference.py --weights checkpoints/reference-full
+    .venv/bin/python benchmarks/bench_reference.py --equal-frames 120 --served-chunks --quantize int8 --rounds 1
 
 Workload: the first --texts shipped sentences. With trained weights each sentence ends at its own
 end token and a padded batch runs to its longest; random weights rarely sample the end token, so
