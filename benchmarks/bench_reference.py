@@ -59,9 +59,12 @@ def velocity_child(args: argparse.Namespace, work: dict) -> dict:
 
     torch.set_num_threads(args.threads)
     q = args.child_quantize
-    s = Settings()                      # the server's chunk schedule and lookahead, as a server runs
+    chunks = {}
+    if args.served_chunks:              # the server's chunk schedule and lookahead, as a server runs
+        s = Settings()
+        chunks = {"schedule": s.schedule, "lookahead": s.lookahead}
     pipe = TTSPipeline(args.weights, device="cpu", kv_cache_bytes=args.kv_mib << 20, quantize=q, vocoder_quantize=q,
-                       **({"schedule": s.schedule, "lookahead": s.lookahead} if args.served_chunks else {}))
+                       **chunks)
     res = {"memory_after_load_mib": memory_mib()}
 
     def params(i: int):

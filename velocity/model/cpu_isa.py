@@ -61,5 +61,5 @@ def describe() -> str:
            if flag in flags] or (["AVX2"] if "avx2" in flags else [])
     if not capped():
         return ", ".join(own)
-    run = {"AVX2": "AVX2"}.get(capability(), "no AVX")
+    run = "AVX2" if capability() == "AVX2" else "no AVX2"
     return f"{run} (capped; the CPU has {', '.join(own)})"

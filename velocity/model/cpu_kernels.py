@@ -10,8 +10,9 @@ The build (about 30 s) is cached inside the Python environment (sys.prefix/veloc
 checkouts with venvs of their own never rebuild each other's; torch's default cache is used
 where that folder is not writable. A built module is named by a hash of its source, flags
 (-march=native, less what a --cpu-isa cap leaves out: velocity.model.cpu_isa), torch version and
-the CPU, and a later process imports it straight from its file: no build step (ninja) runs at load time, so the two ninja binaries a machine may have (Debian's on
-PATH, the venv's) can never make one process see another's build as stale and rebuild it.
+the CPU, and a later process imports it straight from its file: no build step (ninja) runs at
+load time, so the two ninja binaries a machine may have (Debian's on PATH, the venv's) can never
+make one process see another's build as stale and rebuild it.
 
     python -m velocity.model.cpu_kernels     # build now; exit 1 (with the reason) if it cannot
 """

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from velocity.model.cpu_isa import has_vnni
-from velocity.model.packed_linear import replace_linears
+from velocity.model.packed_linear import replace_linears_in
 
 
 def require_int8(device: torch.device, dtype: torch.dtype, what: str, setting: str) -> None:
@@ -86,4 +86,4 @@ class Int8Linear(nn.Module):
 def quantize_linears(model: nn.Module, within: type) -> int:
     """Replace every nn.Linear inside modules of type `within` (the transformer layers; the heads
     keep float32) by an Int8Linear; returns how many."""
-    return sum(replace_linears(block, Int8Linear) for block in [m for m in model.modules() if isinstance(m, within)])
+    return replace_linears_in(model, within, Int8Linear)

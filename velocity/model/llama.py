@@ -46,9 +46,10 @@ class LlamaAttention(nn.Module):
                 md: AttentionMetadata) -> torch.Tensor:
         T, Hq, Hkv, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)                                                 # [T, (Hq + 2 Hkv) D]
-        qk = rotate(qkv[:, :self.q_size + self.kv_size].view(T, Hq + Hkv, D), cos, sin)   # q and k at once
+        qk_cols = self.q_size + self.kv_size
+        qk = rotate(qkv[:, :qk_cols].view(T, Hq + Hkv, D), cos, sin)          # q and k in one go
         q, k = qk[:, :Hq], qk[:, Hq:]                                          # [T, Hq, D], [T, Hkv, D]
-        v = qkv[:, self.q_size + self.kv_size:].view(T, Hkv, D)
+        v = qkv[:, qk_cols:].view(T, Hkv, D)
         o = paged_attention(q, k, v, self.k_cache, self.v_cache, md, self.scale)
         return self.o_proj(o)
 

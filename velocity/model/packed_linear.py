@@ -46,6 +46,11 @@ def replace_linears(model: nn.Module, make) -> int:
     return n
 
 
+def replace_linears_in(model: nn.Module, within: type, make) -> int:
+    """replace_linears in every module of type `within` inside model; returns how many."""
+    return sum(replace_linears(block, make) for block in [m for m in model.modules() if isinstance(m, within)])
+
+
 def pack_linears(model: nn.Module) -> int:
     """Replace every nn.Linear in model by a PackedLinear; returns how many."""
     return replace_linears(model, PackedLinear)

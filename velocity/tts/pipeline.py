@@ -64,7 +64,7 @@ class TTSPipeline:
         self.engine = LLMEngine(EngineConfig(model=str(folder), device=device, **engine_kwargs))
         dev = self.engine.worker.device
         self.decoder = AudioDecoder(load_dvae(folder, dev), load_vocos(folder, dev), load_decoder(folder, dev))
-        self.decoder.quantize(vocoder_quantize, pack=engine_kwargs.get("pack_cpu_weights", True))
+        self.decoder.quantize(vocoder_quantize, pack=self.engine.config.pack_cpu_weights)
         self.sample_rate = self.decoder.sample_rate                 # Vocos's: 24000 for the release
         self.schedule, self.lookahead = schedule, lookahead
         self.decode_batch = decode_batch or default_decode_batch(dev)
