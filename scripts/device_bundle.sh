@@ -10,10 +10,12 @@
 # .device/*.whl               tritonclient[grpc] 2.51.0, grpcio, protobuf, python-rapidjson for PYV,
 #                             and velocity's runtime needs that the device image lacks (RUNTIME
 #                             below: the text front end's, the audio readers'; ~6 MB)
+# .device/numpy1.tar.xz       numpy 1.26 for PYV, unpacked (~8 MB): the 2.51 stub misreads inputs
+#                             under numpy 2, so the Triton part of device_sweep.sh puts it first
 # .device/baseline_velocity.tar  `git archive REV velocity` (with --baseline-rev), for the
 #                             engine-step A/B (the device's copy of the tree has no .git)
-# Needs scripts/setup.sh's venv and PyPI (pip download). About 50 MB in all: under the 64 MiB
-# a device run may carry.
+# Needs scripts/setup.sh's venv and PyPI (pip download). About 51 MB in all (the tree adds 8):
+# under the 64 MiB a device run may carry.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYV=3.12
@@ -53,6 +55,14 @@ echo "[bundle] runtime wheels: ${RUNTIME[*]}"
 "$PY" -m pip download -q --no-deps --only-binary :all: --python-version "$PYV" -d "$out" \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 "${RUNTIME[@]}"
+# numpy 1 for the 2.51 stub, apart from the wheels above: device_sweep.sh puts it first on the
+# path for the Triton part only (the server's path needs no transformers, whose build in the
+# image wants numpy 2). Unpacked without its tests and packed with xz: 8 MB, not the wheel's 18.
+echo "[bundle] numpy<2 for the python stub -> $out/numpy1.tar.xz"
+"$PY" -m pip download -q --no-deps --only-binary :all: --python-version "$PYV" -d "$tmp/np" \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 "numpy<2"
+mkdir -p "$tmp/np/site" && (cd "$tmp/np/site" && unzip -q ../numpy-*.whl && find . -type d -name tests -prune -exec rm -rf {} + \
+    && tar -cJf "$out/numpy1.tar.xz" .)
 if [[ -n "$REV" ]]; then
     echo "[bundle] velocity at $REV -> $out/baseline_velocity.tar"
     git -C "$ROOT" archive --format=tar -o "$out/baseline_velocity.tar" "$REV" velocity

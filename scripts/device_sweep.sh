@@ -13,9 +13,10 @@
 #
 # The Triton part needs numpy<2 in the python stubs: the pytriton wheel's 2.51 stub reads every
 # input tensor wrongly under numpy 2 (on 2026-11-24 a TYPE_STRING input's length came back as its
-# first byte repeated, 0x08080808, and the stub aborted); an image whose transformers needs
-# numpy 2 (the device image's 5.17 does) cannot serve through it. NGC images pair their stub
-# with their numpy.
+# first byte repeated, 0x08080808, and the stub aborted). The server's path no longer imports
+# transformers (whose image build, 5.17, needs numpy 2), so that part puts .device/numpy1.tar.xz's numpy 1
+# first on every path of this python, and takes it away after. NGC images pair their stub with
+# their numpy.
 #
 # With the `device` tool: run(command="PARTS=triton bash scripts/device_sweep.sh",
 # carry=[".device"], timeout_s=600), then PARTS=step in a second call (each fits in 10 min).
@@ -67,6 +68,11 @@ if [[ "$PARTS" == *" triton "* ]]; then
         echo "the stub misses a library; libpython$PYV here:"; find / -xdev -name "libpython$PYV*.so*" 2>/dev/null | head
         exit 1
     fi
+    if [[ -f .device/numpy1.tar.xz ]]; then
+        mkdir -p /tmp/numpy1 && tar -xJf .device/numpy1.tar.xz -C /tmp/numpy1 || exit 1
+        echo 'import sys; sys.path.insert(0, "/tmp/numpy1")' > "$SITE/00-velocity-numpy1.pth" || exit 1
+    fi
+    "$PY" -c 'import numpy; print("numpy", numpy.__version__, "for the stub and the sweep")'
     # the in-process baseline runs beside the server on the same GPU: the server takes 40% of it
     VENV="$VENV" GATEWAY_PORT=0 VELOCITY_GPU_MEMORY_UTILIZATION="${SERVER_GPU_MEMORY:-0.4}" setsid scripts/serve.sh --weights "$W" --bind 127.0.0.1 > "$OUT/server.log" 2>&1 &
     spid=$!
@@ -89,6 +95,7 @@ if [[ "$PARTS" == *" triton "* ]]; then
     for _ in $(seq 1 60); do kill -0 $spid 2>/dev/null || break; sleep 1; done
     kill -KILL -- -$spid 2>/dev/null
     tail -20 "$OUT/server.log"
+    rm -f "$SITE/00-velocity-numpy1.pth"
 fi
 
 if [[ "$PARTS" == *" inprocess "* ]]; then

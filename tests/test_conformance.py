@@ -263,7 +263,7 @@ def test_traditional_chinese_is_read_as_the_reference_reads_it(tmp_path):
     for text, n in zip(ref["texts"].tolist(), ref["pieces"].tolist()):
         got = [s.token_ids for s in fe.encode(text, speaker=False)[0]]
         assert len(got) == n, text
-        spoken = "".join(tok.convert_ids_to_tokens([i for g in got for i in g]))
+        spoken = "".join(tok.tokens([i for g in got for i in g]))
         assert all(t2s(c) == c for c in spoken), (text, spoken)         # nothing traditional reaches the GPT
         for g, w in zip(got, want[at:at + n]):
             assert len(g) == len(w), (text, tok.decode(g), tok.decode(w))
@@ -271,7 +271,7 @@ def test_traditional_chinese_is_read_as_the_reference_reads_it(tmp_path):
                 if a == b:
                     same += 1
                     continue
-                ours, theirs = tok.convert_ids_to_tokens([a, b])
+                ours, theirs = tok.tokens([a, b])
                 read = [pinyin(c, style=Style.TONE3)[0][0] for c in (ours, theirs)]
                 assert read[0] == read[1], (text, ours, theirs, read)       # a homophone: the same reading
                 homophone.append(ours + theirs)

@@ -99,3 +99,36 @@ def test_sentences_ahead_give_the_same_audio_in_fewer_steps(pipe, monkeypatch):
     assert [c.index for c in two] == [c.index for c in one] == list(range(len(one)))
     assert_same_audio(np.concatenate([c.audio for c in two]), np.concatenate([c.audio for c in one]))
     assert two_steps < 0.7 * one_steps, (two_steps, one_steps)
+
+
+SERVER_PATH_WITHOUT_TRANSFORMERS = r"""
+import ast, importlib, pathlib, pkgutil, sys
+sys.modules["transformers"] = None            # every import of it now raises ImportError
+import velocity
+for m in pkgutil.walk_packages(velocity.__path__, "velocity."):
+    if not m.name.startswith("velocity.demo"):    # the demo writers use transformers to write
+        importlib.import_module(m.name)
+for model in pathlib.Path("model_repository").glob("*/1/model.py"):
+    tree = ast.parse(model.read_text())
+    roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert "transformers" not in roots, model
+from velocity.tts.pipeline import TTSPipeline, chattts_params
+pipe = TTSPipeline(sys.argv[1], device="cpu", num_kv_blocks=64, block_size=8)
+audio = pipe.synthesize("Hello world.", params=chattts_params(seed=1, max_new_tokens=12))
+print("samples", len(audio))
+"""
+
+
+def test_the_server_path_runs_without_transformers(tmp_path):
+    """The llm, the front end and the vocoder load a release folder and speak with transformers
+    unimportable: the device image's transformers needs numpy 2, Triton 2.51's stub numpy 1."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=4)
+    run = subprocess.run([sys.executable, "-c", SERVER_PATH_WITHOUT_TRANSFORMERS, str(ckpt)],
+                         cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert int(run.stdout.split("samples")[-1]) > 0

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from velocity.demo.audio_weights import random_decoder_tensors, random_dvae_tensors, random_vocos_tensors
-from velocity.demo.tokens import SPECIAL_TOKENS, demo_vocab
+from velocity.demo.tokens import BERT_SPECIALS, SPECIAL_TOKENS, demo_vocab
 
 logger = logging.getLogger(__name__)
 
@@ -38,24 +38,40 @@ SIZES = {
 
 
 def write_tokenizer(out: Path, text_vocab: int) -> dict[str, int]:
-    """asset/tokenizer: a BertTokenizerFast whose vocabulary + special tokens has text_vocab entries."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
-    from transformers import BertTokenizerFast
+    """asset/tokenizer in the release's layout (a BERT WordPiece tokenizer, as transformers' BertTokenizer
+    reads it) whose vocabulary + special tokens has text_vocab entries. Written with `tokenizers`
+    alone, so `make serve` needs no transformers; tests/test_tokenizer.py loads it with both."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
     vocab = demo_vocab(text_vocab - len(SPECIAL_TOKENS))
-    wp = Tokenizer(models.WordPiece({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
-    wp.normalizer = normalizers.BertNormalizer(lowercase=True, handle_chinese_chars=True)
-    wp.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok = BertTokenizerFast(tokenizer_object=wp, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                            sep_token="[SEP]", mask_token="[MASK]")
-    tok.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS})
-    assert len(tok) == text_vocab, (len(tok), text_vocab)
+    ids = {w: i for i, w in enumerate(vocab)}
+    tok = Tokenizer(models.WordPiece(ids, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
+                                                lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in BERT_SPECIALS + SPECIAL_TOKENS])
+    # the release's file pads and truncates to 256 (a tokenizer must turn both off for whole prompts)
+    tok.enable_padding(length=256, pad_id=ids["[PAD]"], pad_token="[PAD]")
+    tok.enable_truncation(256)
+    assert tok.get_vocab_size(with_added_tokens=True) == text_vocab, (tok.get_vocab_size(), text_vocab)
     out.mkdir(parents=True, exist_ok=True)
-    tok.save_pretrained(str(out))
-    (out / "special_tokens_map.json").write_text(json.dumps(
-        {"unk_token": "[UNK]", "pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]",
-         "mask_token": "[MASK]", "additional_special_tokens": SPECIAL_TOKENS}, indent=2))
-    return {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    tok.save(str(out / "tokenizer.json"))
+    names = dict(unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]")
+    added = tok.get_added_tokens_decoder()
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "added_tokens_decoder": {str(i): {"content": t.content, "lstrip": False, "normalized": False, "rstrip": False,
+                                          "single_word": False, "special": True} for i, t in sorted(added.items())},
+        "additional_special_tokens": SPECIAL_TOKENS, "clean_up_tokenization_spaces": False,
+        "do_lower_case": True, "model_max_length": 1000000000000000019884624838656, "strip_accents": None,
+        "tokenize_chinese_chars": True, "tokenizer_class": "BertTokenizer", **names}, indent=2))
+    (out / "special_tokens_map.json").write_text(json.dumps(names | {"additional_special_tokens": SPECIAL_TOKENS},
+                                                            indent=2))
+    full = tok.get_vocab(with_added_tokens=True)
+    return {t: full[t] for t in SPECIAL_TOKENS}
 
 
 def gpt_tensors(s: GPTSize, g: torch.Generator, std: float) -> tuple[dict, dict]:

@@ -11,6 +11,7 @@ from torch import nn
 from velocity.model.attention import AttentionMetadata
 from velocity.model.heads import Head
 from velocity.model.llama import LlamaBody, fused_weight
+from velocity.model.llama_config import LlamaConfig
 
 
 def speaker_row(v: torch.Tensor) -> torch.Tensor:
@@ -39,7 +40,7 @@ class ChatTTSGPT(nn.Module):
     default_head = "audio"
     pad_token = 0
 
-    def __init__(self, cfg, num_text_tokens: int, num_audio_tokens: int, num_vq: int,
+    def __init__(self, cfg: LlamaConfig, num_text_tokens: int, num_audio_tokens: int, num_vq: int,
                  spk_emb_token_id: int | None, text_stop_ids: set[int]) -> None:
         super().__init__()
         H = cfg.hidden_size

@@ -8,6 +8,7 @@ from torch import nn
 
 from velocity.model.attention import AttentionMetadata, paged_attention
 from velocity.model.heads import Head
+from velocity.model.llama_config import LlamaConfig, rope_tables
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -30,12 +31,12 @@ class RMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        bias = getattr(cfg, "attention_bias", False)
+        self.head_dim = cfg.head_dim
+        bias = cfg.attention_bias
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=bias)
@@ -55,9 +56,9 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
-        bias = getattr(cfg, "mlp_bias", False)
+        bias = cfg.mlp_bias
         self.inter = cfg.intermediate_size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
@@ -68,7 +69,7 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaLayer(nn.Module):
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = LlamaAttention(cfg)
@@ -84,21 +85,16 @@ class LlamaLayer(nn.Module):
 class LlamaBody(nn.Module):
     """Decoder layers + final norm: embeddings [T, H] -> hidden states [T, H]."""
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(LlamaLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope_cos = self.rope_sin = torch.empty(0)  # [P, D], from init_rope()
 
     @torch.no_grad()
-    def init_rope(self, cfg, device: torch.device, dtype: torch.dtype) -> None:
-        """cos/sin for every position, from transformers' own rotary module (rope scaling included)."""
-        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-        rope = LlamaRotaryEmbedding(cfg).to(device)
-        pos = torch.arange(cfg.max_position_embeddings, device=device)[None]
-        cos, sin = rope(torch.empty(0, device=device, dtype=dtype), pos)
-        self.rope_cos, self.rope_sin = cos[0], sin[0]
+    def init_rope(self, cfg: LlamaConfig, device: torch.device, dtype: torch.dtype) -> None:
+        """cos/sin for every position (rope scaling included), as transformers computes them."""
+        self.rope_cos, self.rope_sin = rope_tables(cfg, device, dtype)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata,
                 overrides: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -118,7 +114,7 @@ class LlamaForCausalLM(nn.Module):
     default_head = "text"
     pad_token = 0          # what padding rows of a CUDA-graph batch feed in
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)

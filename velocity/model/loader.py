@@ -11,6 +11,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from velocity.model.llama_config import ConfigError, LlamaConfig
+
 logger = logging.getLogger(__name__)
 
 
@@ -95,20 +97,24 @@ def read_json(path: Path) -> dict:
         raise WeightError(f"{path}: not valid JSON ({e})") from e
 
 
+def read_llama_config(path: Path) -> LlamaConfig:
+    try:
+        return LlamaConfig.from_dict(read_json(path))
+    except ConfigError as e:
+        raise WeightError(f"{path}: {e}") from e
+
+
 def load_llama_causal_lm(path: str | Path, device: torch.device, dtype: torch.dtype) -> nn.Module:
     """A Hugging Face Llama causal-LM folder (config.json + *.safetensors)."""
-    from transformers import LlamaConfig
-
     from velocity.model.llama import LlamaForCausalLM
 
     path = Path(path)
-    read_json(path / "config.json")
-    cfg = LlamaConfig.from_pretrained(str(path), local_files_only=True)
+    cfg = read_llama_config(path / "config.json")
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise WeightError(f"{path}: no *.safetensors files (only safetensors are loaded, never pickle)")
     model = build_empty(lambda: LlamaForCausalLM(cfg), device, dtype)
-    tie = getattr(cfg, "tie_word_embeddings", False)
+    tie = cfg.tie_word_embeddings
     names = {n for f in files for n in tensor_shapes(f)}
     tie = tie or "lm_head.weight" not in names
     if tie:
@@ -172,12 +178,10 @@ def token_ids(tokenizer_json: Path, names: list[str]) -> dict[str, int | None]:
 def load_chattts(path: Path, device: torch.device, dtype: torch.dtype) -> nn.Module:
     """A ChatTTS release folder: asset/gpt/{config.json,model.safetensors}, asset/Embed.safetensors,
     asset/tokenizer/tokenizer.json. Sizes (num_vq, vocabularies) come from the files."""
-    from transformers import LlamaConfig
-
     from velocity.model.chattts import ChatTTSGPT
 
     asset = path / "asset"
-    cfg = LlamaConfig(**read_json(asset / "gpt" / "config.json"))
+    cfg = read_llama_config(asset / "gpt" / "config.json")
     embed_file, gpt_file = asset / "Embed.safetensors", asset / "gpt" / "model.safetensors"
     shapes = tensor_shapes(embed_file)
     num_vq = sum(1 for n in shapes if n.startswith("emb_code.") and n.endswith(".weight"))

@@ -9,6 +9,7 @@ from pathlib import Path
 from velocity.tts.homophones import Homophones
 from velocity.tts.lexicon import Lexicon
 from velocity.tts.normalizer import CONTROL, Normalized, Normalizer, split_sentences, split_text
+from velocity.tts.tokenizer import BertTokenizer
 from velocity.tts.speaker import STATS_FILE, load_speaker_stats, speaker_dim
 from velocity.tts.sentence_stream import Refine
 
@@ -24,16 +25,11 @@ class Sentence:
 
 
 class TextFrontend:
-    """Loads asset/tokenizer of a ChatTTS release folder (BertTokenizerFast, no automatic specials)
+    """Loads asset/tokenizer of a ChatTTS release folder (a BERT tokenizer, no automatic specials)
     and the server's pronunciation lexicon (`lexicon`: a file; default <folder>/lexicon.json if there)."""
 
     def __init__(self, folder: str | Path, lexicon: str = "") -> None:
-        from transformers import AutoTokenizer
-
-        path = Path(folder) / "asset" / "tokenizer"
-        if not (path / "tokenizer.json").is_file():
-            raise FileNotFoundError(f"{path / 'tokenizer.json'}: tokenizer file missing")
-        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+        self.tokenizer = BertTokenizer(Path(folder) / "asset" / "tokenizer")
         self.speaker_dim = speaker_dim(folder)
         self.speaker_stats = load_speaker_stats(folder, self.speaker_dim)   # for random speakers
         if self.speaker_stats is None:
@@ -57,7 +53,7 @@ class TextFrontend:
     def refine_prompt(self, text: str, prompt: str = "") -> list[int]:
         """A normalised piece -> the text head's prompt, [Sbreak]{text}[Pbreak]{prompt}."""
         self.check_prompt(prompt)
-        return self.tokenizer.encode(f"[Sbreak]{text}[Pbreak]{prompt}", add_special_tokens=False)
+        return self.tokenizer.encode(f"[Sbreak]{text}[Pbreak]{prompt}")
 
     def refined_text(self, ids: list[int]) -> str:
         """The text head's ids -> the refined text: those below [break_0], decoded as the reference does."""
@@ -71,14 +67,14 @@ class TextFrontend:
     def code_prefix(self, speaker: bool, prompt: str = DEFAULT_PROMPT, sample_text: str = "") -> list[int]:
         """The audio prompt's ids before the text (prefix_text)."""
         self.check_prompt(prompt)
-        return self.tokenizer.encode(self.prefix_text(speaker, prompt, sample_text), add_special_tokens=False)
+        return self.tokenizer.encode(self.prefix_text(speaker, prompt, sample_text))
 
     def refined_prompt(self, prefix: list[int], refined: str) -> list[int]:
         """The audio prompt of a refined text: the prefix (code_prefix), the text as the reference
         takes it (template tokens removed, stripped, not normalised again), [Ptts]."""
         for t in ("[Stts]", "[spk_emb]", "[empty_spk]"):
             refined = refined.replace(t, "")
-        return prefix + self.tokenizer.encode(refined.strip(), add_special_tokens=False) + [self.ptts]
+        return prefix + self.tokenizer.encode(refined.strip()) + [self.ptts]
 
     def refine_plan(self, prompts: list[list[int]], params, prefix: list[int], frames: list | None = None) -> Refine:
         """Text refine with these text-head prompts (refine_prompt), and how the generated ids become
@@ -91,8 +87,7 @@ class TextFrontend:
 
     def code_prompt(self, text: str, speaker: bool, prompt: str = DEFAULT_PROMPT, sample_text: str = "") -> list[int]:
         """A normalised sentence's audio prompt: [Stts][spk_emb|empty_spk]{sample text}{prompt}{text}[Ptts]."""
-        return self.tokenizer.encode(f"{self.prefix_text(speaker, prompt, sample_text)}{text}[Ptts]",
-                                     add_special_tokens=False)
+        return self.tokenizer.encode(f"{self.prefix_text(speaker, prompt, sample_text)}{text}[Ptts]")
 
     def carried_prompts(self, sentences: list[Sentence], speaker: bool, prompt: str = DEFAULT_PROMPT) -> list[list[int]]:
         """Voice carry-over's prompts (velocity.tts.carry_over): every sentence's, with the first
