@@ -15,7 +15,9 @@ host work (scheduler, inputs, sampler, outputs): on a GPU that is what bounds a 
 temporary worktree, this script run with it first on the path), in alternating rounds (ABBA),
 and reports per batch size the median ratio of the baseline's step time to this checkout's; --baseline-dir DIR does the same
 with a folder holding a `velocity` package (a copy without git, e.g. on a device machine);
---baseline-quantize Q compares this checkout with --quantize against itself with Q. The weight
+--baseline-quantize Q compares this checkout with --quantize against itself with Q, and
+--baseline-decode-steps K with --decode-steps against itself with K (multi-step decoding: a step
+of K frames counts as K, every figure is per frame). The weight
 bytes a step reads and, on CPU, the bound they set (bytes / read bandwidth measured in the run)
 are reported per arm. Writes JSON and a PNG.
 """
@@ -53,8 +55,10 @@ def weight_bytes(model) -> int:
     return n
 
 
-def measure(weights: str, device: str, batches: list[int], steps: int, quantize: str = "none") -> dict:
-    """{batch: {"step_ms", "model_ms", "sampler_ms"}, "weight_bytes": n}: medians over `steps` decode steps."""
+def measure(weights: str, device: str, batches: list[int], steps: int, quantize: str = "none",
+            decode_steps: int = 1) -> dict:
+    """{batch: {"step_ms", "model_ms", "sampler_ms"}, "weight_bytes": n}: medians over the steps of
+    `steps` decoded frames, per frame (a multi-step step of K frames divided by K)."""
     import torch
 
     import velocity.engine.worker as worker_module
@@ -64,6 +68,8 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
     from velocity.tts.speaker import random_speaker
 
     kw = {"quantize": quantize} if quantize != "none" else {}   # (a baseline from before it has none)
+    if decode_steps != 1:
+        kw["decode_steps"] = decode_steps
     eng = LLMEngine(EngineConfig(model=weights, device=device, max_num_seqs=max(batches), **kw))
     w = eng.worker
     sync = torch.cuda.synchronize if w.device.type == "cuda" else (lambda: None)
@@ -95,18 +101,21 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
     for b in batches:
         ids = [f"b{b}-{i}" for i in range(b)]
         for i, rid in enumerate(ids):
-            p = chattts_params(seed=i, max_new_tokens=steps + 40)
+            p = chattts_params(seed=i, max_new_tokens=steps + 20 + 2 * decode_steps)
             p.ignore_eos = True
             eng.add_request(rid, list(range(5, 45)), p, speaker=spk)
-        for _ in range(20):                     # prefill, then decodes with a full history
-            eng.step()
+        frames = 0
+        while frames < 20:                      # prefill, then decodes with a full history
+            frames += len(eng.step()[0].new_token_ids)
         rows = []
-        for _ in range(steps):
+        while frames < 20 + steps:              # the same frames (and so contexts) whatever the step's length
             spent.update(model=0.0, sampler=0.0)
             t = time.perf_counter()
-            eng.step()
+            outs = eng.step()
             sync()
-            rows.append((time.perf_counter() - t, spent["model"], spent["sampler"]))
+            k = len(outs[0].new_token_ids)             # frames this step decoded for each sequence
+            frames += k
+            rows.append(((time.perf_counter() - t) / k, spent["model"] / k, spent["sampler"] / k))
         for rid in ids:
             eng.abort(rid)
         out[b] = {k: 1e3 * statistics.median(r[j] for r in rows)
@@ -117,11 +126,12 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
     return out
 
 
-def child(args: argparse.Namespace, tree: str | None, quantize: str) -> dict:
+def child(args: argparse.Namespace, tree: str | None, quantize: str, decode_steps: int) -> dict:
     """One round in a fresh process, importing velocity from `tree` if given (this script and the
     harness stay this checkout's: a baseline may predate them)."""
     cmd = [sys.executable, __file__, "--child", "--weights", args.weights, "--device", args.device,
-           "--batches", args.batches, "--steps", str(args.steps), "--quantize", quantize]
+           "--batches", args.batches, "--steps", str(args.steps), "--quantize", quantize,
+           "--decode-steps", str(decode_steps)]
     run = subprocess.run(cmd + (["--tree", tree] if tree else []), capture_output=True, text=True)
     if run.returncode != 0:
         sys.exit(f"bench_step: a round failed ({tree or 'this tree'}, quantize {quantize}):\n{run.stderr[-3000:]}")
@@ -149,7 +159,7 @@ def plot(res: dict, path: Path) -> None:
             bottom = [x + v for x, v in zip(bottom, vals)]
     ax.set_xticks(range(len(batches)), [str(b) for b in batches])
     ax.set_xlabel("sequences in the decode batch")
-    ax.set_ylabel("ms per step (median)")
+    ax.set_ylabel("ms per frame (median)")
     ax.set_title(f"velocity decode step, ChatTTS sampling: {res['checkpoint']} on {res['device']}")
     ax.legend(fontsize=7)
     finish(fig, path, res, dpi=120)
@@ -167,7 +177,9 @@ def main() -> None:
     base.add_argument("--baseline-rev", help="git revision to compare against")
     base.add_argument("--baseline-dir", help="folder holding the velocity package to compare against")
     base.add_argument("--baseline-quantize", choices=("none", "int8"), help="this checkout, another VELOCITY_QUANTIZE")
+    base.add_argument("--baseline-decode-steps", type=int, help="this checkout, another VELOCITY_DECODE_STEPS")
     ap.add_argument("--quantize", choices=("none", "int8"), default="none", help="this arm's VELOCITY_QUANTIZE")
+    ap.add_argument("--decode-steps", type=int, default=1, help="this arm's VELOCITY_DECODE_STEPS")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "engine_step"))
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tree", help=argparse.SUPPRESS)
@@ -178,12 +190,13 @@ def main() -> None:
         if args.tree:                           # the baseline's velocity (none is imported yet)
             assert "velocity" not in sys.modules
             sys.path.insert(0, args.tree)
-        print(json.dumps(measure(args.weights, args.device, batches, args.steps, args.quantize)))
+        print(json.dumps(measure(args.weights, args.device, batches, args.steps, args.quantize, args.decode_steps)))
         return
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from tqdm.auto import tqdm
     checkpoint = args.weights or args.size
     quant = {"this": args.quantize, "baseline": args.baseline_quantize or args.quantize}   # a revision: the same settings
+    ksteps = {"this": args.decode_steps, "baseline": args.baseline_decode_steps or args.decode_steps}
     labels = {"this": revision() or "this"}
     with tempfile.TemporaryDirectory() as tmp, \
             (baseline_tree(args.baseline_rev) if args.baseline_rev else contextlib.nullcontext()) as wt:
@@ -197,18 +210,21 @@ def main() -> None:
             if not (Path(args.baseline_dir) / "velocity" / "__init__.py").is_file():
                 raise SystemExit(f"--baseline-dir {args.baseline_dir}: no velocity package in it")
             trees["baseline"], labels["baseline"] = str(Path(args.baseline_dir).resolve()), Path(args.baseline_dir).name
-        elif args.baseline_quantize:
+        elif args.baseline_quantize or args.baseline_decode_steps:
             trees["baseline"], labels["baseline"] = None, labels["this"]
         for a in trees:
             if quant[a] != "none":
                 labels[a] += f" {quant[a]}"
+            if ksteps[a] != 1:
+                labels[a] += f" {ksteps[a]} frames/step"
         arms = ["baseline", "this"] if "baseline" in trees else ["this"]
         rounds = args.rounds if len(arms) > 1 else 1
         with tqdm(total=rounds * len(arms), desc="rounds") as bar:
-            runs = by_arm(paired_rounds(arms, rounds, lambda a: child(args, trees[a], quant[a]), bar))
+            runs = by_arm(paired_rounds(arms, rounds, lambda a: child(args, trees[a], quant[a], ksteps[a]), bar))
     res = {"hardware": hardware(),
            "device": args.device, "checkpoint": checkpoint, "batches": batches, "steps": args.steps,
            "rounds": len(runs["this"]), "quantize": {a: quant[a] for a in runs},
+           "decode_steps": {a: ksteps[a] for a in runs},
            "labels": labels, "arms": {}, "rounds_raw": {a: [{str(b): v for b, v in x.items()} for x in runs[a]]
                                                        for a in runs}}
     if args.device == "cpu":

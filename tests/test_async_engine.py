@@ -130,3 +130,43 @@ def test_a_paused_request_waits_keeps_its_blocks_and_then_ends_as_it_would_have(
         pass
     assert out.token_ids == hf_greedy(model, p, 20) and first.token_ids == out.token_ids[:1]
     assert engine.engine.block_manager.num_used_blocks == 0
+
+
+def test_multi_step_decoding_ends_a_step_for_a_new_request(tmp_path):
+    """decode_steps=64: a long request decodes many frames a step, but a request added during a
+    step (here from inside its 10th model call) ends the step after that frame, joins in the next,
+    and both stay exact."""
+    import queue
+
+    path = tmp_path / "llama"
+    model = make_llama(path)
+    engine = AsyncLLMEngine(EngineConfig(model=str(path), device="cpu", block_size=4, num_kv_blocks=256,
+                                         decode_steps=64))
+    a, b = prompts([7, 5], seed=9)
+    first: queue.Queue = queue.Queue()
+    second: queue.Queue = queue.Queue()
+    calls, at = [], []
+    inner = engine.engine.worker.execute
+
+    def execute(sched):
+        calls.append(1)
+        if len(calls) == 10:
+            at.append(len(engine.engine.requests["long"].output_token_ids))
+            engine.add_request("late", b, greedy(4), second.put)
+        return inner(sched)
+
+    engine.engine.worker.execute = execute
+    try:
+        engine.add_request("long", a, greedy(200), first.put)
+        long = [first.get(timeout=60)]
+        while not long[-1].finished:
+            long.append(first.get(timeout=60))
+        late = [second.get(timeout=60)]
+        while not late[-1].finished:
+            late.append(second.get(timeout=60))
+    finally:
+        engine.shutdown()
+    ends = [len(o.token_ids) for o in long]
+    assert at[0] + 1 in ends, (at, ends)             # the step ended with the frame of the 10th call
+    assert max(len(o.new_token_ids) for o in long) > 32          # and steps were many frames long
+    assert long[-1].token_ids == hf_greedy(model, a, 200) and late[-1].token_ids == hf_greedy(model, b, 4)

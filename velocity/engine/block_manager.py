@@ -157,6 +157,10 @@ class BlockManager:
     def can_append(self, seq: Sequence) -> bool:
         return len(seq.block_table) >= self.blocks_needed(len(seq)) or self.num_free_blocks > 0
 
+    def blocks_to_append(self, seqs: list[Sequence]) -> int:
+        """New blocks that append_slot on each of seqs would take."""
+        return sum(len(s.block_table) < self.blocks_needed(len(s)) for s in seqs)
+
     def append_slot(self, seq: Sequence) -> None:
         """Make room for seq's newest token; hash the block it completes."""
         if len(seq.block_table) < self.blocks_needed(len(seq)):

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from velocity.config import EngineConfig
 from velocity.engine.block_manager import BlockManager
-from velocity.engine.scheduler import Scheduler
+from velocity.engine.scheduler import Scheduler, SchedulerOutput
 from velocity.engine.sequence import Sequence, Token
 from velocity.sampling_params import SamplingParams
 from velocity.engine.worker import Worker
@@ -37,6 +38,13 @@ class RequestOutput:
     def token_ids(self) -> list[Token]:
         """Everything generated up to this output."""
         return self.generated[:self.num_tokens]
+
+    def then(self, later: RequestOutput) -> RequestOutput:
+        """This output and a later one of the same request (the next frame of a step), as one."""
+        later.new_token_ids = self.new_token_ids + later.new_token_ids
+        if self.new_hidden is not None and later.new_hidden is not None:
+            later.new_hidden = np.concatenate([self.new_hidden, later.new_hidden])
+        return later
 
 
 @dataclass
@@ -95,6 +103,8 @@ class LLMEngine:
         spk, salt = (None, None) if checked is None else (checked.row, checked.digest)
         seq = Sequence(request_id, prompt_token_ids, params, cache_salt=salt,
                        head=head or model.default_head, speaker=spk, return_hidden=return_hidden)
+        seq.stop_ids = frozenset(params.stop_token_ids) | (
+            frozenset() if params.ignore_eos else frozenset(model.heads[seq.head].stop_ids))
         self.requests[request_id] = seq
         self.scheduler.add(seq)
 
@@ -114,10 +124,29 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def step(self) -> list[RequestOutput]:
+    def step(self, interrupted: Callable[[], bool] | None = None) -> list[RequestOutput]:
+        """Run one scheduled batch; one output per request. A batch of decodes alone goes on for
+        up to config.decode_steps frames (multi-step decoding: the frames of one output), while
+        no request waits, no block runs short and `interrupted()` (the async engine: commands
+        are pending) is false. Every frame is computed and sampled as in single steps."""
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
+        steps = self.config.decode_steps
+        if sched.swap_in or sched.swap_out or any(s.num_new_tokens != 1 for s in sched.seqs):
+            steps = 1
+        outputs: dict[str, RequestOutput] = {}
+        for k in range(steps):
+            if k and (interrupted is not None and interrupted()
+                      or (sched := self.scheduler.continue_decodes(sched)).is_empty):
+                break
+            for out in self._run(sched):
+                earlier = outputs.get(out.request_id)
+                outputs[out.request_id] = out if earlier is None else earlier.then(out)
+        return list(outputs.values())
+
+    def _run(self, sched: SchedulerOutput) -> list[RequestOutput]:
+        """Compute and sample one token for each of the batch's sequences; stop those that end."""
         try:
             tokens, hidden = self.worker.execute(sched)
             want = [i for i, seq in enumerate(sched.seqs) if seq.return_hidden]
@@ -147,12 +176,11 @@ class LLMEngine:
         return outputs
 
     def check_stop(self, seq: Sequence, tok: Token) -> str | None:
-        """An audio frame stops when any of its codes is a stop token."""
+        """An audio frame stops when any of its codes is a stop token (seq.stop_ids)."""
         p = seq.params
         n = len(seq.output_token_ids)
-        stop = set(p.stop_token_ids) | (set() if p.ignore_eos else self.worker.model.heads[seq.head].stop_ids)
-        codes = tok if isinstance(tok, tuple) else (tok,)
-        if n >= p.min_new_tokens and any(c in stop for c in codes):
+        if n >= p.min_new_tokens and seq.stop_ids and (
+                not seq.stop_ids.isdisjoint(tok) if isinstance(tok, tuple) else tok in seq.stop_ids):
             return "stop"
         if n >= p.max_new_tokens or len(seq) >= self.max_model_len:
             return "length"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -14,6 +15,19 @@ from velocity.engine.sequence import Sequence
 from velocity.model.attention import AttentionMetadata, build_attn_mask
 
 logger = logging.getLogger(__name__)
+
+
+DECODE_ROOM_BLOCKS = 8    # columns a decode's block tables keep for blocks taken by later decodes
+
+
+@dataclass(slots=True)
+class DecodeInputs:
+    """A decode step's inputs that the next decode of the same sequences updates (next_decode)."""
+    rows: dict[int, int]       # seq_id -> row
+    pos: torch.Tensor          # [B] the position each row computed
+    tables: torch.Tensor       # [B, W + room] block tables, padded with the scratch block
+    lens: list[int]            # blocks in each row's table
+    last: torch.Tensor         # [B] 0..B-1: each row's last token
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -133,6 +147,8 @@ class ModelRunner:
         self.scratch_block = scratch_block
         self.device = device
         self.max_blocks_per_seq = -(-max_model_len // block_size)
+        self.reuse_decode_inputs = True         # False: every step's inputs built from the sequences
+        self.decode: DecodeInputs | None = None
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}   # (batch, context blocks) ->
         if use_cuda_graphs:
             self.capture(max_num_seqs)
@@ -141,8 +157,10 @@ class ModelRunner:
     def token_tensor(self, tokens: list) -> torch.Tensor:
         return self.model.token_tensor(tokens, self.device)
 
-    def prepare(self, seqs: list[Sequence]) -> tuple:
+    def prepare(self, seqs: list[Sequence], is_decode: bool = False) -> tuple:
         """-> input ids [T, ...], positions [T], attention metadata, last-token index [B], overrides"""
+        if is_decode and (follow := self.next_decode(seqs)) is not None:
+            return follow
         S, dev = self.block_size, self.device
         tokens, positions, slots, last = [], [], [], []
         q_rows: list[range] = []
@@ -174,7 +192,47 @@ class ModelRunner:
             md.out_index = torch.tensor([b * Q + i for b, r in enumerate(q_rows) for i in range(len(r))], device=dev)
             md.attn_mask = build_attn_mask(pos_t[q_index], W * S)
         overrides = (torch.tensor(ov_index, device=dev), torch.stack(ov_vecs).to(dev)) if ov_index else None
-        return self.token_tensor(tokens), pos_t, md, torch.tensor(last, device=dev), overrides
+        last_t = torch.tensor(last, device=dev)
+        self.decode = None
+        if Q == 1 and self.reuse_decode_inputs:      # the next decode of these sequences starts from here
+            room = torch.full((len(seqs), W + DECODE_ROOM_BLOCKS), self.scratch_block, device=dev)
+            room[:, :W] = md.block_tables
+            self.decode = DecodeInputs({s.seq_id: i for i, s in enumerate(seqs)}, pos_t, room,
+                                       [len(s.block_table) for s in seqs], last_t)
+        return self.token_tensor(tokens), pos_t, md, last_t, overrides
+
+    def next_decode(self, seqs: list[Sequence]) -> tuple | None:
+        """The inputs of a decode whose sequences all decoded in the last step (some may have left),
+        updated from that step's tensors instead of built again: positions + 1, new blocks written
+        into the tables, slots read from them. The same values as prepare's. None: build them."""
+        d = self.decode
+        if d is None:
+            return None
+        rows = [d.rows.get(s.seq_id) for s in seqs]
+        if None in rows:
+            return None
+        lens = [len(s.block_table) for s in seqs]
+        W = max(lens)
+        if W > d.tables.shape[1]:
+            return None
+        same = rows == list(range(len(d.lens)))
+        pos = d.pos + 1 if same else d.pos[rows] + 1                                # [B]
+        tables = d.tables if same else d.tables[rows]                               # [B, W + room]
+        for i, (s, n) in enumerate(zip(seqs, lens)):
+            was = d.lens[rows[i]]
+            if n > was:                                 # a block taken since: write it in
+                tables[i, was:n] = torch.tensor(s.block_table[was:n])
+        S = self.block_size
+        md = AttentionMetadata(slot_mapping=tables.gather(1, (pos // S)[:, None])[:, 0] * S + pos % S,
+                               block_tables=tables, attn_mask=None)
+        if self.decode_kernel is not None:      # reads each row's blocks up to its length: the room is not read
+            md.kernel, md.context_lens = self.decode_kernel, pos + 1
+        else:                                   # attends over the whole width: prepare's
+            md.block_tables, md.attn_mask = tables[:, :W], build_attn_mask(pos[:, None], W * S)
+        last = d.last if same else d.last[:len(seqs)]
+        self.decode = DecodeInputs({s.seq_id: i for i, s in enumerate(seqs)}, pos, tables, lens, last)
+        tokens = self.token_tensor([s.output_token_ids[-1] for s in seqs])
+        return tokens, pos, md, last, None
 
     # -- running ---------------------------------------------------------------------
     @torch.inference_mode()
@@ -183,7 +241,7 @@ class ModelRunner:
         is_decode = all(s.num_new_tokens == 1 for s in seqs)
         if is_decode and self.graphs and len(seqs) <= self.graph_sizes[-1]:
             return self._replay(seqs)
-        ids, pos, md, last, overrides = self.prepare(seqs)
+        ids, pos, md, last, overrides = self.prepare(seqs, is_decode)
         return self.model(ids, pos, md, overrides)[last]
 
     # -- CUDA graphs -----------------------------------------------------------------

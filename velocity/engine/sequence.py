@@ -43,6 +43,7 @@ class Sequence:
         self.head = head                   # which output head samples its tokens
         self.speaker = speaker             # audio models: the speaker embedding (a tensor), or None
         self.return_hidden = return_hidden # outputs carry the hidden state that sampled each token
+        self.stop_ids: frozenset[int] = frozenset()   # tokens that end it (LLMEngine.add_request sets them)
         self.status = SequenceStatus.WAITING
         self.paused = False                # skipped by the scheduler (keeps its blocks) until resumed
         self.finish_reason: str | None = None

@@ -66,6 +66,9 @@ class Settings:
     # 40 dB SER against the float32 decode of the same frames
     vocoder_quantize: str = "none"           # VELOCITY_VOCODER_QUANTIZE: none or int8
     cpu_kernel: int = 1                      # VELOCITY_CPU_KERNEL: 1: the C++ CPU kernels (attention, sort)
+    # frames an engine step decodes while no request waits to join (multi-step decoding; the same
+    # frames either way): on 2 CPU cores 4 gave no more throughput than 1 (docs/benchmarks.md)
+    decode_steps: int = 1                    # VELOCITY_DECODE_STEPS
     # 1: the llm's responses go out from a thread of their own; 0: from the engine loop between
     # steps (as before 2026-11-23), kept for A/B runs (docs/benchmarks.md)
     response_thread: int = 1                 # VELOCITY_RESPONSE_THREAD
@@ -126,7 +129,7 @@ class Settings:
         return EngineConfig(model=self.weights, device=self.device, dtype=self.dtype, kv_cache_bytes=self.kv_cache_bytes,
                             gpu_memory_utilization=self.gpu_memory_utilization, max_num_seqs=self.max_num_seqs,
                             pack_cpu_weights=bool(self.pack_cpu_weights), cpu_kernel=bool(self.cpu_kernel),
-                            quantize=self.quantize)
+                            quantize=self.quantize, decode_steps=self.decode_steps)
 
     def backlog_frames(self) -> int:
         """VELOCITY_BACKLOG_SECONDS in frames (0: no bound), raised to one largest chunk and its
