@@ -152,7 +152,7 @@ def test_continue_decodes_goes_on_only_where_a_new_schedule_would_change_nothing
         q.append(7)
     s.finish(b, "stop")
     assert s.continue_decodes(more).seqs == [a]                      # an ended sequence drops out
-    c = add(s, "c", 2, 2)
+    add(s, "c", 2, 2)
     assert s.continue_decodes(more).is_empty                         # c waits: schedule() takes it
     assert [q.request_id for q in step(s).seqs] == ["a", "c"]
 
