@@ -37,6 +37,7 @@ tri=pytriton/tritonserver
 out="$ROOT/.device"
 mkdir -p "$out"
 echo "[bundle] server for Python $PYV -> $out/triton$PYV.tar.xz"
+rm -f "$out"/triton*.tar.xz       # one Python's: two would pass the 64 MiB a run carries
 (cd "$site" && tar -cJf "$out/triton$PYV.tar.xz" --exclude='__pycache__' --exclude='libpython3-*' \
     "$tri/bin" "$tri/backends/python" "$tri/caches" "$tri/python_backend_stubs/$PYV" nvidia_pytriton.libs)
 echo "[bundle] client wheels for cp${PYV/./}"
