@@ -63,8 +63,8 @@ def velocity_child(args: argparse.Namespace, work: dict) -> dict:
     if args.served_chunks:              # the server's chunk schedule and lookahead, as a server runs
         s = Settings()
         chunks = {"schedule": s.schedule, "lookahead": s.lookahead}
-    pipe = TTSPipeline(args.weights, device="cpu", kv_cache_bytes=args.kv_mib << 20, quantize=q, vocoder_quantize=q,
-                       **chunks)
+    pipe = TTSPipeline(args.weights, device=args.device, kv_cache_bytes=args.kv_mib << 20, quantize=q,
+                       vocoder_quantize=q, **chunks)
     res = {"memory_after_load_mib": memory_mib()}
 
     def params(i: int):
@@ -93,17 +93,19 @@ def velocity_child(args: argparse.Namespace, work: dict) -> dict:
 
 
 def arm(name: str, args: argparse.Namespace, texts_file: Path) -> dict:
+    path = [str(ROOT)]
     if name == "reference":
-        py = Path(args.ref_venv) / "bin" / "python"
-        if not py.exists():
+        py = Path(args.ref_python or Path(args.ref_venv) / "bin" / "python")
+        if not args.ref_python and not py.exists():
             raise SystemExit(f"{py} missing: run scripts/conformance/setup_venv.sh first")
         cmd = [str(py), str(ROOT / "scripts" / "conformance" / "reference_bench.py"), "--folder", args.weights,
-               "--texts", str(texts_file), "--threads", str(args.threads)]
+               "--texts", str(texts_file), "--threads", str(args.threads), "--device", args.device]
+        path = args.ref_path + path
     else:
         cmd = [sys.executable, __file__, "--child", name.split("-")[1], "--weights", args.weights,
-               "--texts-file", str(texts_file), "--threads", str(args.threads), "--kv-mib", str(args.kv_mib)] + \
-            (["--served-chunks"] if args.served_chunks else [])
-    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+               "--texts-file", str(texts_file), "--threads", str(args.threads), "--kv-mib", str(args.kv_mib),
+               "--device", args.device] + (["--served-chunks"] if args.served_chunks else [])
+    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(path)))
     if p.returncode != 0:
         raise SystemExit(f"{name} failed:\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -173,6 +175,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--weights", default=str(ROOT / "checkpoints" / "reference-full"))
     ap.add_argument("--ref-venv", default=str(ROOT / ".refvenv"))
+    ap.add_argument("--ref-python", help="the reference's interpreter instead of --ref-venv's (a device machine's python3)")
+    ap.add_argument("--ref-path", action="append", default=[],
+                    help="a folder put first on the reference's path (its wheels unpacked there); may repeat")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda: both arms run there")
+    ap.add_argument("--hardware", help="the GPU's name, for the record (--device cuda)")
     ap.add_argument("--texts", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kv-mib", type=int, default=768, help="velocity's KV budget (16 texts of up to 300 frames: ~700 MiB)")
@@ -202,7 +209,8 @@ def main() -> None:
         tf.write_text(json.dumps(work))
         with tqdm(total=args.rounds * len(arms), desc="arms") as bar:
             rounds = by_arm(paired_rounds(arms, args.rounds, lambda a: arm(a, args, tf), bar))
-    res = {"hardware": hardware(threads=args.threads),
+    gpu = {"device": args.device, "device_name": args.hardware} if args.hardware else {}
+    res = {"hardware": hardware(threads=args.threads, **gpu), "device": args.device,
            "weights": args.weights, "texts": texts, "frames": work["frames"], "useful_audio_s": useful_s,
            "kv_budget_mib": args.kv_mib, "equal_frames": args.equal_frames, "served_chunks": args.served_chunks, "rounds": rounds}
     res["summary"] = summarize(res, useful_s)

@@ -12,6 +12,8 @@
 #                             below: the text front end's, the audio readers'; ~6 MB)
 # .device/numpy1.tar.xz       numpy 1.26 for PYV, unpacked (~8 MB): the 2.51 stub misreads inputs
 #                             under numpy 2, so the Triton part of device_sweep.sh puts it first
+# .device/ref/*.whl          the reference (chattts==0.2.5) and the needs of it the image lacks
+#                             (~0.5 MB), for PARTS=reference
 # .device/baseline_velocity.tar  `git archive REV velocity` (with --baseline-rev), for the
 #                             engine-step A/B (the device's copy of the tree has no .git)
 # Needs scripts/setup.sh's venv and PyPI (pip download). About 51 MB in all (the tree adds 8):
@@ -64,6 +66,14 @@ echo "[bundle] numpy<2 for the python stub -> $out/numpy1.tar.xz"
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 "numpy<2"
 mkdir -p "$tmp/np/site" && (cd "$tmp/np/site" && unzip -q ../numpy-*.whl && find . -type d -name tests -prune -exec rm -rf {} + \
     && tar -cJf "$out/numpy1.tar.xz" .)
+# the reference, chattts==0.2.5 (AGPL: an oracle that only runs there, never in the project), and
+# those of its needs the image lacks (its numba, scipy, torchaudio, transformers serve): PARTS=reference
+echo "[bundle] the reference's wheels -> $out/ref/"
+rm -rf "$out/ref" && mkdir -p "$out/ref"
+"$PY" -m pip wheel -q --no-deps -w "$out/ref" chattts==0.2.5 vocos==0.1.0 vector-quantize-pytorch==1.14.24 \
+    einx==0.4.3 encodec==0.1.1
+"$PY" -m pip download -q --no-deps --only-binary :all: --python-version "$PYV" -d "$out/ref" \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 "frozendict>=2.4"
 if [[ -n "$REV" ]]; then
     echo "[bundle] velocity at $REV -> $out/baseline_velocity.tar"
     git -C "$ROOT" archive --format=tar -o "$out/baseline_velocity.tar" "$REV" velocity

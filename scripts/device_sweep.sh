@@ -10,6 +10,9 @@
 #                                          # skip on a CPU-only machine)
 #   PARTS=inprocess scripts/device_sweep.sh # benchmarks.sweep --in-process-only at LEVELS (default
 #                                          # 1,8,32,64): the pipeline without the server
+#   PARTS=reference scripts/device_sweep.sh # benchmarks/bench_reference.py on the GPU: the reference
+#                                          # (.device/ref's wheels in this python) against velocity,
+#                                          # 16 texts of 120 frames, ROUNDS rounds (default 1)
 #
 # The Triton part needs numpy<2 in the python stubs: the pytriton wheel's 2.51 stub reads every
 # input tensor wrongly under numpy 2 (on 2026-11-24 a TYPE_STRING input's length came back as its
@@ -50,7 +53,8 @@ if [[ "$PARTS" == *" tests "* ]]; then
 fi
 
 W=/tmp/demo-checkpoint
-[[ "$PARTS" == *" triton "* || "$PARTS" == *" step "* || "$PARTS" == *" inprocess "* ]] || exit 0
+[[ "$PARTS" == *" triton "* || "$PARTS" == *" step "* || "$PARTS" == *" inprocess "* \
+    || "$PARTS" == *" reference "* ]] || exit 0
 "$PY" scripts/make_demo_checkpoint.py --size "${SIZE:-full}" --out "$W" > "$OUT/checkpoint.log" 2>&1 \
     || { cat "$OUT/checkpoint.log"; exit 1; }
 HW="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"; HW="${HW:-CPU}"
@@ -102,6 +106,15 @@ if [[ "$PARTS" == *" inprocess "* ]]; then
     PYTHONUNBUFFERED=1 TQDM_DISABLE=1 "$PY" -m benchmarks.sweep --in-process-only --weights "$W" \
         --in-process-concurrency "${LEVELS:-1,8,32,64}" --requests 16 --device "$DEVICE" --hardware "$HW" \
         --out "$OUT/serving_inprocess_gpu" 2>&1 | tail -20
+fi
+
+if [[ "$PARTS" == *" reference "* ]]; then
+    # the same folder and texts as on CPU (bench_reference.py --equal-frames 120 --served-chunks);
+    # the reference in this python, its wheels first on its path only
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/refsite .device/ref/*.whl || exit 1
+    PYTHONUNBUFFERED=1 TQDM_DISABLE=1 "$PY" benchmarks/bench_reference.py --weights "$W" --device "$DEVICE" \
+        --hardware "$HW" --ref-python "$PY" --ref-path /tmp/refsite --equal-frames 120 --served-chunks \
+        --rounds "${ROUNDS:-1}" --out "$OUT/reference_gpu" 2>&1 | tail -30
 fi
 
 if [[ "$PARTS" == *" step "* ]]; then

@@ -179,7 +179,7 @@ GREEDY_TEXTS = ["hello world", "this is a test of the engine", "the quick brown 
 GREEDY_FRAMES = 30
 
 
-def reference_chat(folder: Path):
+def reference_chat(folder: Path, device: str = "cpu"):
     """The reference's Chat on a demo folder, through its own loader (Chat._load: the public
     load() would check the release's SHA-256 values), its config set to the folder's GPT size."""
     import ChatTTS
@@ -198,7 +198,7 @@ def reference_chat(folder: Path):
     assert chat._load(vocos_ckpt_path=str(a / "Vocos.safetensors"), dvae_ckpt_path=str(a / "DVAE.safetensors"),
                       gpt_ckpt_path=str(a / "gpt"), embed_path=str(a / "Embed.safetensors"),
                       decoder_ckpt_path=str(a / "Decoder.safetensors"), tokenizer_path=str(a / "tokenizer"),
-                      device=torch.device("cpu"))
+                      device=torch.device(device))
     return chat
 
 

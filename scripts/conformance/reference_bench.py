@@ -1,7 +1,7 @@
 """The reference's side of benchmarks/bench_reference.py: run in .refvenv (chattts==0.2.5 is AGPL and
 never imported by the project), on the same folder, printing one JSON line of timings.
 
-    .refvenv/bin/python scripts/conformance/reference_bench.py --folder F --texts T.json --threads 2
+    .refvenv/bin/python scripts/conformance/reference_bench.py --folder F --texts T.json --threads 2 [--device cuda]
 
 For each call: wall time, the time to its first audio (stream=True yields as frames come), and
 the samples of audio each text received. Also resident memory after loading (VmRSS) and at its
@@ -56,12 +56,13 @@ def main() -> None:
     ap.add_argument("--folder", required=True)
     ap.add_argument("--texts", required=True, help="JSON: {texts: [...], frames: [...]}")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     args = ap.parse_args()
     import torch
     torch.set_num_threads(args.threads)
     work = json.loads(Path(args.texts).read_text())
     texts, longest = work["texts"], max(work["frames"])
-    chat = make_fixtures.reference_chat(Path(args.folder))
+    chat = make_fixtures.reference_chat(Path(args.folder), args.device)
     res = {"memory_after_load_mib": memory_mib()["VmRSS"]}
     run(chat, texts[:1], 8, False, False)                           # warm up
     res["batch"] = run(chat, texts, longest, False, False)          # one padded batch: its best call
