@@ -42,3 +42,26 @@ def test_only_cpu_float32():
     assert can_pack(torch.device("cpu"), torch.float32)
     assert not can_pack(torch.device("cpu"), torch.bfloat16)
     assert not can_pack(torch.device("cuda"), torch.float32)
+
+
+@pytest.mark.parametrize("hidden", [64, 768])
+def test_fused_code_heads_give_each_heads_own_prepacked_logits(hidden):
+    """ChatTTSGPT.fuse_code_heads: one prepacked linear for the 4 code heads gives, bit for bit,
+    the logits of the 4 heads prepacked one by one, at every batch size (oneDNN's result for an
+    output does not depend on the width; MKL's and cuBLAS's may, so only packed models fuse)."""
+    import copy
+
+    from velocity.model.chattts import ChatTTSGPT
+    from velocity.model.llama_config import LlamaConfig
+
+    torch.manual_seed(hidden)
+    cfg = LlamaConfig.from_dict(dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,
+                                     num_attention_heads=4, vocab_size=32))
+    separate = ChatTTSGPT(cfg, 100, 626, 4, None, set()).eval()
+    fused = copy.deepcopy(separate)
+    fused.fuse_code_heads()
+    assert pack_linears(separate) == pack_linears(fused) + 3             # 4 code heads became one
+    with torch.inference_mode():
+        for rows in (1, 2, 3, 5, 8, 16, 33, 64):
+            h = torch.randn(rows, hidden)
+            assert torch.equal(fused.audio_logits(h), separate.audio_logits(h)), rows

@@ -54,6 +54,8 @@ class Worker:
             logger.info("CPU: %d linears of the transformer layers on int8 weights (quantize=int8)",
                         quantize_linears(self.model, LlamaLayer))
         if config.pack_cpu_weights and can_pack(self.device, self.dtype):
+            if hasattr(self.model, "fuse_code_heads"):
+                self.model.fuse_code_heads()            # one prepacked call for all codebooks
             logger.info("CPU: %d linears on oneDNN-prepacked weights", pack_linears(self.model))
         model_max = self.model.max_positions
         self.max_model_len = min(config.max_model_len or model_max, model_max)
