@@ -240,6 +240,7 @@ class ModelRunner:
         """-> hidden state [B, H] of the last token of each sequence"""
         is_decode = all(s.num_new_tokens == 1 for s in seqs)
         if is_decode and self.graphs and len(seqs) <= self.graph_sizes[-1]:
+            self.decode = None                   # next_decode follows only steps that prepare made
             return self._replay(seqs)
         ids, pos, md, last, overrides = self.prepare(seqs, is_decode)
         return self.model(ids, pos, md, overrides)[last]
