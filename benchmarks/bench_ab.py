@@ -131,6 +131,7 @@ def main() -> None:
     ap.add_argument("--sentences", type=int, default=1,
                     help="sentences per request: each text joins this many shipped sentences in turn")
     ap.add_argument("--weights", help="checkpoint for the in-process arm")
+    ap.add_argument("--device", default="cpu", help="the in-process arm's device (cuda beside a GPU server)")
     ap.add_argument("--refine-max-new-tokens", type=int, default=384,
                     help="the triton-refine arm's REFINE_MAX_NEW_TOKENS (384: the reference's default)")
     ap.add_argument("--other-url", help="the `other` arm's server (gRPC address)")
@@ -158,7 +159,7 @@ def main() -> None:
     values = {"MAX_NEW_TOKENS": args.max_new_tokens}
     metrics_url = args.metrics_url or metrics_url_of(args.url)
     n = {a: max(args.requests, conc[a]) for a in arms}
-    local = InProcess(args.weights) if "in-process" in kind.values() else None
+    local = InProcess(args.weights, args.device) if "in-process" in kind.values() else None
     board = None
     if "triton-nolend" in kind.values():
         board = server_board(args.board)

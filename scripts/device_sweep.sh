@@ -10,6 +10,8 @@
 #                                          # skip on a CPU-only machine)
 #   PARTS=inprocess scripts/device_sweep.sh # benchmarks.sweep --in-process-only at LEVELS (default
 #                                          # 1,8,32,64): the pipeline without the server
+#   PARTS=overhead scripts/device_sweep.sh # benchmarks/bench_ab.py --arms triton,in-process at
+#                                          # AB_LEVELS (default "1 32"), ROUNDS paired rounds (2)
 #   PARTS=reference scripts/device_sweep.sh # benchmarks/bench_reference.py on the GPU: the reference
 #                                          # (.device/ref's wheels in this python) against velocity,
 #                                          # 16 texts of 120 frames, ROUNDS rounds (default 1)
@@ -54,12 +56,12 @@ fi
 
 W=/tmp/demo-checkpoint
 [[ "$PARTS" == *" triton "* || "$PARTS" == *" step "* || "$PARTS" == *" inprocess "* \
-    || "$PARTS" == *" reference "* ]] || exit 0
+    || "$PARTS" == *" reference "* || "$PARTS" == *" overhead "* ]] || exit 0
 "$PY" scripts/make_demo_checkpoint.py --size "${SIZE:-full}" --out "$W" > "$OUT/checkpoint.log" 2>&1 \
     || { cat "$OUT/checkpoint.log"; exit 1; }
 HW="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"; HW="${HW:-CPU}"
 
-if [[ "$PARTS" == *" triton "* ]]; then
+if [[ "$PARTS" == *" triton "* || "$PARTS" == *" overhead "* ]]; then
     # serve.sh wants "$VENV/bin/python" and puts "$VENV/bin" first on PATH, where the stub's
     # embedded python finds its packages; a system python3 may have no `python` next to it
     VENV="$(dirname "$(dirname "$PY")")"
@@ -88,9 +90,18 @@ if [[ "$PARTS" == *" triton "* ]]; then
     done
     if get http://localhost:8000/v2/health/ready >/dev/null; then
         echo "server ready after ${i}s"
-        PYTHONUNBUFFERED=1 TQDM_DISABLE=1 "$PY" -m benchmarks.sweep --concurrency "${LEVELS:-1,8,32}" --requests 16 \
-            --weights "$W" --in-process-concurrency 1,32 --device "$DEVICE" --hardware "$HW" \
-            --out "$OUT/serving_gpu" 2>&1 | tail -60
+        if [[ "$PARTS" == *" triton "* ]]; then
+            PYTHONUNBUFFERED=1 TQDM_DISABLE=1 "$PY" -m benchmarks.sweep --concurrency "${LEVELS:-1,8,32}" --requests 16 \
+                --weights "$W" --in-process-concurrency 1,32 --device "$DEVICE" --hardware "$HW" \
+                --out "$OUT/serving_gpu" 2>&1 | tail -60
+        fi
+        if [[ "$PARTS" == *" overhead "* ]]; then     # Triton against in-process, paired rounds
+            for c in ${AB_LEVELS:-1 32}; do
+                PYTHONUNBUFFERED=1 TQDM_DISABLE=1 "$PY" benchmarks/bench_ab.py --arms triton,in-process \
+                    --weights "$W" --device "$DEVICE" --concurrency "$c" --requests "$(( c > 4 ? c : 4 ))" \
+                    --rounds "${ROUNDS:-2}" --note "$HW" --out "$OUT/overhead_gpu_c$c" 2>&1 | tail -3
+            done
+        fi
         get http://localhost:8002/metrics | grep "^velocity_" > "$OUT/metrics.txt"
     else
         echo "server not ready"; tail -80 "$OUT/server.log"
