@@ -152,7 +152,12 @@ def test_continue_decodes_goes_on_only_where_a_new_schedule_would_change_nothing
         q.append(7)
     s.finish(b, "stop")
     assert s.continue_decodes(more).seqs == [a]                      # an ended sequence drops out
-    add(s, "c", 2, 2)
+    c = add(s, "c", 2, 2)
+    c.paused = True
+    assert s.continue_decodes(more).seqs == [a]                      # a paused request waits for nothing
+    a.num_computed_tokens = len(a)
+    a.append(7)
+    c.paused = False
     assert s.continue_decodes(more).is_empty                         # c waits: schedule() takes it
     assert [q.request_id for q in step(s).seqs] == ["a", "c"]
 

@@ -109,7 +109,8 @@ class Scheduler:
         join or to be swapped in: schedule() would take them now, and so the batches stay those
         of single steps."""
         seqs = [s for s in out.seqs if not s.is_finished and not s.paused]
-        if self.waiting or self.swapped or self.bm.blocks_to_append(seqs) > self.bm.num_free_blocks:
+        queued = any(not s.paused for q in (self.waiting, self.swapped) for s in q)     # as schedule() sees them
+        if queued or self.bm.blocks_to_append(seqs) > self.bm.num_free_blocks:
             return SchedulerOutput()
         for seq in seqs:
             self.bm.append_slot(seq)
