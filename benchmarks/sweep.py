@@ -195,6 +195,14 @@ def in_process(weights: str, texts: list[str], levels: list[int], n_min: int, va
     return out
 
 
+def realtime_streams(levels: list[dict], rtf: float = 1.0, first_audio_s: float = 0.5) -> int:
+    """Issue #34's "streams in real time": the largest concurrency at which p99 RTF < rtf and p99
+    first audio < first_audio_s, with no errors (0: none qualifies)."""
+    ok = [x["concurrency"] for x in levels if not x["errors"] and x["rtf"]["p99"] is not None
+          and x["rtf"]["p99"] < rtf and x["first_audio_s"]["p99"] < first_audio_s]
+    return max(ok, default=0)
+
+
 def plot(res: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -224,7 +232,12 @@ def plot(res: dict, path: Path) -> None:
     b.set_ylabel("audio seconds generated per second")
     b2 = b.twinx()
     b2.plot(c, [x["rtf"]["p50"] for x in lv], "s--", color="tab:red", label="RTF p50")
-    b2.set_ylabel("RTF (p50)")
+    b2.plot(c, [x["rtf"]["p99"] for x in lv], "^:", color="tab:red", label="RTF p99")
+    b2.axhline(1.0, color="tab:red", lw=0.6, alpha=0.5)
+    if res.get("realtime_streams"):
+        b.axvline(res["realtime_streams"], color="tab:green", ls="--",
+                  label=f"{res['realtime_streams']} streams in real time (p99 RTF < 1, first audio < 0.5 s)")
+    b2.set_ylabel("RTF")
     b.set_title("Throughput")
     b.legend(loc="upper left", fontsize=8)
     b2.legend(loc="lower right", fontsize=8)
@@ -284,6 +297,9 @@ def main() -> None:
     if 1 in lv and 32 in lv:
         ratios["audio_s_per_s_c32_vs_c1"] = lv[32]["audio_s_per_s"] / lv[1]["audio_s_per_s"]
     res["ratios"] = ratios
+    if res["levels"]:
+        res["realtime_streams"] = realtime_streams(res["levels"])
+        log.info("streams in real time (p99 RTF < 1, p99 first audio < 0.5 s): %d", res["realtime_streams"])
     out = Path(args.out)
     save(res, out, plot)
     log.info("ratios: %s; wrote %s and .png", json.dumps(ratios), out.with_suffix(".json"))

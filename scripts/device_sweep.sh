@@ -3,7 +3,10 @@
 # repository root, with .device/ made by scripts/device_bundle.sh next to the tree:
 #
 #   PARTS=triton scripts/device_sweep.sh   # benchmarks.sweep through a real Triton server (levels
-#                                          # LEVELS, default 1,8,32) + the in-process baseline
+#                                          # LEVELS, default 1,8,32) + the in-process baseline;
+#                                          # it reports "streams in real time" (p99 RTF < 1 and p99
+#                                          # first audio < 0.5 s). For issue #34's sweep:
+#                                          # VELOCITY_MAX_NUM_SEQS=512 LEVELS=1,8,32,64,128,256,512
 #   PARTS=step   scripts/device_sweep.sh   # benchmarks/bench_step.py: the engine's decode step,
 #                                          # A/B against .device/baseline_velocity.tar if there
 #   PARTS=tests  scripts/device_sweep.sh   # the CUDA tests (tests/test_cuda_graphs.py; they

@@ -114,3 +114,16 @@ def test_a_benchmark_stopped_with_sigterm_runs_its_finally_blocks():
     assert p.stdout.readline().strip() == "started"
     p.send_signal(signal.SIGTERM)
     assert p.wait(30) == 143 and p.stdout.read().strip() == "servers stopped"
+
+
+def test_streams_in_real_time_is_the_largest_level_within_both_bounds():
+    from benchmarks.sweep import realtime_streams
+
+    def level(c, rtf99, fa99, errors=0):
+        return {"concurrency": c, "errors": errors, "rtf": {"p99": rtf99}, "first_audio_s": {"p99": fa99}}
+
+    levels = [level(1, 0.1, 0.08), level(64, 0.5, 0.3), level(128, 0.9, 0.6), level(256, 1.2, 0.4),
+              level(32, 0.4, 0.2, errors=1)]
+    assert realtime_streams(levels) == 64                    # 128: first audio; 256: RTF; 32: an error
+    assert realtime_streams(levels, first_audio_s=1.0) == 128
+    assert realtime_streams([level(1, 1.5, 0.1)]) == 0
