@@ -70,7 +70,7 @@ mkdir -p "$tmp/np/site" && (cd "$tmp/np/site" && unzip -q ../numpy-*.whl && find
 # those of its needs the image lacks (its numba, scipy, torchaudio, transformers serve): PARTS=reference
 echo "[bundle] the reference's wheels -> $out/ref/"
 rm -rf "$out/ref" && mkdir -p "$out/ref"
-"$PY" -m pip wheel -q --no-deps -w "$out/ref" chattts==0.2.5 vocos==0.1.0 vector-quantize-pytorch==1.14.24 \
+"$PY" -m pip wheel -q --no-deps -w "$out/ref" -r "$ROOT/scripts/conformance/reference-pins.txt" \
     einx==0.4.3 encodec==0.1.1
 "$PY" -m pip download -q --no-deps --only-binary :all: --python-version "$PYV" -d "$out/ref" \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 "frozendict>=2.4"

@@ -7,9 +7,8 @@
 #
 # Pins: torch 2.13.0 (the CPU wheel on these machines, the project's torch); torchaudio 2.11.0
 # without its compiled libraries (no CPU wheel matches torch 2.13; the reference needs only
-# its pure-torch MelSpectrogram); vector-quantize-pytorch 1.14.24, the quantizer of the release's
-# era (evidence in velocity/model/dvae.py: ResidualFSQ); pip would resolve 1.26+, whose residual
-# scale is 0.2 instead of 0.25.
+# its pure-torch MelSpectrogram); chattts, vocos and vector-quantize-pytorch as
+# reference-pins.txt says (the list device_bundle.sh packs for a GPU machine too).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 REF="${REF_VENV:-$ROOT/.refvenv}"
@@ -22,7 +21,7 @@ log "installing torch, torchaudio (pure-torch parts), chattts==0.2.5 and its pin
 pip torch==2.13.0
 pip --no-deps torchaudio==2.11.0
 rm -f "$REF"/lib/python3.*/site-packages/torchaudio/lib/*.so
-pip chattts==0.2.5 vector-quantize-pytorch==1.14.24 vocos==0.1.0 requests "numpy<2" \
+pip -r "$ROOT/scripts/conformance/reference-pins.txt" requests "numpy<2" \
     "safetensors>=0.4" "pybase16384>=0.3" "num2words>=0.5.13" "cn2an>=0.5.22" tqdm
 "$REF/bin/python" -c "import ChatTTS, vector_quantize_pytorch" 2>/dev/null \
     || { echo "[conformance] the reference does not import; see above" >&2; exit 1; }
