@@ -55,10 +55,51 @@ def weight_bytes(model) -> int:
     return n
 
 
+def profile_steps(eng, n: int, sync) -> dict:
+    """The torch profiler over `n` engine steps, per decoded frame: kernels, the GPU's busy time (the
+    union of its kernels and copies), the host gap (wall time the GPU sits idle), the CUDA runtime
+    calls (launches, graph replays, copies, syncs), the top kernels and the top host operations."""
+    from collections import Counter, defaultdict
+
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = sync is not _no_sync
+    sync()
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        t, frames = time.perf_counter(), 0
+        for _ in range(n):
+            frames += len(eng.step()[0].new_token_ids)
+        sync()
+        wall = time.perf_counter() - t
+    events = prof.events()
+    dev = [e for e in events if e.device_type != DeviceType.CPU]            # kernels, copies, fills
+    kernels = [e for e in dev if not e.name.startswith(("Memcpy", "Memset"))]
+    busy, end = 0.0, float("-inf")                                          # union of the spans, us
+    for s, e in sorted((e.time_range.start, e.time_range.end) for e in dev):
+        busy += max(0.0, e - max(s, end))
+        end = max(end, e)
+    gpu = defaultdict(float)
+    for e in kernels:
+        gpu[e.name] += e.time_range.elapsed_us()
+    calls = Counter(e.name for e in events if e.device_type == DeviceType.CPU and e.name.startswith("cuda"))
+    host = sorted(((a.key, a.self_cpu_time_total) for a in prof.key_averages()), key=lambda x: -x[1])
+    return {"frames": frames, "wall_ms": 1e3 * wall / frames, "kernels": len(kernels) / frames,
+            "gpu_busy_ms": busy / 1e3 / frames, "host_gap_ms": max(0.0, 1e3 * wall - busy / 1e3) / frames,
+            "runtime_calls": {k: v / frames for k, v in calls.most_common(8)},
+            "top_kernels": [[k[:90], v / 1e3 / frames] for k, v in sorted(gpu.items(), key=lambda x: -x[1])[:8]],
+            "top_host_ops": [[k[:90], v / 1e3 / frames] for k, v in host[:8]]}
+
+
+def _no_sync() -> None:
+    pass
+
+
 def measure(weights: str, device: str, batches: list[int], steps: int, quantize: str = "none",
-            decode_steps: int = 1) -> dict:
+            decode_steps: int = 1, profile: int = 0) -> dict:
     """{batch: {"step_ms", "model_ms", "sampler_ms"}, "weight_bytes": n}: medians over the steps of
-    `steps` decoded frames, per frame (a multi-step step of K frames divided by K)."""
+    `steps` decoded frames, per frame (a multi-step step of K frames divided by K); with `profile`,
+    each batch's "profile" over that many more steps, without the timers (profile_steps)."""
     import torch
 
     import velocity.engine.worker as worker_module
@@ -72,7 +113,7 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
         kw["decode_steps"] = decode_steps
     eng = LLMEngine(EngineConfig(model=weights, device=device, max_num_seqs=max(batches), **kw))
     w = eng.worker
-    sync = torch.cuda.synchronize if w.device.type == "cuda" else (lambda: None)
+    sync = torch.cuda.synchronize if w.device.type == "cuda" else _no_sync
     spent = {"model": 0.0, "sampler": 0.0}
 
     class Timed:
@@ -92,16 +133,17 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
         def __getattr__(self, name: str):
             return getattr(self.inner, name)
 
-    w.runner.run = Timed(w.runner.run, "model")
-    w.sampler = Timed(w.sampler, "sampler")       # the sampler's share includes preparing its tensors
-    if hasattr(worker_module, "sampling_batch"):            # (a baseline from before it has none)
-        worker_module.sampling_batch = Timed(worker_module.sampling_batch, "sampler")
+    timed = [(w.runner, "run", "model"), (w, "sampler", "sampler")]   # the sampler's share includes
+    if hasattr(worker_module, "sampling_batch"):                        # preparing its tensors (a
+        timed.append((worker_module, "sampling_batch", "sampler"))     # baseline from before has none)
+    for obj, name, key in timed:
+        setattr(obj, name, Timed(getattr(obj, name), key))
     spk = torch.from_numpy(random_speaker(1, w.model.config.hidden_size))
     out = {}
     for b in batches:
         ids = [f"b{b}-{i}" for i in range(b)]
         for i, rid in enumerate(ids):
-            p = chattts_params(seed=i, max_new_tokens=steps + 20 + 2 * decode_steps)
+            p = chattts_params(seed=i, max_new_tokens=steps + profile * decode_steps + 20 + 2 * decode_steps)
             p.ignore_eos = True
             eng.add_request(rid, list(range(5, 45)), p, speaker=spk)
         frames = 0
@@ -116,11 +158,17 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
             k = len(outs[0].new_token_ids)             # frames this step decoded for each sequence
             frames += k
             rows.append(((time.perf_counter() - t) / k, spent["model"] / k, spent["sampler"] / k))
-        for rid in ids:
-            eng.abort(rid)
         out[b] = {k: 1e3 * statistics.median(r[j] for r in rows)
                   for j, k in enumerate(("step_ms", "model_ms", "sampler_ms"))}
         log.info("batch %d: step %.2f ms (model %.2f, sampler %.2f)", b, *out[b].values())
+        if profile:
+            for obj, name, _ in timed:
+                setattr(obj, name, getattr(obj, name).inner)
+            out[b]["profile"] = profile_steps(eng, profile, sync)
+            for obj, name, key in timed:
+                setattr(obj, name, Timed(getattr(obj, name), key))
+        for rid in ids:
+            eng.abort(rid)
     out["weight_bytes"] = weight_bytes(w.model)
     out["velocity"] = str(Path(worker_module.__file__).parents[1])     # whose code ran: this tree or a baseline's
     return out
@@ -131,7 +179,7 @@ def child(args: argparse.Namespace, tree: str | None, quantize: str, decode_step
     harness stay this checkout's: a baseline may predate them)."""
     cmd = [sys.executable, __file__, "--child", "--weights", args.weights, "--device", args.device,
            "--batches", args.batches, "--steps", str(args.steps), "--quantize", quantize,
-           "--decode-steps", str(decode_steps)]
+           "--decode-steps", str(decode_steps), "--profile", str(args.profile)]
     run = subprocess.run(cmd + (["--tree", tree] if tree else []), capture_output=True, text=True)
     if run.returncode != 0:
         sys.exit(f"bench_step: a round failed ({tree or 'this tree'}, quantize {quantize}):\n{run.stderr[-3000:]}")
@@ -180,6 +228,8 @@ def main() -> None:
     base.add_argument("--baseline-decode-steps", type=int, help="this checkout, another VELOCITY_DECODE_STEPS")
     ap.add_argument("--quantize", choices=("none", "int8"), default="none", help="this arm's VELOCITY_QUANTIZE")
     ap.add_argument("--decode-steps", type=int, default=1, help="this arm's VELOCITY_DECODE_STEPS")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="also run the torch profiler over N more steps a batch (kernels, host gaps)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "engine_step"))
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tree", help=argparse.SUPPRESS)
@@ -190,7 +240,8 @@ def main() -> None:
         if args.tree:                           # the baseline's velocity (none is imported yet)
             assert "velocity" not in sys.modules
             sys.path.insert(0, args.tree)
-        print(json.dumps(measure(args.weights, args.device, batches, args.steps, args.quantize, args.decode_steps)))
+        print(json.dumps(measure(args.weights, args.device, batches, args.steps, args.quantize, args.decode_steps,
+                                 args.profile)))
         return
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from tqdm.auto import tqdm
@@ -238,6 +289,13 @@ def main() -> None:
             m = {k: statistics.median(x[b][k] for x in xs) for k in ("step_ms", "model_ms", "sampler_ms")}
             m["other_ms"] = max(0.0, m["step_ms"] - m["model_ms"] - m["sampler_ms"])
             res["arms"][a][str(b)] = m
+    if args.profile:                              # each arm's first round
+        res["profile"] = {a: {str(b): xs[0][b]["profile"] for b in batches} for a, xs in runs.items()}
+        for a in res["profile"]:
+            for b, pr in res["profile"][a].items():
+                log.info("profile %s, batch %s: %.2f ms a frame, GPU busy %.2f ms, host gap %.2f ms, %.0f kernels, "
+                         "top kernel %s", labels[a], b, pr["wall_ms"], pr["gpu_busy_ms"], pr["host_gap_ms"],
+                         pr["kernels"], (pr["top_kernels"] or [["-"]])[0][0][:50])
     if "baseline" in runs:
         res["baseline_over_this"] = {str(b): statistics.median(x[b]["step_ms"] / y[b]["step_ms"]
                                                                for x, y in zip(runs["baseline"], runs["this"]))

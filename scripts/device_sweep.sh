@@ -8,7 +8,8 @@
 #                                          # first audio < 0.5 s). For issue #34's sweep:
 #                                          # VELOCITY_MAX_NUM_SEQS=512 LEVELS=1,8,32,64,128,256,512
 #   PARTS=step   scripts/device_sweep.sh   # benchmarks/bench_step.py: the engine's decode step,
-#                                          # A/B against .device/baseline_velocity.tar if there
+#                                          # A/B against .device/baseline_velocity.tar if there,
+#                                          # with the torch profiler over PROFILE (20) more steps
 #   PARTS=tests  scripts/device_sweep.sh   # the CUDA tests (tests/test_cuda_graphs.py; they
 #                                          # skip on a CPU-only machine)
 #   PARTS=inprocess scripts/device_sweep.sh # benchmarks.sweep --in-process-only at LEVELS (default
@@ -46,7 +47,8 @@ echo "python $PY ($PYV) site $SITE libdir $LIBDIR"; nvidia-smi -L 2>/dev/null
 
 # the client wheels and velocity's runtime needs that the image lacks (scripts/device_bundle.sh)
 if [[ -z "${NO_WHEELS:-}" ]]; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .device/*.whl || exit 1
+    [[ -f /tmp/site/.velocity ]] || "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .device/*.whl || exit 1
+    touch /tmp/site/.velocity                               # a later part of the same machine reuses it
     export PYTHONPATH="/tmp/site:$PYTHONPATH"
     # the python stubs do not see PYTHONPATH: a .pth adds /tmp/site to every path, theirs too,
     # after the image's own packages
@@ -60,7 +62,7 @@ fi
 W=/tmp/demo-checkpoint
 [[ "$PARTS" == *" triton "* || "$PARTS" == *" step "* || "$PARTS" == *" inprocess "* \
     || "$PARTS" == *" reference "* || "$PARTS" == *" overhead "* ]] || exit 0
-"$PY" scripts/make_demo_checkpoint.py --size "${SIZE:-full}" --out "$W" > "$OUT/checkpoint.log" 2>&1 \
+"$PY" scripts/make_demo_checkpoint.py --size "${SIZE:-full}" --out "$W" --unless-current > "$OUT/checkpoint.log" 2>&1 \
     || { cat "$OUT/checkpoint.log"; exit 1; }
 HW="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"; HW="${HW:-CPU}"
 
@@ -83,8 +85,18 @@ if [[ "$PARTS" == *" triton "* || "$PARTS" == *" overhead "* ]]; then
     fi
     "$PY" -c 'import numpy; print("numpy", numpy.__version__, "for the stub and the sweep")'
     # the in-process baseline runs beside the server on the same GPU: the server takes 40% of it
+    spid=""
+    stop_server() {
+        [[ -n "$spid" ]] || return 0
+        kill -TERM -- -"$spid" 2>/dev/null
+        for _ in $(seq 1 60); do kill -0 "$spid" 2>/dev/null || break; sleep 1; done
+        kill -KILL -- -"$spid" 2>/dev/null; spid=""; rm -f /tmp/velocity-server.pgid
+        rm -f "$SITE/00-velocity-numpy1.pth"
+    }
+    trap 'stop_server; exit 143' TERM INT        # a time limit on this script stops its server too
+    trap stop_server EXIT
     VENV="$VENV" GATEWAY_PORT=0 VELOCITY_GPU_MEMORY_UTILIZATION="${SERVER_GPU_MEMORY:-0.4}" setsid scripts/serve.sh --weights "$W" --bind 127.0.0.1 > "$OUT/server.log" 2>&1 &
-    spid=$!
+    spid=$!; echo "$spid" > /tmp/velocity-server.pgid      # scripts/device_parts.sh's last resort
     for i in $(seq 1 300); do
         get http://localhost:8000/v2/health/ready >/dev/null && break
         kill -0 $spid 2>/dev/null || break
@@ -105,15 +117,12 @@ if [[ "$PARTS" == *" triton "* || "$PARTS" == *" overhead "* ]]; then
                     --rounds "${ROUNDS:-2}" --note "$HW" --out "$OUT/overhead_gpu_c$c" 2>&1 | tail -3
             done
         fi
-        get http://localhost:8002/metrics | grep "^velocity_" > "$OUT/metrics.txt"
+        get http://localhost:8002/metrics > "$OUT/metrics.txt"     # Triton's per-model times and ours
     else
         echo "server not ready"; tail -80 "$OUT/server.log"
     fi
-    kill -TERM -- -$spid 2>/dev/null
-    for _ in $(seq 1 60); do kill -0 $spid 2>/dev/null || break; sleep 1; done
-    kill -KILL -- -$spid 2>/dev/null
+    stop_server
     tail -20 "$OUT/server.log"
-    rm -f "$SITE/00-velocity-numpy1.pth"
 fi
 
 if [[ "$PARTS" == *" inprocess "* ]]; then
@@ -139,5 +148,5 @@ if [[ "$PARTS" == *" step "* ]]; then
         base=(--baseline-dir "/tmp/$rev" --rounds "${ROUNDS:-2}")
     fi
     PYTHONUNBUFFERED=1 TQDM_DISABLE=1 "$PY" benchmarks/bench_step.py --weights "$W" --device "$DEVICE" "${base[@]}" \
-        --batches 1,8,32,64 --steps 100 --out "$OUT/engine_step_gpu" 2>&1 | tail -8
+        --batches 1,8,32,64 --steps 100 --profile "${PROFILE:-20}" --out "$OUT/engine_step_gpu" 2>&1 | tail -20
 fi

@@ -127,3 +127,22 @@ def test_streams_in_real_time_is_the_largest_level_within_both_bounds():
     assert realtime_streams(levels) == 64                    # 128: first audio; 256: RTF; 32: an error
     assert realtime_streams(levels, first_audio_s=1.0) == 128
     assert realtime_streams([level(1, 1.5, 0.1)]) == 0
+
+
+def test_bench_step_profile_counts_every_frame_and_the_host_time(tmp_path):
+    """bench_step --profile: the profiler's summary is per decoded frame, over the steps it ran (a
+    multi-step step counts K frames), and on CPU the host's operations are all there is (no
+    kernels, no GPU time: the whole wall time is host)."""
+    from benchmarks.bench_step import measure
+    from velocity.demo.checkpoint import write_checkpoint
+
+    ck = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
+    for k in (1, 2):
+        got = measure(str(ck), "cpu", [2], steps=4, decode_steps=k, profile=3)[2]
+        pr = got["profile"]
+        assert pr["frames"] == 3 * k
+        assert pr["kernels"] == 0 and pr["gpu_busy_ms"] == 0 and pr["runtime_calls"] == {}
+        assert pr["host_gap_ms"] == pr["wall_ms"] > 0
+        names = [name for name, _ in pr["top_host_ops"]]
+        assert len(names) == 8 and all(ms >= 0 for _, ms in pr["top_host_ops"])
+        assert any(n.startswith(("aten::", "mkldnn::")) for n in names), names
