@@ -3,7 +3,8 @@
 batch 1 and 8 for codes -> DVAE -> Vocos and for GPT hidden states -> Decoder -> Vocos (the
 reference's default), measured in alternating rounds (this machine's speed drifts), the
 streaming seam error against lookahead for each, and, for the default path, the seam error and
-the stream's decode time against left context (what a shorter left context would save).
+the stream's decode time against left context (what a shorter left context would save), and
+the seam error of a smaller first chunk (VELOCITY_CHUNK_FIRST, which sets first audio).
 Release-size DVAE, Decoder (768-wide hidden states) and Vocos with seeded random weights.
 Writes docs/benchmarks/vocoder_cpu.{json,png}.
 
@@ -84,9 +85,22 @@ def main() -> None:
             audio = torch.cat([c[1] for c in chunks])
             res["lookahead"][p][str(la)] = ser_db(whole, audio)
             log.info("%-6s lookahead %2d frames: SER %.1f dB", p, la, res["lookahead"][p][str(la)])
+    # the first chunk's size, which sets first audio (fewer frames to generate before it), with
+    # a short and the default lookahead: SER of the whole stream and of its first second, where
+    # that chunk's seam is (the default path)
+    whole = dec.decode(hidden[None])[0]
+    sec = int(dec.sample_rate)
+    res["first_chunk"] = {}
+    for first in (4, 8, 12):
+        for la in (4, 16):
+            sd = StreamingDecoder(dec, ChunkSchedule(first, 36), lookahead=la)
+            audio = torch.cat([c[1] for c in sd.push(frames, hidden=hidden.numpy()) + sd.push([], final=True)])
+            res["first_chunk"][f"{first}/{la}"] = r = {"ser_db": ser_db(whole, audio),
+                                                       "first_second_ser_db": ser_db(whole[:sec], audio[:sec])}
+            log.info("hidden first chunk %2d frames, lookahead %2d: SER %.1f dB (first second %.1f dB)",
+                     first, la, r["ser_db"], r["first_second_ser_db"])
     # left context, the default path: SER with full lookahead, and the whole stream's decode time
     # (median of alternating rounds: the left frames are decoded again for every chunk)
-    whole = dec.decode(hidden[None])[0]
     lefts = (4, 8, 16, 32, dec.exact_context)
     times = {n: [] for n in lefts}
     for r, n in alternating(lefts, args.rounds + 1):  # round 0 warms up and measures the error

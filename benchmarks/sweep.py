@@ -266,7 +266,10 @@ def main() -> None:
     metrics_url = args.metrics_url or metrics_url_of(args.url)
     res: dict = {"hardware": {"device": args.hardware or f"CPU {cpu_model()}, {os.cpu_count()} cores"},
                  "checkpoint": Path(args.weights).name if args.weights else "server's",
-                 "max_new_tokens": args.max_new_tokens, "texts": len(texts), "levels": []}
+                 "max_new_tokens": args.max_new_tokens, "texts": len(texts), "levels": [],
+                 # this process's settings: the in-process baseline's, and the server's where it was
+                 # started with the same environment (as scripts/device_sweep.sh does)
+                 "settings": {k: v for k, v in sorted(os.environ.items()) if k.startswith("VELOCITY_")}}
     if args.weights:
         res["in_process"] = in_process(args.weights, texts, [int(c) for c in args.in_process_concurrency.split(",")],
                                        args.requests, values, args.device)
