@@ -3,8 +3,10 @@ sent in order by one response thread (not the engine loop), a limit on streams i
 drain on stop, and the engine's gauges. Triton's objects stay in the adapter: this module gets a
 `send(sender, outputs or None, final)` function and each request's sender and cancel check.
 
+A monitor thread asks every 20 ms whether each stream's client has left (Triton's is_cancelled, a
+round trip to the server process: never on the engine thread), and aborts those that have.
 A stream of the `tts` ensemble also holds a slot on the stream board (velocity.serving.stream_board),
-which a monitor thread looks at every 20 ms: a cancelled stream (its client left) is aborted, a
+which the monitor looks at too: a stream whose vocoder saw its client leave is aborted, a
 stream with VELOCITY_BACKLOG_SECONDS of audio waiting for the vocoder pauses in the scheduler, a
 quiet stream sends a probe, and a stream whose request timeout passed is ended. Its final flag
 waits until the vocoder has decoded all its audio, so that a client that leaves during the last
@@ -136,11 +138,8 @@ class Stream:
             if self.done:
                 self.abort_all()                 # an ended stream's sentences still ahead
                 return
-            if self.stop_reason is None:
-                if self.cancelled():
-                    self.stop(None, "cancelled")
-                elif self.deadline is not None and time.monotonic() >= self.deadline:
-                    self.stop(STREAM_DEADLINE, "deadline")     # no chunk goes out past it
+            if self.stop_reason is None and self.deadline is not None and time.monotonic() >= self.deadline:
+                self.stop(STREAM_DEADLINE, "deadline")         # no chunk goes out past it
             if self.stop_reason is not None:
                 self.abort_all()
                 self.end(self.stop_code)
@@ -256,8 +255,13 @@ class Streams:
             self._send(*item)
 
     def _look(self, stream: Stream, now: float) -> None:
-        """One stream's board slot and deadline (from the monitor thread)."""
+        """One stream's client, board slot and deadline (from the monitor thread). The client is
+        asked here, not at each of its outputs on the engine thread: Triton's is_cancelled() is a
+        round trip to the server process, and one a frame per stream held up every step."""
         if stream.done or stream.stop_reason is not None:
+            return
+        if stream.cancelled():
+            stream.stop(None, "cancelled")
             return
         if stream.deadline is not None and now >= stream.deadline:
             stream.stop(STREAM_DEADLINE, "deadline")
