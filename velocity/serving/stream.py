@@ -3,7 +3,7 @@ sent in order by one response thread (not the engine loop), a limit on streams i
 drain on stop, and the engine's gauges. Triton's objects stay in the adapter: this module gets a
 `send(sender, outputs or None, final)` function and each request's sender and cancel check.
 
-A monitor thread asks every 20 ms whether each stream's client has left (Triton's is_cancelled, a
+A monitor thread asks every 0.1 s whether each stream's client has left (Triton's is_cancelled, a
 round trip to the server process: never on the engine thread), and aborts those that have.
 A stream of the `tts` ensemble also holds a slot on the stream board (velocity.serving.stream_board),
 which the monitor looks at too: a stream whose vocoder saw its client leave is aborted, a
@@ -33,6 +33,7 @@ from velocity.tts.sentence_stream import Carry, Refine, SentenceStream
 log = logging.getLogger("velocity.llm")
 Send = Callable[[object, "dict | None", bool], None]       # (sender, outputs or None: only the flag, final)
 TICK = 0.02                    # seconds between the monitor's looks at the board
+ASK = 0.1                      # seconds between its questions to Triton whether a client left
 HOLD_LIMIT = 60.0              # seconds a finished stream waits for the vocoder at most (a vocoder that died)
 
 
@@ -185,7 +186,8 @@ class Stream:
 
 class Streams:
     """The streams in flight, the response thread that answers them, and the monitor thread
-    (the stream board every 20 ms; engine gauges and serve.sh's drain request four times a second)."""
+    (the stream board every 20 ms, each client every 0.1 s; engine gauges and serve.sh's drain
+    request four times a second)."""
 
     def __init__(self, engine, settings: Settings, metrics: dict, send: Send, lender=None,
                  board: StreamBoard | None = None) -> None:
@@ -254,13 +256,14 @@ class Streams:
         while (item := self.outbox.get()) is not None:
             self._send(*item)
 
-    def _look(self, stream: Stream, now: float) -> None:
-        """One stream's client, board slot and deadline (from the monitor thread). The client is
-        asked here, not at each of its outputs on the engine thread: Triton's is_cancelled() is a
-        round trip to the server process, and one a frame per stream held up every step."""
+    def _look(self, stream: Stream, now: float, ask: bool) -> None:
+        """One stream's board slot and deadline, and with `ask` its client (from the monitor thread).
+        The client is asked here, not at each of its outputs on the engine thread: Triton's
+        is_cancelled() is a round trip to the server process (benchmarks/bench_cancel_check.py), and
+        one a frame per stream held up every step."""
         if stream.done or stream.stop_reason is not None:
             return
-        if stream.cancelled():
+        if ask and stream.cancelled():
             stream.stop(None, "cancelled")
             return
         if stream.deadline is not None and now >= stream.deadline:
@@ -284,12 +287,14 @@ class Streams:
 
     def _watch(self) -> None:
         seen_preemptions = seen_lent = seen_steps = 0
-        seen_seconds, next_gauges = 0.0, 0.0
+        seen_seconds, next_gauges, next_ask = 0.0, 0.0, 0.0
         while not self._stop.wait(TICK):
             now = time.monotonic()
+            if ask := now >= next_ask:
+                next_ask = now + ASK
             for stream in list(self.live.values()):
                 try:
-                    self._look(stream, now)
+                    self._look(stream, now, ask)
                 except Exception:                # one stream's fault must not stop the monitor
                     log.exception("llm: monitor failed on stream %s", stream.rid)
             if now < next_gauges:
