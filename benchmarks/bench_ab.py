@@ -26,7 +26,8 @@ and a PNG. A backpressure A/B: a second server with VELOCITY_BACKLOG_SECONDS=0 a
     .venv/bin/python benchmarks/bench_ab.py --arms other,triton --other-url localhost:9001 --concurrency 8 \
         --requests 24 --sentences 3 --out docs/benchmarks/backpressure/tiny_c8
 
-A change against the revision before it (the running server is this checkout's):
+A change against the revision before it (the running server is this checkout's; without git,
+--baseline-dir names a folder holding that revision's tree):
 
     .venv/bin/python benchmarks/bench_ab.py --arms baseline,triton --baseline-rev HEAD~1 --concurrency 8
 """
@@ -39,6 +40,7 @@ import logging
 import os
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -136,7 +138,10 @@ def main() -> None:
                     help="the triton-refine arm's REFINE_MAX_NEW_TOKENS (384: the reference's default)")
     ap.add_argument("--other-url", help="the `other` arm's server (gRPC address)")
     ap.add_argument("--other-metrics-url", help="its metrics (default: its host, port 8002)")
-    ap.add_argument("--baseline-rev", help="the `baseline` arm's git revision (a server started from it)")
+    base = ap.add_mutually_exclusive_group()
+    base.add_argument("--baseline-rev", help="the `baseline` arm's git revision (a server started from it)")
+    base.add_argument("--baseline-dir", help="or a folder holding its tree (model_repository, scripts, velocity: "
+                                            "a copy without git, e.g. scripts/device_bundle.sh's on a device)")
     ap.add_argument("--board", help="the server's core board file (default: the only one found)")
     ap.add_argument("--note", help="what the servers are, for the record (e.g. 'other: --cpu-isa avx2')")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "ab" / "ab"))
@@ -168,17 +173,23 @@ def main() -> None:
 
     if "other" in kind.values() and not args.other_url:
         raise SystemExit("--arms other needs --other-url (a second server)")
-    if ("baseline" in kind.values()) != bool(args.baseline_rev):
-        raise SystemExit("--arms baseline and --baseline-rev go together (a server from that revision)")
+    if ("baseline" in kind.values()) != bool(args.baseline_rev or args.baseline_dir):
+        raise SystemExit("--arms baseline and --baseline-rev (or --baseline-dir) go together (a server from that tree)")
     urls = {"other": (args.other_url, args.other_metrics_url or (args.other_url and metrics_url_of(args.other_url)))}
     stack = contextlib.ExitStack()
-    if args.baseline_rev:
-        tree = stack.enter_context(baseline_tree(args.baseline_rev))
+    if args.baseline_rev or args.baseline_dir:
+        if args.baseline_dir:
+            tree = Path(args.baseline_dir).resolve()
+            if not (tree / "model_repository").is_dir() or not (tree / "scripts" / "serve.sh").is_file():
+                raise SystemExit(f"--baseline-dir {tree}: no model_repository and scripts/serve.sh in it")
+            logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="baseline-log-")))
+        else:
+            tree = stack.enter_context(baseline_tree(args.baseline_rev))
+            logs = Path(tree).parent
         env = {"BIND": "127.0.0.1", **({"VELOCITY_WEIGHTS": args.weights} if args.weights else {})}
-        baseline = TritonServer(tree / "model_repository", Path(tree).parent / "server.log", env, gateway_port=0,
-                                root=tree)
+        baseline = TritonServer(tree / "model_repository", logs / "server.log", env, gateway_port=0, root=tree)
         stack.callback(baseline.stop)
-        log.info("starting the baseline server (%s) from %s", args.baseline_rev, tree)
+        log.info("starting the baseline server (%s) from %s", args.baseline_rev or "--baseline-dir", tree)
         baseline.start(timeout=400)
         urls["baseline"] = (baseline.grpc_url, f"http://localhost:{baseline.metrics_port}/metrics")
 
@@ -227,7 +238,7 @@ def main() -> None:
     base = arms[0]
     res = {"concurrency": conc, "requests_per_round": n, "arms": arms, "max_new_tokens": args.max_new_tokens,
            "sentences": args.sentences, "note": args.note,
-           "baseline_rev": args.baseline_rev,
+           "baseline_rev": args.baseline_rev or (args.baseline_dir and Path(args.baseline_dir).name),
            "pooled": {a: pooled(a) for a in arms}, "rounds": rounds, "median_ratio_to_" + base: {
                a: {"first_audio": median_ratio(rounds, a, base, lambda x: x["first_audio_s"]["avg"]),
                    "audio_s_per_s": median_ratio(rounds, a, base, lambda x: x["audio_s_per_s"]),

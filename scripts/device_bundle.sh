@@ -14,8 +14,9 @@
 #                             under numpy 2, so the Triton part of device_sweep.sh puts it first
 # .device/ref/*.whl          the reference (chattts==0.2.5) and the needs of it the image lacks
 #                             (~0.5 MB), for PARTS=reference
-# .device/baseline_velocity.tar  `git archive REV velocity` (with --baseline-rev), for the
-#                             engine-step A/B (the device's copy of the tree has no .git)
+# .device/baseline_velocity.tar  `git archive REV velocity model_repository scripts client` (with
+#                             --baseline-rev), for the engine-step A/B and a baseline server
+#                             (PARTS=ab; the device's copy of the tree may have no .git)
 # Needs scripts/setup.sh's venv and PyPI (pip download). About 51 MB in all (the tree adds 8):
 # under the 64 MiB a device run may carry.
 set -euo pipefail
@@ -76,7 +77,7 @@ rm -rf "$out/ref" && mkdir -p "$out/ref"
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 "frozendict>=2.4"
 if [[ -n "$REV" ]]; then
     echo "[bundle] velocity at $REV -> $out/baseline_velocity.tar"
-    git -C "$ROOT" archive --format=tar -o "$out/baseline_velocity.tar" "$REV" velocity
+    git -C "$ROOT" archive --format=tar -o "$out/baseline_velocity.tar" "$REV" velocity model_repository scripts client
     git -C "$ROOT" rev-parse --short "$REV" > "$out/baseline_velocity.rev"
 fi
 du -sh "$out"

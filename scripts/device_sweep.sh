@@ -16,6 +16,8 @@
 #                                          # 1,8,32,64): the pipeline without the server
 #   PARTS=overhead scripts/device_sweep.sh # benchmarks/bench_ab.py --arms triton,in-process at
 #                                          # AB_LEVELS (default "1 32"), ROUNDS paired rounds (2)
+#   PARTS=ab scripts/device_sweep.sh       # benchmarks/bench_ab.py --arms baseline,triton: this tree's
+#                                          # server against .device/baseline_velocity.tar's, AB_LEVELS
 #   PARTS=reference scripts/device_sweep.sh # benchmarks/bench_reference.py on the GPU: the reference
 #                                          # (.device/ref's wheels in this python) against velocity,
 #                                          # 16 texts of 120 frames, ROUNDS rounds (default 1)
@@ -61,12 +63,12 @@ fi
 
 W=/tmp/demo-checkpoint
 [[ "$PARTS" == *" triton "* || "$PARTS" == *" step "* || "$PARTS" == *" inprocess "* \
-    || "$PARTS" == *" reference "* || "$PARTS" == *" overhead "* ]] || exit 0
+    || "$PARTS" == *" reference "* || "$PARTS" == *" overhead "* || "$PARTS" == *" ab "* ]] || exit 0
 "$PY" scripts/make_demo_checkpoint.py --size "${SIZE:-full}" --out "$W" --unless-current > "$OUT/checkpoint.log" 2>&1 \
     || { cat "$OUT/checkpoint.log"; exit 1; }
 HW="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"; HW="${HW:-CPU}"
 
-if [[ "$PARTS" == *" triton "* || "$PARTS" == *" overhead "* ]]; then
+if [[ "$PARTS" == *" triton "* || "$PARTS" == *" overhead "* || "$PARTS" == *" ab "* ]]; then
     # serve.sh wants "$VENV/bin/python" and puts "$VENV/bin" first on PATH, where the stub's
     # embedded python finds its packages; a system python3 may have no `python` next to it
     VENV="$(dirname "$(dirname "$PY")")"
@@ -115,6 +117,16 @@ if [[ "$PARTS" == *" triton "* || "$PARTS" == *" overhead "* ]]; then
                 PYTHONUNBUFFERED=1 TQDM_DISABLE=1 "$PY" benchmarks/bench_ab.py --arms triton,in-process \
                     --weights "$W" --device "$DEVICE" --concurrency "$c" --requests "$(( c > 4 ? c : 4 ))" \
                     --rounds "${ROUNDS:-2}" --note "$HW" --out "$OUT/overhead_gpu_c$c" 2>&1 | tail -3
+            done
+        fi
+        if [[ "$PARTS" == *" ab "* ]]; then           # this tree's server against the baseline's, paired rounds
+            rev="$(cat .device/baseline_velocity.rev 2>/dev/null || echo baseline)"
+            mkdir -p "/tmp/$rev" && tar -xf .device/baseline_velocity.tar -C "/tmp/$rev" || exit 1
+            for c in ${AB_LEVELS:-1 32}; do
+                VENV="$VENV" VELOCITY_GPU_MEMORY_UTILIZATION="${SERVER_GPU_MEMORY:-0.4}" PYTHONUNBUFFERED=1 TQDM_DISABLE=1 \
+                    "$PY" benchmarks/bench_ab.py --arms baseline,triton --baseline-dir "/tmp/$rev" --weights "$W" \
+                    --concurrency "$c" --requests "$(( c > 4 ? c : 4 ))" --rounds "${ROUNDS:-2}" \
+                    --note "$HW; baseline $rev" --out "$OUT/ab_gpu_c$c" 2>&1 | tail -3
             done
         fi
         get http://localhost:8002/metrics > "$OUT/metrics.txt"     # Triton's per-model times and ours
