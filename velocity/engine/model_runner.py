@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from velocity.engine.sampler import CHATTTS_MIN_KEEP, M64, SamplingBatch, noise_keys, random_key
+from velocity.engine.sampler import CHATTTS_MIN_KEEP, M64, SamplingBatch, noise_keys, random_key, to_device
 from velocity.engine.sequence import Sequence
 from velocity.model.attention import AttentionMetadata, build_attn_mask
 
@@ -98,8 +98,8 @@ def sampling_batch(seqs: list[Sequence], K: int, V: int, stop_ids: set[int], sty
             ids[j, :len(h)] = h[:, :K]
         ints += [np.array(pen, dtype=np.int64), np.array(once, dtype=np.int64), ids.reshape(-1)]
         floats.append(np.array([seqs[i].params.repetition_penalty for i in pen], dtype=np.float32))
-    ints_t = torch.from_numpy(np.concatenate(ints)).to(device)
-    floats_t = torch.from_numpy(np.concatenate(floats)).to(device)
+    ints_t = to_device(torch.from_numpy(np.concatenate(ints)), device)
+    floats_t = to_device(torch.from_numpy(np.concatenate(floats)), device)
     filt = floats_t[:R * (K + 1)].view(R, K + 1)
     batch = SamplingBatch(style, ints_t[:R], filt[:, :K], ints_t[R:2 * R], filt[:, K], width,
                           any(k < V or p.top_p < 1 for p, k in zip(ps, ks)), keys)
@@ -122,7 +122,7 @@ def sampling_batch(seqs: list[Sequence], K: int, V: int, stop_ids: set[int], sty
         mask = torch.zeros(len(some), V, dtype=torch.bool)
         for i, stop in masked:
             mask[i, stop] = True
-        return mask.to(device)
+        return to_device(mask, device)
 
     batch.stop_mask = stop_mask(seqs, False)
     batch.first_stop_mask = stop_mask([seqs[i] for i in rows], True) if chattts and rows else None

@@ -22,6 +22,15 @@ _entropy = random.Random()                 # keys of unseeded rows
 CHATTTS_MIN_KEEP = 3                       # the reference's top-p and top-k keep at least 3 candidates
 
 
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A host tensor on `device`, without waiting for the work queued there: on CUDA through pinned
+    memory and a non-blocking copy (a copy from pageable memory synchronizes the stream, so the
+    host would sit idle while the model runs); on the CPU the tensor itself."""
+    if torch.device(device).type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def noise_key(seed: int, step: int) -> int:
     """A seeded row's noise key at one step (how many tokens it has generated so far)."""
     return mix64(mix64(seed) + step * GOLDEN)
@@ -152,7 +161,7 @@ class Sampler:
         if x is None:
             return greedy
         probs = x.softmax(dim=-1)                                        # [R, K, c]
-        noise = exponential_noise(b.keys, x.shape[1], x.shape[-1]).to(x.device)
+        noise = to_device(exponential_noise(b.keys, x.shape[1], x.shape[-1]), x.device)
         pick = (probs / noise).argmax(dim=-1, keepdim=True)              # exponential race = categorical draw
         pick = pick[..., 0] if ids is None else ids.gather(-1, pick)[..., 0]      # [R, K]
         if greedy is None:

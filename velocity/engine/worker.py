@@ -14,7 +14,7 @@ from velocity.model.loader import load_model
 from velocity.model.int8_linear import quantize_linears, require_int8
 from velocity.model.llama import LlamaLayer
 from velocity.model.packed_linear import can_pack, pack_linears
-from velocity.engine.sampler import Sampler
+from velocity.engine.sampler import Sampler, to_device
 from velocity.engine.cache_engine import CacheEngine, bytes_per_block
 from velocity.engine.model_runner import ModelRunner, sampling_batch
 
@@ -110,14 +110,16 @@ class Worker:
         self.cache.swap_out(out.swap_out)
         self.cache.swap_in(out.swap_in)
         hidden = self.runner.run(out.seqs)                        # [B, H]
+        # On CUDA the model's work is queued, not done: nothing below waits for it until the
+        # tokens come back (.tolist()), so the host's sampling inputs are made while it runs
         tokens: list = [None] * len(out.seqs)
         groups: dict[str, list[int]] = {}
         for i, seq in enumerate(out.seqs):
             groups.setdefault(seq.head, []).append(i)
         for name, rows in groups.items():
             head = self.model.heads[name]
-            idx = torch.tensor(rows, device=hidden.device)
-            logits = head.fn(hidden[idx] if len(rows) < len(out.seqs) else hidden)   # [b, K, V]
+            some = len(rows) < len(out.seqs)
+            logits = head.fn(hidden[to_device(torch.tensor(rows), hidden.device)] if some else hidden)   # [b, K, V]
             batch = sampling_batch([out.seqs[i] for i in rows], logits.shape[1], logits.shape[2], head.stop_ids,
                                    head.sampling_style, head.repetition_window, hidden.device)
             for i, t in zip(rows, self.sampler(logits, batch).tolist()):       # [b, K]
