@@ -117,3 +117,51 @@ def test_audio_decoder_and_pipeline_on_cuda(tmp_path):
     pipe = TTSPipeline(ckpt, device="cuda", num_kv_blocks=256, max_num_seqs=4)
     wav = pipe.synthesize("Hello there. 你好。", params=chattts_params(seed=1, max_new_tokens=20))
     assert wav.dtype == np.float32 and len(wav) > 0 and len(wav) % 512 == 0
+
+
+@needs_cuda[0]
+@needs_cuda[1]
+def test_sampling_inputs_reach_a_busy_gpu_unchanged():
+    """The sampler's inputs go to the GPU through pinned memory without waiting for it
+    (sampler.to_device). With the GPU held busy while batch after batch is made, each batch's
+    tensors on the GPU equal the host's (no pinned buffer reused before its copy ran), and the
+    exponential noise likewise."""
+    from velocity.engine.model_runner import sampling_batch
+    from velocity.engine.sampler import exponential_noise, to_device
+    from velocity.engine.sequence import Sequence
+
+    rng = np.random.default_rng(0)
+    V, K = 626, 4
+
+    def batch_seqs(step: int) -> list:
+        out = []
+        for i in range(12):
+            p = (SamplingParams(temperature=0.0, max_new_tokens=100) if i == 7 else
+                 SamplingParams(temperature=0.3 + 0.05 * i, top_p=0.7, top_k=20 if i % 3 else 0,
+                                repetition_penalty=1.05 if i % 2 else 1.0, seed=i, max_new_tokens=100,
+                                min_new_tokens=step + 2 if i % 5 == 0 else 0, stop_token_ids=[V - 1]))
+            s = Sequence(f"r{i}", [1, 2, 3], p)
+            for t in rng.integers(0, V - 1, size=(step + i % 3, K)):
+                s.append(tuple(int(x) for x in t))
+            out.append(s)
+        return out
+
+    fields = ("rows", "temperatures", "top_k", "top_p", "stop_mask", "first_stop_mask",
+              "penalty_rows", "penalty_ids", "penalty_once", "penalty")
+    made = []
+    for step in range(1, 11):
+        torch.cuda._sleep(2_000_000)                       # the stream stays busy while the host goes on
+        seqs = batch_seqs(step)
+        for style in ("chattts", "transformers"):
+            host = sampling_batch(seqs, K, V, {V - 2}, style, 16, "cpu")
+            gpu = sampling_batch(seqs, K, V, {V - 2}, style, 16, "cuda")
+            noise = exponential_noise(host.keys, K, 20)
+            made.append((host, gpu, noise, to_device(noise, "cuda")))
+    torch.cuda.synchronize()
+    for n, (host, gpu, noise, noise_gpu) in enumerate(made):
+        for f in fields:
+            a, b = getattr(host, f), getattr(gpu, f)
+            assert (a is None) == (b is None), (n, f)
+            if a is not None:
+                assert b.is_cuda and torch.equal(a, b.cpu()), (n, f)
+        assert torch.equal(noise, noise_gpu.cpu()), n
