@@ -62,6 +62,10 @@ class SamplingParams:
         t = self.temperature
         return (t[0] if isinstance(t, (list, tuple)) else t) == 0
 
+    def stops(self, head_stop_ids) -> frozenset[int]:
+        """The tokens that end the request: its stop_token_ids, and the head's unless ignore_eos."""
+        return frozenset(self.stop_token_ids) | (frozenset() if self.ignore_eos else frozenset(head_stop_ids))
+
     def temperatures(self, k: int) -> list[float]:
         """One temperature per codebook."""
         t = self.temperature

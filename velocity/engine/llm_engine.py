@@ -103,8 +103,7 @@ class LLMEngine:
         spk, salt = (None, None) if checked is None else (checked.row, checked.digest)
         seq = Sequence(request_id, prompt_token_ids, params, cache_salt=salt,
                        head=head or model.default_head, speaker=spk, return_hidden=return_hidden)
-        seq.stop_ids = frozenset(params.stop_token_ids) | (
-            frozenset() if params.ignore_eos else frozenset(model.heads[seq.head].stop_ids))
+        seq.stop_ids = params.stops(model.heads[seq.head].stop_ids)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
 

@@ -112,7 +112,7 @@ def sampling_batch(seqs: list[Sequence], K: int, V: int, stop_ids: set[int], sty
         batch.penalty = floats_t[R * (K + 1):]
 
     def stops(s: Sequence) -> list[int]:
-        return [t for t in (set() if s.params.ignore_eos else stop_ids) | set(s.params.stop_token_ids) if t < V]
+        return [t for t in s.params.stops(stop_ids) if t < V]
 
     def stop_mask(some: list[Sequence], first_too: bool) -> torch.Tensor | None:
         masked = [(i, stops(s)) for i, s in enumerate(some) if len(s.output_token_ids) < s.params.min_new_tokens
