@@ -64,7 +64,7 @@ def profile_steps(eng, n: int, sync) -> dict:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    cuda = sync is not _no_sync
+    cuda = eng.worker.device.type == "cuda"
     sync()
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         t, frames = time.perf_counter(), 0
@@ -91,10 +91,6 @@ def profile_steps(eng, n: int, sync) -> dict:
             "top_host_ops": [[k[:90], v / 1e3 / frames] for k, v in host[:8]]}
 
 
-def _no_sync() -> None:
-    pass
-
-
 def measure(weights: str, device: str, batches: list[int], steps: int, quantize: str = "none",
             decode_steps: int = 1, profile: int = 0) -> dict:
     """{batch: {"step_ms", "model_ms", "sampler_ms"}, "weight_bytes": n}: medians over the steps of
@@ -113,7 +109,7 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
         kw["decode_steps"] = decode_steps
     eng = LLMEngine(EngineConfig(model=weights, device=device, max_num_seqs=max(batches), **kw))
     w = eng.worker
-    sync = torch.cuda.synchronize if w.device.type == "cuda" else _no_sync
+    sync = torch.cuda.synchronize if w.device.type == "cuda" else (lambda: None)
     spent = {"model": 0.0, "sampler": 0.0}
 
     class Timed:
