@@ -30,8 +30,13 @@ class DecodeInputs:
     last: torch.Tensor         # [B] 0..B-1: each row's last token
 
 
-def graph_batch_sizes(max_num_seqs: int) -> list[int]:
-    """1, 2, 4, 8, 16, ... up to max_num_seqs (which is included)."""
+def graph_batch_sizes(max_num_seqs: int, fine: bool = False) -> list[int]:
+    """1, 2, 4, 8, 16, ... up to max_num_seqs (which is included). fine: vLLM's buckets, for one
+    graph a batch size: 1, 2, 4, then every 8 to 256 and every 16 beyond, so that a batch is
+    padded by at most 7 (15) rows, not up to twice its size."""
+    if fine:
+        steps = [1, 2, 4, *range(8, 257, 8), *range(272, max(max_num_seqs, 272) + 1, 16)]
+        return [b for b in steps if b < max_num_seqs] + [max_num_seqs]
     sizes, b = [], 1
     while b < max_num_seqs:
         sizes.append(b)
@@ -132,17 +137,21 @@ def sampling_batch(seqs: list[Sequence], K: int, V: int, stop_ids: set[int], sty
 class ModelRunner:
     """Prepares positions, slot mapping, block tables and masks for a mixed prefill/decode batch.
 
-    On CUDA (unless enforce_eager) decode-only steps replay CUDA graphs captured for batch
-    sizes 1, 2, 4, ... max_num_seqs and context widths 64, 128, ... max_model_len tokens,
-    largest first with one memory pool; a batch is padded up to the next captured size and
-    width, its padding rows writing to the scratch block.
+    On CUDA (unless enforce_eager) decode-only steps replay CUDA graphs, largest first with one
+    memory pool; a batch is padded up to the next captured size (and width), its padding rows
+    writing to the scratch block. Where the decode reads the cache in place (the GPU kernels),
+    one graph per batch size (graph_batch_sizes' fine buckets) serves every context length;
+    else there is one per batch size 1, 2, 4, ... and context width 64, 128, ... tokens.
     """
 
     def __init__(self, model: nn.Module, block_size: int, scratch_block: int, max_model_len: int,
                  max_num_seqs: int, device: torch.device, use_cuda_graphs: bool,
-                 decode_kernel: Callable | None = None) -> None:
+                 decode_kernel: Callable | None = None, in_place_decode: bool = False) -> None:
         self.model = model
         self.decode_kernel = decode_kernel
+        # decodes read each row's cache up to its length (the C++ kernel's or the GPU kernels'):
+        # context lengths instead of a mask over the tables' width
+        self.in_place = decode_kernel is not None or in_place_decode
         self.block_size = block_size
         self.scratch_block = scratch_block
         self.device = device
@@ -182,8 +191,8 @@ class ModelRunner:
         md = AttentionMetadata(slot_mapping=torch.tensor(slots, device=dev),
                                block_tables=torch.tensor(tables, device=dev), attn_mask=None)
         Q = max(len(r) for r in q_rows)
-        if Q == 1 and self.decode_kernel is not None:   # decode only, C++ kernel: no mask needed
-            md.kernel, md.context_lens = self.decode_kernel, pos_t + 1
+        if Q == 1 and self.in_place:   # decode only, read in place: no mask needed
+            self.in_place_md(md, pos_t)
         elif Q == 1:   # decode only
             md.attn_mask = build_attn_mask(pos_t[:, None], W * S)
         else:
@@ -225,14 +234,20 @@ class ModelRunner:
         S = self.block_size
         md = AttentionMetadata(slot_mapping=tables.gather(1, (pos // S)[:, None])[:, 0] * S + pos % S,
                                block_tables=tables, attn_mask=None)
-        if self.decode_kernel is not None:      # reads each row's blocks up to its length: the room is not read
-            md.kernel, md.context_lens = self.decode_kernel, pos + 1
+        if self.in_place:                       # reads each row's blocks up to its length: the room is not read
+            self.in_place_md(md, pos)
         else:                                   # attends over the whole width: prepare's
             md.block_tables, md.attn_mask = tables[:, :W], build_attn_mask(pos[:, None], W * S)
         last = d.last if same else d.last[:len(seqs)]
         self.decode = DecodeInputs({s.seq_id: i for i, s in enumerate(seqs)}, pos, tables, lens, last)
         tokens = self.token_tensor([s.output_token_ids[-1] for s in seqs])
         return tokens, pos, md, last, None
+
+    def in_place_md(self, md: AttentionMetadata, pos: torch.Tensor) -> AttentionMetadata:
+        """A decode's metadata for reading the cache in place: each row's length, no mask."""
+        md.kernel, md.context_lens = self.decode_kernel, pos + 1
+        md.max_len = self.max_blocks_per_seq * self.block_size
+        return md
 
     # -- running ---------------------------------------------------------------------
     @torch.inference_mode()
@@ -248,14 +263,18 @@ class ModelRunner:
     # -- CUDA graphs -----------------------------------------------------------------
     def _static_forward(self, bs: int, width: int) -> torch.Tensor:
         st = self.static
-        md = AttentionMetadata(slot_mapping=st["slots"][:bs], block_tables=st["tables"][:bs, :width],
-                               attn_mask=build_attn_mask(st["pos"][:bs, None], width * self.block_size))
+        md = AttentionMetadata(slot_mapping=st["slots"][:bs], block_tables=st["tables"][:bs, :width], attn_mask=None)
+        if self.in_place:
+            self.in_place_md(md, st["pos"][:bs])
+        else:
+            md.attn_mask = build_attn_mask(st["pos"][:bs, None], width * self.block_size)
         return self.model(st["ids"][:bs], st["pos"][:bs], md)
 
     @torch.inference_mode()
     def capture(self, max_num_seqs: int) -> None:
-        self.graph_sizes = sizes = graph_batch_sizes(max_num_seqs)
-        self.graph_widths = widths = graph_context_blocks(self.max_blocks_per_seq, self.block_size)
+        self.graph_sizes = sizes = graph_batch_sizes(max_num_seqs, fine=self.in_place)
+        self.graph_widths = widths = ([self.max_blocks_per_seq] if self.in_place else
+                                      graph_context_blocks(self.max_blocks_per_seq, self.block_size))
         n, dev = sizes[-1], self.device
         # The graphs' inputs are views of one device buffer [n, c + 2 + max_blocks] = token ids
         # (c columns), position, slot, block table, written each step by one copy from a pinned

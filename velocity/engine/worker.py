@@ -8,7 +8,7 @@ import torch
 from velocity.config import EngineConfig
 from velocity.engine.scheduler import SchedulerOutput
 from velocity.model.attention import AttentionMetadata, build_attn_mask
-from velocity.model import cpu_isa
+from velocity.model import cpu_isa, gpu_kernels
 from velocity.model.cpu_kernels import paged_decode_kernel, sort_rows_kernel
 from velocity.model.loader import load_model
 from velocity.model.int8_linear import quantize_linears, require_int8
@@ -53,6 +53,9 @@ class Worker:
         if config.quantize == "int8":
             logger.info("CPU: %d linears of the transformer layers on int8 weights (quantize=int8)",
                         quantize_linears(self.model, LlamaLayer))
+        # (on a CPU only under Triton's interpreter, which the tests use)
+        fused = config.gpu_kernels and (self.device.type == "cuda" or gpu_kernels.interpreted()) \
+            and self._use_gpu_kernels()
         if config.pack_cpu_weights and can_pack(self.device, self.dtype):
             if hasattr(self.model, "fuse_code_heads"):
                 self.model.fuse_code_heads()            # one prepacked call for all codebooks
@@ -72,8 +75,23 @@ class Worker:
         cpu_f32 = self.device.type == "cpu" and self.dtype == torch.float32
         kernel = paged_decode_kernel() if cpu_f32 and config.cpu_kernel else None
         self.runner = ModelRunner(self.model, config.block_size, self.cache.scratch_block, self.max_model_len,
-                                  config.max_num_seqs, self.device, use_graphs, kernel)
+                                  config.max_num_seqs, self.device, use_graphs, kernel, in_place_decode=fused)
         self.sampler = Sampler(sort_rows_kernel() if self.device.type == "cpu" and config.cpu_kernel else None)
+
+    def _use_gpu_kernels(self) -> bool:
+        """The decoder layer on the Triton kernels, and the code heads as one GEMM; False (logged) where
+        Triton cannot be imported."""
+        K = gpu_kernels.load()
+        if K is None:
+            logger.warning("Triton cannot be imported: the GPU decoder layer runs eager (about 40 kernels a "
+                           "layer, not 9). Install the gpu extra (pip install 'velocity-tts[gpu]') or the CUDA "
+                           "wheel of torch, which carries Triton; VELOCITY_GPU_KERNELS=0 silences this")
+            return False
+        self.model.model.kernels = K
+        if hasattr(self.model, "fuse_code_heads"):
+            self.model.fuse_code_heads()                # the code heads as one GEMM
+        logger.info("GPU: the decoder layer on the Triton kernels (velocity.model.gpu_kernels)")
+        return True
 
     def _blocks_from_budget(self, block_bytes: int) -> int:
         if self.device.type != "cuda":

@@ -20,8 +20,9 @@ class AttentionMetadata:
     attn_mask: torch.Tensor           # [B, 1, Q, W * block_size] True where a query may attend
     q_index: torch.Tensor | None = None   # [B, Q] flat token index of each padded query
     out_index: torch.Tensor | None = None  # [T] index into the flattened [B * Q] output
-    context_lens: torch.Tensor | None = None  # [B], decode only: for the C++ decode kernel
+    context_lens: torch.Tensor | None = None  # [B], decode only: read the cache in place up to these lengths
     kernel: Callable | None = None         # cpu_kernels.paged_decode_kernel(), when in use
+    max_len: int = 0                       # decode in place: the longest context (sizes the GPU kernel's grid)
 
 
 def build_attn_mask(q_pos: torch.Tensor, num_keys: int) -> torch.Tensor:
@@ -43,6 +44,15 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
                          scale).view(T, Hq * D)
     k_cache.view(N * S, Hkv, D).index_copy_(0, md.slot_mapping, k)
     v_cache.view(N * S, Hkv, D).index_copy_(0, md.slot_mapping, v)
+    return attend_cached(q, k_cache, v_cache, md, scale)
+
+
+def attend_cached(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, md: AttentionMetadata,
+                  scale: float) -> torch.Tensor:
+    """Attention over each sequence's cached keys (this step's already written), gathered into
+    the block tables' dense width. q: [T, Hq, D] -> out [T, Hq * D]"""
+    T, Hq, D = q.shape
+    N, S, Hkv, _ = k_cache.shape
     B, W = md.block_tables.shape
     blocks = md.block_tables.reshape(-1)
     keys = k_cache.index_select(0, blocks).view(B, W * S, Hkv, D).transpose(1, 2)   # [B, Hkv, L, D]

@@ -71,10 +71,13 @@ class ChatTTSGPT(nn.Module):
         return torch.stack([h(hidden) for h in self.head_code], dim=1).float()
 
     def fuse_code_heads(self) -> None:
-        """The num_vq code heads as one linear [H -> num_vq * V], for a CPU whose linears are then
+        """The num_vq code heads as one linear [H -> num_vq * V]. For a CPU whose linears are then
         prepacked: one oneDNN call instead of num_vq, 2.2-3.5x faster at one row, and the same
-        values as the heads' own prepacked calls (tests/test_packed_linear.py). Not for MKL or
-        CUDA, whose results for a row may change with the output width."""
+        values as the heads' own prepacked calls (tests/test_packed_linear.py). On CUDA with the
+        GPU kernels: one GEMM instead of num_vq (a row's values may round apart from the heads'
+        own, as cuBLAS picks its kernel by the output width). Not for MKL. Once is enough."""
+        if self.head_code_fused is not None:
+            return
         w = torch.cat([h.weight for h in self.head_code])               # [num_vq * V, H]
         fused = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
         fused.weight = nn.Parameter(w, requires_grad=False)

@@ -2,11 +2,13 @@
 (ChatTTS's text and audio-code tables) can sit on top of it."""
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from velocity.model.attention import AttentionMetadata, paged_attention
+from velocity.model.attention import AttentionMetadata, attend_cached, paged_attention
 from velocity.model.heads import Head
 from velocity.model.llama_config import LlamaConfig, rope_tables
 
@@ -54,6 +56,20 @@ class LlamaAttention(nn.Module):
         o = paged_attention(q, k, v, self.k_cache, self.v_cache, md, self.scale)
         return self.o_proj(o)
 
+    def forward_fused(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      md: AttentionMetadata, K: ModuleType) -> torch.Tensor:
+        """forward on the GPU kernels (velocity.model.gpu_kernels). cos, sin: the tables [P, D]."""
+        T, Hq, D = x.shape[0], self.num_heads, self.head_dim
+        qkv = self.qkv_proj(x)                                                 # [T, (Hq + 2 Hkv) D]
+        K.rope_store(qkv, positions, cos, sin, md.slot_mapping, self.k_cache, self.v_cache, Hq)
+        q = qkv[:, :self.q_size]                                               # rotated in place
+        if md.context_lens is not None and md.q_index is None:                 # decode: the blocks in place
+            o = K.paged_decode(q, self.k_cache, self.v_cache, md.block_tables, md.context_lens, self.scale,
+                               md.max_len)
+        else:
+            o = attend_cached(q.view(T, Hq, D), self.k_cache, self.v_cache, md, self.scale)
+        return self.o_proj(o)
+
 
 class LlamaMLP(nn.Module):
     def __init__(self, cfg: LlamaConfig) -> None:
@@ -90,6 +106,7 @@ class LlamaBody(nn.Module):
         self.layers = nn.ModuleList(LlamaLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope_cos = self.rope_sin = torch.empty(0)  # [P, D], from init_rope()
+        self.kernels: ModuleType | None = None          # velocity.model.gpu_kernels: the fused GPU layer
 
     @torch.no_grad()
     def init_rope(self, cfg: LlamaConfig, device: torch.device, dtype: torch.dtype) -> None:
@@ -101,11 +118,26 @@ class LlamaBody(nn.Module):
         """x: [T, H] embeddings; overrides: (token index [n], embeddings [n, H]) replace rows of x."""
         if overrides is not None:
             x[overrides[0]] = overrides[1].to(x.dtype)
+        if self.kernels is not None:
+            return self.forward_fused(x, positions, md)
         cos = self.rope_cos[positions].unsqueeze(1)   # [T, 1, D]
         sin = self.rope_sin[positions].unsqueeze(1)
         for layer in self.layers:
             x = layer(x, cos, sin, md)
         return self.norm(x)
+
+    def forward_fused(self, x: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+        """forward on the GPU kernels: each residual add fused into the next RMSNorm, RoPE into the
+        KV write, decode attention on the blocks in place, SiLU-and-mul in one pass. x: [T, H]"""
+        K, residual = self.kernels, None
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            h, residual = K.add_rms_norm(x, residual, layer.input_layernorm.weight, layer.input_layernorm.eps)
+            x = attn.forward_fused(h, positions, self.rope_cos, self.rope_sin, md, K)
+            h, residual = K.add_rms_norm(x, residual, layer.post_attention_layernorm.weight,
+                                         layer.post_attention_layernorm.eps)
+            x = mlp.down_proj(K.silu_and_mul(mlp.gate_up_proj(h)))
+        return K.add_rms_norm(x, residual, self.norm.weight, self.norm.eps)[0]
 
 
 class LlamaForCausalLM(nn.Module):

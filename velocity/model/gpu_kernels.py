@@ -1,0 +1,233 @@
+"""The decoder layer's GPU kernels in Triton: about nine launches a layer instead of about forty.
+
+- `add_rms_norm`: the residual add and RMSNorm in one pass (float32 inside, as transformers).
+- `rope_store`: RoPE on q and k, written back in place (q) and into the paged KV cache with v.
+- `paged_decode`: decode attention that reads the KV blocks in place through the block table, up
+  to each row's context length, in parts of SPLIT tokens and then a combine (flash-decoding), so
+  one CUDA graph per batch size serves every context length.
+- `silu_and_mul`: SiLU(gate) * up.
+
+Each rounds where the eager torch code rounds (to the model's dtype after every op that torch runs
+in it), so on float32 they differ from eager only in the order of sums. Triton is a GPU package
+(the `gpu` extra; the CUDA wheels of torch carry it): `load()` is None where it cannot be imported.
+Tests run the kernels on CUDA, or on the CPU under Triton's interpreter (TRITON_INTERPRET=1).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from types import ModuleType
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:          # CPU wheels of torch: no Triton, and no need for it
+    triton = tl = None
+
+SPLIT = 256        # context tokens a decode program reads when a row's context is split
+BLOCK_N = 64       # keys a decode program reads per loop iteration
+
+
+def load() -> ModuleType | None:
+    """This module when Triton can be imported, else None (the caller logs why it runs eager)."""
+    import sys
+    return sys.modules[__name__] if triton is not None else None
+
+
+def interpreted() -> bool:
+    """Triton runs its kernels on the CPU (TRITON_INTERPRET=1, Triton's own variable): for tests."""
+    import os
+    return triton is not None and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+if triton is not None:
+    @triton.jit
+    def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, res_ptr, N, eps,
+                             HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        m = cols < N
+        x = tl.load(x_ptr + row * N + cols, mask=m, other=0.0)
+        if HAS_RES:      # residual = x + residual, rounded to the dtype as torch's add does
+            r = tl.load(r_ptr + row * N + cols, mask=m, other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+            tl.store(res_ptr + row * N + cols, x, mask=m)
+        h = x.to(tl.float32)
+        var = tl.sum(h * h, axis=0) / N
+        h = h * tl.div_rn(1.0, tl.sqrt_rn(var + eps))
+        h = h.to(x_ptr.dtype.element_ty).to(tl.float32)               # h.to(x.dtype)
+        w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * N + cols, (w * h).to(out_ptr.dtype.element_ty), mask=m)
+
+    @triton.jit
+    def _rope_store_kernel(qkv_ptr, stride, pos_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr,
+                           HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1)
+        half = tl.arange(0, D // 2)
+        row = qkv_ptr + t * stride + h * D
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        dt = qkv_ptr.dtype.element_ty
+        if h < HQ + HKV:      # q or k: rotate_half, each product and the sum rounded as in eager
+            pos = tl.load(pos_ptr + t).to(tl.int64)
+            x1 = tl.load(row + half).to(tl.float32)
+            x2 = tl.load(row + D // 2 + half).to(tl.float32)
+            c1 = tl.load(cos_ptr + pos * D + half).to(tl.float32)
+            c2 = tl.load(cos_ptr + pos * D + D // 2 + half).to(tl.float32)
+            s1 = tl.load(sin_ptr + pos * D + half).to(tl.float32)
+            s2 = tl.load(sin_ptr + pos * D + D // 2 + half).to(tl.float32)
+            o1 = ((x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)).to(dt)
+            o2 = ((x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)).to(dt)
+            if h < HQ:                                                  # q: in place
+                tl.store(row + half, o1)
+                tl.store(row + D // 2 + half, o2)
+            else:                                                       # k: into the cache
+                dst = k_ptr + (slot * HKV + (h - HQ)) * D
+                tl.store(dst + half, o1)
+                tl.store(dst + D // 2 + half, o2)
+        else:                                                           # v: into the cache
+            dst = v_ptr + (slot * HKV + (h - HQ - HKV)) * D
+            tl.store(dst + half, tl.load(row + half))
+            tl.store(dst + D // 2 + half, tl.load(row + D // 2 + half))
+
+    @triton.jit
+    def _decode_kernel(q_ptr, q_stride, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, o_ptr, acc_ptr, ml_ptr,
+                       scale, HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
+                       S: tl.constexpr, BLOCK: tl.constexpr, SPLIT_N: tl.constexpr, NSPLIT: tl.constexpr):
+        b = tl.program_id(0).to(tl.int64)
+        kvh = tl.program_id(1)
+        sp = tl.program_id(2)
+        L = tl.load(lens_ptr + b)
+        start = sp * SPLIT_N
+        if start < L:
+            end = tl.minimum(start + SPLIT_N, L)
+            g = tl.arange(0, BG)
+            d = tl.arange(0, D)
+            gm = g < G
+            heads = kvh * G + g                                                    # [BG] query heads
+            q = tl.load(q_ptr + b * q_stride + heads[:, None] * D + d[None, :], mask=gm[:, None],
+                        other=0.0).to(tl.float32)                                  # [BG, D]
+            m_i = tl.full([BG], float("-inf"), tl.float32)
+            l_i = tl.zeros([BG], tl.float32)
+            acc = tl.zeros([BG, D], tl.float32)
+            for n0 in range(start, end, BLOCK):
+                n = n0 + tl.arange(0, BLOCK)
+                nm = n < end
+                page = tl.load(bt_ptr + b * bt_stride + n // S, mask=nm, other=0).to(tl.int64)
+                off = ((page * S + n % S) * HKV + kvh) * D                         # [BLOCK]
+                k = tl.load(k_ptr + off[:, None] + d[None, :], mask=nm[:, None], other=0.0).to(tl.float32)
+                s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale         # [BG, BLOCK]
+                s = tl.where(nm[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                alpha = tl.exp(m_i - m_new)
+                p = tl.exp(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                v = tl.load(v_ptr + off[:, None] + d[None, :], mask=nm[:, None], other=0.0).to(tl.float32)
+                acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+                m_i = m_new
+            if NSPLIT == 1:
+                out = acc / l_i[:, None]
+                tl.store(o_ptr + b * HQ * D + heads[:, None] * D + d[None, :],
+                         out.to(o_ptr.dtype.element_ty), mask=gm[:, None])
+            else:                            # partials: acc [B, HQ, NSPLIT, D], (max, sum) [B, HQ, NSPLIT, 2]
+                at = (b * HQ + heads) * NSPLIT + sp                                # [BG]
+                tl.store(acc_ptr + at[:, None] * D + d[None, :], acc, mask=gm[:, None])
+                tl.store(ml_ptr + at * 2, m_i, mask=gm)
+                tl.store(ml_ptr + at * 2 + 1, l_i, mask=gm)
+
+    @triton.jit
+    def _combine_kernel(acc_ptr, ml_ptr, lens_ptr, o_ptr, HQ: tl.constexpr, D: tl.constexpr,
+                        SPLIT_N: tl.constexpr, NSPLIT: tl.constexpr, BS: tl.constexpr):
+        b = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1)
+        L = tl.load(lens_ptr + b)
+        ns = (L + SPLIT_N - 1) // SPLIT_N
+        sp = tl.arange(0, BS)
+        sm = sp < ns
+        at = (b * HQ + h) * NSPLIT + sp
+        m = tl.load(ml_ptr + at * 2, mask=sm, other=float("-inf"))
+        l_ = tl.load(ml_ptr + at * 2 + 1, mask=sm, other=0.0)
+        w = tl.where(sm, tl.exp(m - tl.max(m, axis=0)), 0.0)                       # [BS]
+        d = tl.arange(0, D)
+        acc = tl.load(acc_ptr + at[:, None] * D + d[None, :], mask=sm[:, None], other=0.0)   # [BS, D]
+        out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l_ * w, axis=0)
+        tl.store(o_ptr + (b * HQ + h) * D + d, out.to(o_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _silu_and_mul_kernel(x_ptr, out_ptr, N, BLOCK: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        m = cols < N
+        dt = x_ptr.dtype.element_ty
+        gate = tl.load(x_ptr + t * 2 * N + cols, mask=m, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + t * 2 * N + N + cols, mask=m, other=0.0).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)               # F.silu, in the dtype
+        tl.store(out_ptr + t * N + cols, (act * up).to(dt), mask=m)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (RMSNorm(x + residual), x + residual); with residual None, (RMSNorm(x), x). x: [T, N]"""
+    T, N = x.shape
+    out = torch.empty_like(x)
+    res = x if residual is None else torch.empty_like(x)
+    _add_rms_norm_kernel[(T,)](x, x if residual is None else residual, weight, out, res, N, eps,
+                               HAS_RES=residual is not None, BLOCK=_pow2(N))
+    return out, res
+
+
+def rope_store(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int) -> None:
+    """RoPE on q (in place in qkv) and k, k and v written to their cache slots.
+    qkv: [T, (Hq + 2 Hkv) D]; positions, slots: [T]; cos, sin: [P, D]; caches: [N, S, Hkv, D]"""
+    T = qkv.shape[0]
+    Hkv, D = k_cache.shape[2], k_cache.shape[3]
+    _rope_store_kernel[(T, num_heads + 2 * Hkv)](qkv, qkv.stride(0), positions, cos, sin, slots, k_cache, v_cache,
+                                                 HQ=num_heads, HKV=Hkv, D=D)
+
+
+def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                 context_lens: torch.Tensor, scale: float, max_len: int) -> torch.Tensor:
+    """One new query per row against its cached keys, read in place.
+    q: [B, Hq * D] (a row stride of its own: the qkv buffer's); caches: [N, S, Hkv, D];
+    block_tables: [B, W]; context_lens: [B] (<= max_len) -> [B, Hq * D]
+
+    Every row's context is read in parts of SPLIT tokens, one program each, then combined: the
+    programs fill the GPU at one row as at many (flash-decoding), and a row's result depends on
+    its context alone, not on the batch or on max_len (which only sizes the grid; parts past a
+    row's length return at once), so a CUDA graph and an eager step compute alike."""
+    B = q.shape[0]
+    _, S, Hkv, D = k_cache.shape
+    Hq = q.shape[1] // D
+    G = Hq // Hkv
+    out = torch.empty(B, Hq * D, dtype=q.dtype, device=q.device)
+    nsplit = -(-max_len // SPLIT)
+    if nsplit == 1:
+        acc = ml = out
+    else:
+        acc = torch.empty(B, Hq, nsplit, D, dtype=torch.float32, device=q.device)
+        ml = torch.empty(B, Hq, nsplit, 2, dtype=torch.float32, device=q.device)
+    _decode_kernel[(B, Hkv, nsplit)](q, q.stride(0), k_cache, v_cache, block_tables, block_tables.stride(0),
+                                     context_lens, out, acc, ml, scale, HQ=Hq, HKV=Hkv, G=G, BG=max(2, _pow2(G)),
+                                     D=D, S=S, BLOCK=BLOCK_N, SPLIT_N=SPLIT, NSPLIT=nsplit)
+    if nsplit > 1:
+        _combine_kernel[(B, Hq)](acc, ml, context_lens, out, HQ=Hq, D=D, SPLIT_N=SPLIT, NSPLIT=nsplit,
+                                 BS=max(2, _pow2(nsplit)))
+    return out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x: [T, 2 I] (gate, up) -> SiLU(gate) * up [T, I]"""
+    T, N = x.shape[0], x.shape[1] // 2
+    out = torch.empty(T, N, dtype=x.dtype, device=x.device)
+    block = min(1024, _pow2(N))
+    _silu_and_mul_kernel[(T, -(-N // block))](x, out, N, BLOCK=block)
+    return out
