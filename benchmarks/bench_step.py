@@ -17,7 +17,9 @@ and reports per batch size the median ratio of the baseline's step time to this 
 with a folder holding a `velocity` package (a copy without git, e.g. on a device machine);
 --baseline-quantize Q compares this checkout with --quantize against itself with Q, and
 --baseline-decode-steps K with --decode-steps against itself with K (multi-step decoding: a step
-of K frames counts as K, every figure is per frame). The weight
+of K frames counts as K, every figure is per frame), --baseline-config NAME=VALUE with its
+--config against itself with those EngineConfig settings (one lever's share: graph_sampler=0,
+gpu_kernels=0). The weight
 bytes a step reads and, on CPU, the bound they set (bytes / read bandwidth measured in the run)
 are reported per arm. Writes JSON and a PNG.
 """
@@ -92,7 +94,7 @@ def profile_steps(eng, n: int, sync) -> dict:
 
 
 def measure(weights: str, device: str, batches: list[int], steps: int, quantize: str = "none",
-            decode_steps: int = 1, profile: int = 0) -> dict:
+            decode_steps: int = 1, profile: int = 0, config: dict | None = None) -> dict:
     """{batch: {"step_ms", "model_ms", "sampler_ms"}, "weight_bytes": n}: medians over the steps of
     `steps` decoded frames, per frame (a multi-step step of K frames divided by K); with `profile`,
     each batch's "profile" over that many more steps, without the timers (profile_steps)."""
@@ -107,6 +109,7 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
     kw = {"quantize": quantize} if quantize != "none" else {}   # (a baseline from before it has none)
     if decode_steps != 1:
         kw["decode_steps"] = decode_steps
+    kw.update(config or {})
     eng = LLMEngine(EngineConfig(model=weights, device=device, max_num_seqs=max(batches), **kw))
     w = eng.worker
     sync = torch.cuda.synchronize if w.device.type == "cuda" else (lambda: None)
@@ -170,12 +173,31 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
     return out
 
 
-def child(args: argparse.Namespace, tree: str | None, quantize: str, decode_steps: int) -> dict:
+def parse_config(items: list[str]) -> dict:
+    """["gpu_kernels=0", ...] -> EngineConfig overrides {"gpu_kernels": False, ...} (bools and ints)."""
+    from dataclasses import fields
+
+    from velocity.config import EngineConfig
+    types = {f.name: f.type for f in fields(EngineConfig)}
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        if key not in types or not value:
+            raise SystemExit(f"bench_step: --config {item!r}: want NAME=VALUE with NAME an EngineConfig field "
+                             f"({', '.join(sorted(types))})")
+        out[key] = (value.lower() in ("1", "true", "yes")) if types[key] == "bool" else \
+            int(value) if types[key] == "int" else value
+    return out
+
+
+def child(args: argparse.Namespace, tree: str | None, quantize: str, decode_steps: int,
+          config: list[str] = ()) -> dict:
     """One round in a fresh process, importing velocity from `tree` if given (this script and the
     harness stay this checkout's: a baseline may predate them)."""
     cmd = [sys.executable, __file__, "--child", "--weights", args.weights, "--device", args.device,
            "--batches", args.batches, "--steps", str(args.steps), "--quantize", quantize,
            "--decode-steps", str(decode_steps), "--profile", str(args.profile)]
+    cmd += [a for c in config for a in ("--config", c)]
     run = subprocess.run(cmd + (["--tree", tree] if tree else []), capture_output=True, text=True)
     if run.returncode != 0:
         sys.exit(f"bench_step: a round failed ({tree or 'this tree'}, quantize {quantize}):\n{run.stderr[-3000:]}")
@@ -222,8 +244,12 @@ def main() -> None:
     base.add_argument("--baseline-dir", help="folder holding the velocity package to compare against")
     base.add_argument("--baseline-quantize", choices=("none", "int8"), help="this checkout, another VELOCITY_QUANTIZE")
     base.add_argument("--baseline-decode-steps", type=int, help="this checkout, another VELOCITY_DECODE_STEPS")
+    base.add_argument("--baseline-config", action="append", metavar="NAME=VALUE",
+                      help="this checkout with these EngineConfig settings (repeatable), e.g. graph_sampler=0")
     ap.add_argument("--quantize", choices=("none", "int8"), default="none", help="this arm's VELOCITY_QUANTIZE")
     ap.add_argument("--decode-steps", type=int, default=1, help="this arm's VELOCITY_DECODE_STEPS")
+    ap.add_argument("--config", action="append", default=[], metavar="NAME=VALUE",
+                    help="this arm's EngineConfig settings (repeatable)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="also run the torch profiler over N more steps a batch (kernels, host gaps)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "engine_step"))
@@ -237,7 +263,7 @@ def main() -> None:
             assert "velocity" not in sys.modules
             sys.path.insert(0, args.tree)
         print(json.dumps(measure(args.weights, args.device, batches, args.steps, args.quantize, args.decode_steps,
-                                 args.profile)))
+                                 args.profile, parse_config(args.config))))
         return
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from tqdm.auto import tqdm
@@ -257,21 +283,26 @@ def main() -> None:
             if not (Path(args.baseline_dir) / "velocity" / "__init__.py").is_file():
                 raise SystemExit(f"--baseline-dir {args.baseline_dir}: no velocity package in it")
             trees["baseline"], labels["baseline"] = str(Path(args.baseline_dir).resolve()), Path(args.baseline_dir).name
-        elif args.baseline_quantize or args.baseline_decode_steps:
+        elif args.baseline_quantize or args.baseline_decode_steps or args.baseline_config:
             trees["baseline"], labels["baseline"] = None, labels["this"]
+        configs = {"this": args.config, "baseline": args.baseline_config or args.config}
+        parse_config(configs["this"] + configs["baseline"])          # a typo stops here, not in a child
         for a in trees:
             if quant[a] != "none":
                 labels[a] += f" {quant[a]}"
             if ksteps[a] != 1:
                 labels[a] += f" {ksteps[a]} frames/step"
+            if configs[a]:
+                labels[a] += " " + " ".join(configs[a])
         arms = ["baseline", "this"] if "baseline" in trees else ["this"]
         rounds = args.rounds if len(arms) > 1 else 1
         with tqdm(total=rounds * len(arms), desc="rounds") as bar:
-            runs = by_arm(paired_rounds(arms, rounds, lambda a: child(args, trees[a], quant[a], ksteps[a]), bar))
+            runs = by_arm(paired_rounds(arms, rounds, lambda a: child(args, trees[a], quant[a], ksteps[a],
+                                                                         configs[a]), bar))
     res = {"hardware": hardware(),
            "device": args.device, "checkpoint": checkpoint, "batches": batches, "steps": args.steps,
            "rounds": len(runs["this"]), "quantize": {a: quant[a] for a in runs},
-           "decode_steps": {a: ksteps[a] for a in runs},
+           "decode_steps": {a: ksteps[a] for a in runs}, "config": {a: configs[a] for a in runs},
            "labels": labels, "arms": {}, "rounds_raw": {a: [{str(b): v for b, v in x.items()} for x in runs[a]]
                                                        for a in runs}}
     if args.device == "cpu":

@@ -10,8 +10,11 @@
 #   PARTS=step   scripts/device_sweep.sh   # benchmarks/bench_step.py: the engine's decode step,
 #                                          # A/B against .device/baseline_velocity.tar if there,
 #                                          # with the torch profiler over PROFILE (20) more steps
-#   PARTS=tests  scripts/device_sweep.sh   # the CUDA tests (tests/test_cuda_graphs.py; they
-#                                          # skip on a CPU-only machine)
+#   PARTS=lever  scripts/device_sweep.sh   # bench_step.py: this tree against itself with the
+#                                          # EngineConfig settings LEVER (default graph_sampler=0):
+#                                          # one lever's share of the step, with the profile
+#   PARTS=tests  scripts/device_sweep.sh   # the CUDA tests (tests/test_cuda_graphs.py,
+#                                          # tests/test_gpu_kernels.py; they skip on a CPU-only machine)
 #   PARTS=inprocess scripts/device_sweep.sh # benchmarks.sweep --in-process-only at LEVELS (default
 #                                          # 1,8,32,64): the pipeline without the server
 #   PARTS=overhead scripts/device_sweep.sh # benchmarks/bench_ab.py --arms triton,in-process at
@@ -58,11 +61,12 @@ if [[ -z "${NO_WHEELS:-}" ]]; then
 fi
 
 if [[ "$PARTS" == *" tests "* ]]; then
-    "$PY" -m pytest -q -ra -p no:cacheprovider tests/test_cuda_graphs.py 2>&1 | tail -30
+    "$PY" -m pytest -q -ra -p no:cacheprovider tests/test_gpu_kernels.py tests/test_cuda_graphs.py \
+        tests/test_graph_sampler.py 2>&1 | tail -30
 fi
 
 W=/tmp/demo-checkpoint
-[[ "$PARTS" == *" triton "* || "$PARTS" == *" step "* || "$PARTS" == *" inprocess "* \
+[[ "$PARTS" == *" triton "* || "$PARTS" == *" step "* || "$PARTS" == *" lever "* || "$PARTS" == *" inprocess "* \
     || "$PARTS" == *" reference "* || "$PARTS" == *" overhead "* || "$PARTS" == *" ab "* ]] || exit 0
 "$PY" scripts/make_demo_checkpoint.py --size "${SIZE:-full}" --out "$W" --unless-current > "$OUT/checkpoint.log" 2>&1 \
     || { cat "$OUT/checkpoint.log"; exit 1; }
@@ -160,5 +164,13 @@ if [[ "$PARTS" == *" step "* ]]; then
         base=(--baseline-dir "/tmp/$rev" --rounds "${ROUNDS:-2}")
     fi
     PYTHONUNBUFFERED=1 TQDM_DISABLE=1 "$PY" benchmarks/bench_step.py --weights "$W" --device "$DEVICE" "${base[@]}" \
-        --batches 1,8,32,64 --steps 100 --profile "${PROFILE:-20}" --out "$OUT/engine_step_gpu" 2>&1 | tail -20
+        --batches "${STEP_BATCHES:-1,8,32,64}" --steps 100 --profile "${PROFILE:-20}" --out "$OUT/engine_step_gpu" 2>&1 | tail -20
+fi
+
+if [[ "$PARTS" == *" lever "* ]]; then             # this tree against itself with one lever off (LEVER)
+    lever=()
+    for kv in ${LEVER:-graph_sampler=0}; do lever+=(--baseline-config "$kv"); done
+    PYTHONUNBUFFERED=1 TQDM_DISABLE=1 "$PY" benchmarks/bench_step.py --weights "$W" --device "$DEVICE" "${lever[@]}" \
+        --rounds "${ROUNDS:-2}" --batches "${STEP_BATCHES:-1,8,32,64}" --steps 100 --profile "${PROFILE:-20}" \
+        --out "$OUT/engine_step_lever" 2>&1 | tail -20
 fi

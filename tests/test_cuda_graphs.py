@@ -34,18 +34,24 @@ def greedy(n):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("gpu_kernels", [True, False])
 @needs_cuda[0]
 @needs_cuda[1]
-def test_cuda_graph_decode_equals_eager(tmp_path, dtype):
+def test_cuda_graph_decode_equals_eager(tmp_path, dtype, gpu_kernels):
+    """With the GPU kernels (one graph per batch size, decode attention on the blocks in place) and
+    without them (graphs per batch size and context width)."""
     make_llama(tmp_path, num_attention_heads=8, num_key_value_heads=2, hidden_size=128)
-    ps = prompts([1, 5, 17, 33, 64, 2, 9, 40, 3, 70, 12], seed=4)   # 11: padded up to the 16 graph
+    ps = prompts([1, 5, 17, 33, 64, 2, 9, 40, 3, 70, 12], seed=4)   # 11: padded up to a larger graph
     outs = {}
     for eager in (True, False):
         llm = LLM(str(tmp_path), device="cuda", dtype=dtype, block_size=16, num_kv_blocks=512,
-                  max_num_seqs=16, enforce_eager=eager)
+                  max_num_seqs=16, enforce_eager=eager, gpu_kernels=gpu_kernels)
         runner = llm.engine.worker.runner
         assert bool(runner.graphs) is not eager
-        if not eager:    # prompts of 1..70 tokens + 32 new: decoding crosses the 64- and 128-token widths
+        assert runner.in_place is gpu_kernels
+        if not eager and gpu_kernels:      # one width: the whole context, read up to each row's length
+            assert {w * 16 for _, w in runner.graphs} == {512} and 12 in runner.graph_sizes
+        elif not eager:  # prompts of 1..70 tokens + 32 new: decoding crosses the 64- and 128-token widths
             assert {w * 16 for _, w in runner.graphs} >= {64, 128}
         outs[eager] = [o.token_ids for o in llm.generate(ps, greedy(32))]
         # batches of every size 1..11 replay graphs as requests finish at different times
@@ -69,7 +75,8 @@ def test_cuda_float32_equals_transformers(tmp_path):
 @needs_cuda[1]
 def test_chattts_frames_on_cuda_graphs_equal_reference_and_seeds_match_eager(tmp_path):
     """Four-codebook frames and speakers through the captured graphs: fp32 greedy equals the plain
-    CPU reference; a seeded sampled request gives the same frames with graphs and eager."""
+    CPU reference; a seeded sampled request gives the same frames with graphs (the sampler inside
+    them) and eager (the eager sampler)."""
     from chattts_ref import RefChatTTS
     from velocity.demo.checkpoint import write_checkpoint
 
@@ -86,11 +93,14 @@ def test_chattts_frames_on_cuda_graphs_equal_reference_and_seeds_match_eager(tmp
     for eager in (False, True):
         llm = LLM(str(ckpt), device="cuda", dtype="float32", block_size=16, num_kv_blocks=256, max_num_seqs=8,
                   enforce_eager=eager)
+        runner = llm.engine.worker.runner
+        assert bool(runner.sample_graphs) is not eager
         got = [o.token_ids for o in llm.generate(ps, SamplingParams(temperature=0.0, max_new_tokens=16),
                                                  speakers=spk)]
         for i, (a, r) in enumerate(zip(got, refs)):
             assert a == r, f"eager={eager} prompt {i}:\n velocity:  {a}\n reference: {r}"
         seeded[eager] = [o.token_ids for o in llm.generate(ps, sampled, speakers=spk)]
+        assert (runner.graph_sampled > 0) is not eager       # decodes sampled inside the graphs
         assert llm.engine.block_manager.num_used_blocks == 0
     assert seeded[False] == seeded[True]
 

@@ -47,8 +47,9 @@ def test_block_manager_and_scheduler_need_no_torch():
 
 
 def test_the_sampler_sees_tensors_not_sequences():
-    """The runner prepares the sampler's tensors (model_runner.sampling_batch); the sampler
-    never imports the sequence module."""
-    code = "import sys; import velocity.engine.sampler; print('velocity.engine.sequence' in sys.modules)"
+    """The runner prepares the samplers' tensors (model_runner.sampling_batch, sampling_rows); the
+    samplers never import the sequence module."""
+    code = ("import sys; import velocity.engine.sampler, velocity.engine.graph_sampler; "
+            "print('velocity.engine.sequence' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False"

@@ -26,6 +26,7 @@ class EngineConfig:
     quantize: str = "none"                # "int8": CPU float32, the transformer layers' linears on int8 weights
     cpu_kernel: bool = True               # CPU: the C++ kernels (float32 decode attention, the sampler's sort)
     gpu_kernels: bool = True              # CUDA: the decoder layer on the Triton kernels (velocity.model.gpu_kernels)
+    graph_sampler: bool = True            # CUDA graphs on the GPU kernels: ChatTTS's sampler inside the decode graphs
     enable_prefix_caching: bool = True
     decode_steps: int = 1                 # frames an engine step decodes while nothing else needs it
 

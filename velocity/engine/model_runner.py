@@ -10,7 +10,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from velocity.engine.graph_sampler import GraphSampler
 from velocity.engine.sampler import CHATTTS_MIN_KEEP, M64, SamplingBatch, noise_keys, random_key, to_device
+from velocity.engine.sampling_rows import SamplingRows
 from velocity.engine.sequence import Sequence
 from velocity.model.attention import AttentionMetadata, build_attn_mask
 
@@ -146,12 +148,19 @@ class ModelRunner:
 
     def __init__(self, model: nn.Module, block_size: int, scratch_block: int, max_model_len: int,
                  max_num_seqs: int, device: torch.device, use_cuda_graphs: bool,
-                 decode_kernel: Callable | None = None, in_place_decode: bool = False) -> None:
+                 decode_kernel: Callable | None = None, in_place_decode: bool = False,
+                 graph_sampler: GraphSampler | None = None) -> None:
         self.model = model
         self.decode_kernel = decode_kernel
         # decodes read each row's cache up to its length (the C++ kernel's or the GPU kernels'):
         # context lengths instead of a mask over the tables' width
         self.in_place = decode_kernel is not None or in_place_decode
+        # the decode graphs sample too (one graph per batch size: with in_place only): see codes
+        self.graph_sampler = graph_sampler if in_place_decode else None
+        self.sampling_rows = SamplingRows(graph_sampler) if self.graph_sampler else None
+        self.codes: torch.Tensor | None = None   # [B, K] the last run's tokens, where its graph sampled them
+        self.graph_sampled = 0                   # decode steps sampled inside the graphs
+        self.sample_graphs: dict[int, torch.cuda.CUDAGraph] = {}    # batch size ->
         self.block_size = block_size
         self.scratch_block = scratch_block
         self.device = device
@@ -253,6 +262,7 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, seqs: list[Sequence]) -> torch.Tensor:
         """-> hidden state [B, H] of the last token of each sequence"""
+        self.codes = None
         is_decode = all(s.num_new_tokens == 1 for s in seqs)
         if is_decode and self.graphs and len(seqs) <= self.graph_sizes[-1]:
             self.decode = None                   # next_decode follows only steps that prepare made
@@ -283,14 +293,20 @@ class ModelRunner:
         pad = pad_t.reshape(-1)                                                           # [c]
         c = pad.numel()
         self.pad_ids = pad.numpy()
+        gs = self.graph_sampler
         rows = torch.cat([pad, torch.tensor([0, self.scratch_block * self.block_size]),
-                          torch.full((self.max_blocks_per_seq,), self.scratch_block)])
+                          torch.full((self.max_blocks_per_seq,), self.scratch_block),
+                          torch.from_numpy(self.sampling_rows.pad) if gs else torch.zeros(0, dtype=torch.long)])
         self.host = rows.repeat(n, 1).pin_memory()                               # [n, C]
         self.host_np = self.host.numpy()
         self.copied = torch.cuda.Event()
         buf = self.host.to(dev)
         ids = buf[:, 0] if pad_t.dim() == 1 else buf[:, :c]
-        self.static = {"buf": buf, "ids": ids, "pos": buf[:, c], "slots": buf[:, c + 1], "tables": buf[:, c + 2:]}
+        T = c + 2 + self.max_blocks_per_seq            # the sampler's columns follow (graph_sampler.fill)
+        self.static = {"buf": buf, "ids": ids, "pos": buf[:, c], "slots": buf[:, c + 1], "tables": buf[:, c + 2:T],
+                       "sampling": buf[:, T:]}
+        self.sample_out: dict[int, torch.Tensor] = {}
+        head = self.model.heads[gs.head_name].fn if gs else None
         self.ids_cols = c
         self.graph_out: dict[tuple[int, int], torch.Tensor] = {}
         pool = None
@@ -303,9 +319,30 @@ class ModelRunner:
                     self.graph_out[bs, w] = self._static_forward(bs, w)
                 pool = g.pool() if pool is None else pool
                 self.graphs[bs, w] = g
+                if gs and not self._capture_sampler(bs, w, head, pool):
+                    gs = None
         torch.cuda.synchronize()
-        logger.info("captured %d CUDA graphs: decode batch sizes %s x context widths %s tokens", len(self.graphs),
-                    sizes, [w * self.block_size for w in widths])
+        logger.info("captured %d CUDA graphs: decode batch sizes %s x context widths %s tokens%s", len(self.graphs),
+                    sizes, [w * self.block_size for w in widths], ", each with the sampler's" if gs else "")
+
+    def _capture_sampler(self, bs: int, w: int, head: Callable, pool) -> bool:
+        """The head and the sampler on the batch-size-bs graph's output, a graph of their own. False
+        (logged; the eager sampler then serves every step) where that cannot be captured."""
+        cols = self.static["sampling"][:bs]
+        try:
+            self.graph_sampler.sample(head(self.graph_out[bs, w]), cols)       # warm up
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                self.sample_out[bs] = self.graph_sampler.sample(head(self.graph_out[bs, w]), cols)
+        except RuntimeError:
+            logger.warning("the sampler could not be captured in a CUDA graph: it runs eager", exc_info=True)
+            torch.cuda.synchronize()
+            self.graph_sampler = self.sampling_rows = None
+            self.sample_graphs.clear()
+            return False
+        self.sample_graphs[bs] = g
+        return True
 
     def _replay(self, seqs: list[Sequence]) -> torch.Tensor:
         B = len(seqs)
@@ -324,9 +361,15 @@ class ModelRunner:
         h[B:bs, :c] = self.pad_ids
         h[B:bs, c] = 0
         h[B:bs, c + 1] = self.scratch_block * S
+        sr = self.sampling_rows
+        sampled = sr is not None and sr.fill(h[:bs, c + 2 + self.max_blocks_per_seq:], seqs)
         self.static["buf"][:bs].copy_(self.host[:bs], non_blocking=True)
         self.copied.record()
         self.graphs[bs, w].replay()
+        if sampled:
+            self.sample_graphs[bs].replay()
+            self.codes = self.sample_out[bs][:B]
+            self.graph_sampled += 1
         return self.graph_out[bs, w][:B]
 
     def token_tensor_host(self, tokens: list) -> np.ndarray:

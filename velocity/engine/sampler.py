@@ -160,10 +160,9 @@ class Sampler:
         greedy, x, ids = self.filter(logits, b)
         if x is None:
             return greedy
-        probs = x.softmax(dim=-1)                                        # [R, K, c]
         noise = to_device(exponential_noise(b.keys, x.shape[1], x.shape[-1]), x.device)
-        pick = (probs / noise).argmax(dim=-1, keepdim=True)              # exponential race = categorical draw
-        pick = pick[..., 0] if ids is None else ids.gather(-1, pick)[..., 0]      # [R, K]
+        pick = race(x, noise)                                            # [R, K]
+        pick = pick if ids is None else ids.gather(-1, pick[..., None])[..., 0]
         if greedy is None:
             return pick
         greedy[b.rows] = pick
@@ -225,19 +224,35 @@ class Sampler:
         """Repetition penalty. logits: [B, K, V]"""
         if b.penalty_rows is None:
             return logits
-        B, K, V = logits.shape
-        P, ids = b.penalty_rows.numel(), b.penalty_ids                    # ids: [P, K, L]
-        counts = torch.zeros(P, K, V + 1, device=logits.device).scatter_add_(
-            2, ids, torch.ones(ids.shape, device=logits.device))           # pad: an extra column V, dropped
-        n = counts.gather(2, ids)                                          # [P, K, L] occurrences of each
-        n = torch.where(b.penalty_once[:, None, None], n.clamp(max=1), n)
-        alpha = b.penalty[:, None, None] ** n
-        sub = logits if P == B else logits[b.penalty_rows]
-        sub = torch.cat([sub, sub.new_zeros(P, K, 1)], dim=-1)            # a copy, with the pad column
-        got = sub.gather(2, ids)                    # only the history's logits change: a repeat writes the same
-        sub = sub.scatter_(2, ids, torch.where(got < 0, got * alpha, got / alpha))[..., :V]
-        if P == B:
+        P = b.penalty_rows.numel()
+        sub = logits if P == logits.shape[0] else logits[b.penalty_rows]
+        sub = penalise_rows(sub, b.penalty_ids, b.penalty, b.penalty_once)
+        if P == logits.shape[0]:
             return sub
         logits = logits.clone()
         logits[b.penalty_rows] = sub
         return logits
+
+
+def penalise_rows(x: torch.Tensor, ids: torch.Tensor, penalty: torch.Tensor,
+                  once: torch.Tensor | None = None) -> torch.Tensor:
+    """Each row's repetition penalty over its history, as a new tensor: a logit of a token seen n
+    times is multiplied (< 0) or divided (>= 0) by penalty ** n (n at most 1 where `once`).
+    x: [P, K, V]; ids: [P, K, L] long, padded with V; penalty: [P]; once: [P] bool or None"""
+    P, K, V = x.shape
+    counts = torch.zeros(P, K, V + 1, device=x.device).scatter_add_(
+        2, ids, torch.ones(ids.shape, device=x.device))                    # pad: an extra column V, dropped
+    n = counts.gather(2, ids)                                              # [P, K, L] occurrences of each
+    if once is not None:
+        n = torch.where(once[:, None, None], n.clamp(max=1), n)
+    alpha = penalty[:, None, None] ** n
+    sub = torch.cat([x, x.new_zeros(P, K, 1)], dim=-1)                     # a copy, with the pad column
+    got = sub.gather(2, ids)                        # only the history's logits change: a repeat writes the same
+    return sub.scatter_(2, ids, torch.where(got < 0, got * alpha, got / alpha))[..., :V]
+
+
+def race(x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """The exponential race, a categorical draw from softmax(x): argmax of exp(x - max) / noise.
+    (Left unnormalised: the sum's rounding would depend on how many candidates there are, and the
+    draw should not.) x: [..., c] (-inf: not a candidate); noise: Exp(1) [..., c] -> [...] index"""
+    return ((x - x.amax(dim=-1, keepdim=True)).exp() / noise).argmax(dim=-1)

@@ -14,6 +14,7 @@ from velocity.model.loader import load_model
 from velocity.model.int8_linear import quantize_linears, require_int8
 from velocity.model.llama import LlamaLayer
 from velocity.model.packed_linear import can_pack, pack_linears
+from velocity.engine.graph_sampler import GraphSampler
 from velocity.engine.sampler import Sampler, to_device
 from velocity.engine.cache_engine import CacheEngine, bytes_per_block
 from velocity.engine.model_runner import ModelRunner, sampling_batch
@@ -75,7 +76,8 @@ class Worker:
         cpu_f32 = self.device.type == "cpu" and self.dtype == torch.float32
         kernel = paged_decode_kernel() if cpu_f32 and config.cpu_kernel else None
         self.runner = ModelRunner(self.model, config.block_size, self.cache.scratch_block, self.max_model_len,
-                                  config.max_num_seqs, self.device, use_graphs, kernel, in_place_decode=fused)
+                                  config.max_num_seqs, self.device, use_graphs, kernel, in_place_decode=fused,
+                                  graph_sampler=self._graph_sampler() if use_graphs and fused else None)
         self.sampler = Sampler(sort_rows_kernel() if self.device.type == "cpu" and config.cpu_kernel else None)
 
     def _use_gpu_kernels(self) -> bool:
@@ -87,11 +89,25 @@ class Worker:
                            "layer, not 9). Install the gpu extra (pip install 'velocity-tts[gpu]') or the CUDA "
                            "wheel of torch, which carries Triton; VELOCITY_GPU_KERNELS=0 silences this")
             return False
+        if (why := K.self_check(self.device, self.dtype)) is not None:
+            logger.warning("the GPU kernels failed their check (%s): the GPU decoder layer runs eager", why)
+            return False
         self.model.model.kernels = K
         if hasattr(self.model, "fuse_code_heads"):
             self.model.fuse_code_heads()                # the code heads as one GEMM
         logger.info("GPU: the decoder layer on the Triton kernels (velocity.model.gpu_kernels)")
         return True
+
+    def _graph_sampler(self) -> GraphSampler | None:
+        """The sampler inside the decode graphs, for a model whose default head samples in ChatTTS's
+        style with a repetition window (ChatTTS's audio head); None where the setting is off."""
+        name = self.model.default_head
+        head = self.model.heads[name]
+        if not self.config.graph_sampler or head.sampling_style != "chattts" or not head.repetition_window:
+            return None
+        probe = torch.zeros(1, self.model.config.hidden_size, device=self.device, dtype=self.dtype)
+        V = head.fn(probe).shape[-1]
+        return GraphSampler(name, head.num_codebooks, V, head.repetition_window, head.stop_ids)
 
     def _blocks_from_budget(self, block_bytes: int) -> int:
         if self.device.type != "cuda":
@@ -128,6 +144,8 @@ class Worker:
         self.cache.swap_out(out.swap_out)
         self.cache.swap_in(out.swap_in)
         hidden = self.runner.run(out.seqs)                        # [B, H]
+        if self.runner.codes is not None:                         # the decode graph sampled them too
+            return [tuple(t) for t in self.runner.codes.tolist()], hidden
         # On CUDA the model's work is queued, not done: nothing below waits for it until the
         # tokens come back (.tolist()), so the host's sampling inputs are made while it runs
         tokens: list = [None] * len(out.seqs)

@@ -38,6 +38,27 @@ def load() -> ModuleType | None:
     return sys.modules[__name__] if triton is not None else None
 
 
+def self_check(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Each kernel once on small inputs of the model's dtype (compiling them): None, or what failed
+    (the caller falls back to the eager layer and logs it)."""
+    try:
+        x = torch.randn(2, 128, device=device, dtype=dtype)
+        out, _ = add_rms_norm(x, x, torch.ones(128, device=device, dtype=dtype), 1e-6)
+        cache = torch.zeros(2, 16, 1, 64, device=device, dtype=dtype)
+        qkv = torch.randn(2, 192, device=device, dtype=dtype)
+        pos = torch.tensor([0, 1], device=device)
+        table = torch.zeros(4, 64, device=device, dtype=dtype)
+        rope_store(qkv, pos, table + 1, table, pos, cache, cache.clone(), 1)
+        att = paged_decode(qkv[:, :64], cache, cache, torch.zeros(2, 1, dtype=torch.long, device=device), pos + 1,
+                           0.125, 2 * SPLIT)
+        act = silu_and_mul(x)
+        if not all(bool(t.isfinite().all()) for t in (out, qkv, att, act)):
+            return "a kernel gave a value that is not finite"
+    except Exception as e:   # noqa: BLE001 - any failure to build or run means: not these kernels
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 def interpreted() -> bool:
     """Triton runs its kernels on the CPU (TRITON_INTERPRET=1, Triton's own variable): for tests."""
     import os

@@ -67,6 +67,7 @@ class Settings:
     vocoder_quantize: str = "none"           # VELOCITY_VOCODER_QUANTIZE: none or int8
     cpu_kernel: int = 1                      # VELOCITY_CPU_KERNEL: 1: the C++ CPU kernels (attention, sort)
     gpu_kernels: int = 1                     # VELOCITY_GPU_KERNELS: 1: the decoder layer on the Triton kernels (CUDA)
+    graph_sampler: int = 1                   # VELOCITY_GRAPH_SAMPLER: 1: ChatTTS's sampler inside the decode graphs (CUDA)
     # frames an engine step decodes while no request waits to join (multi-step decoding; the same
     # frames either way): on 2 CPU cores 4 gave no more throughput than 1 (docs/benchmarks.md)
     decode_steps: int = 1                    # VELOCITY_DECODE_STEPS
@@ -130,7 +131,7 @@ class Settings:
         return EngineConfig(model=self.weights, device=self.device, dtype=self.dtype, kv_cache_bytes=self.kv_cache_bytes,
                             gpu_memory_utilization=self.gpu_memory_utilization, max_num_seqs=self.max_num_seqs,
                             pack_cpu_weights=bool(self.pack_cpu_weights), cpu_kernel=bool(self.cpu_kernel),
-                            gpu_kernels=bool(self.gpu_kernels), quantize=self.quantize, decode_steps=self.decode_steps)
+                            gpu_kernels=bool(self.gpu_kernels), graph_sampler=bool(self.graph_sampler), quantize=self.quantize, decode_steps=self.decode_steps)
 
     def backlog_frames(self) -> int:
         """VELOCITY_BACKLOG_SECONDS in frames (0: no bound), raised to one largest chunk and its
