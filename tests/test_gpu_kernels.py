@@ -63,8 +63,12 @@ def test_rope_store_equals_rotate_and_cache_write(dtype):
     g = torch.Generator().manual_seed(1)
     qkv = torch.randn(T, (Hq + 2 * Hkv) * D, generator=g).to(DEV, dtype)
     cos, sin = (torch.randn(40, D, generator=g).to(DEV, dtype) for _ in range(2))
-    pos = torch.tensor([0, 3, 7, 39, 12, 5], device=DEV)
-    slots = torch.randperm(N * S, generator=g)[:T].to(DEV)
+    # positions and slots as columns of one buffer, as a CUDA graph's inputs are (strided)
+    cols = torch.zeros(T, 5, dtype=torch.long)
+    cols[:, 1] = torch.tensor([0, 3, 7, 39, 12, 5])
+    cols[:, 3] = torch.randperm(N * S, generator=g)[:T]
+    cols = cols.to(DEV)
+    pos, slots = cols[:, 1], cols[:, 3]
     kc, vc = (torch.zeros(N, S, Hkv, D, device=DEV, dtype=dtype) for _ in range(2))
     want = qkv.clone()
     K.rope_store(qkv, pos, cos, sin, slots, kc, vc, Hq)

@@ -89,16 +89,16 @@ if triton is not None:
         tl.store(out_ptr + row * N + cols, (w * h).to(out_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
-    def _rope_store_kernel(qkv_ptr, stride, pos_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr,
-                           HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr):
+    def _rope_store_kernel(qkv_ptr, stride, pos_ptr, pos_stride, cos_ptr, sin_ptr, slot_ptr, slot_stride, k_ptr,
+                           v_ptr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         half = tl.arange(0, D // 2)
         row = qkv_ptr + t * stride + h * D
-        slot = tl.load(slot_ptr + t).to(tl.int64)
+        slot = tl.load(slot_ptr + t * slot_stride).to(tl.int64)
         dt = qkv_ptr.dtype.element_ty
         if h < HQ + HKV:      # q or k: rotate_half, each product and the sum rounded as in eager
-            pos = tl.load(pos_ptr + t).to(tl.int64)
+            pos = tl.load(pos_ptr + t * pos_stride).to(tl.int64)
             x1 = tl.load(row + half).to(tl.float32)
             x2 = tl.load(row + D // 2 + half).to(tl.float32)
             c1 = tl.load(cos_ptr + pos * D + half).to(tl.float32)
@@ -171,16 +171,17 @@ if triton is not None:
         h = tl.program_id(1)
         L = tl.load(lens_ptr + b)
         ns = (L + SPLIT_N - 1) // SPLIT_N
+        base = (b * HQ + h) * NSPLIT
         sp = tl.arange(0, BS)
-        sm = sp < ns
-        at = (b * HQ + h) * NSPLIT + sp
-        m = tl.load(ml_ptr + at * 2, mask=sm, other=float("-inf"))
-        l_ = tl.load(ml_ptr + at * 2 + 1, mask=sm, other=0.0)
-        w = tl.where(sm, tl.exp(m - tl.max(m, axis=0)), 0.0)                       # [BS]
+        M = tl.max(tl.load(ml_ptr + (base + sp) * 2, mask=sp < ns, other=float("-inf")), axis=0)
         d = tl.arange(0, D)
-        acc = tl.load(acc_ptr + at[:, None] * D + d[None, :], mask=sm[:, None], other=0.0)   # [BS, D]
-        out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l_ * w, axis=0)
-        tl.store(o_ptr + (b * HQ + h) * D + d, out.to(o_ptr.dtype.element_ty))
+        acc = tl.zeros([D], tl.float32)
+        den = 0.0
+        for i in range(0, ns):          # in order: the sums do not depend on NSPLIT or BS
+            w = tl.exp(tl.load(ml_ptr + (base + i) * 2) - M)
+            den += tl.load(ml_ptr + (base + i) * 2 + 1) * w
+            acc += tl.load(acc_ptr + (base + i) * D + d) * w
+        tl.store(o_ptr + (b * HQ + h) * D + d, (acc / den).to(o_ptr.dtype.element_ty))
 
     @triton.jit
     def _silu_and_mul_kernel(x_ptr, out_ptr, N, BLOCK: tl.constexpr):
@@ -208,11 +209,12 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
 def rope_store(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int) -> None:
     """RoPE on q (in place in qkv) and k, k and v written to their cache slots.
-    qkv: [T, (Hq + 2 Hkv) D]; positions, slots: [T]; cos, sin: [P, D]; caches: [N, S, Hkv, D]"""
+    qkv: [T, (Hq + 2 Hkv) D]; positions, slots: [T] (strides of their own: a CUDA graph's are columns
+    of its input buffer); cos, sin: [P, D]; caches: [N, S, Hkv, D]"""
     T = qkv.shape[0]
     Hkv, D = k_cache.shape[2], k_cache.shape[3]
-    _rope_store_kernel[(T, num_heads + 2 * Hkv)](qkv, qkv.stride(0), positions, cos, sin, slots, k_cache, v_cache,
-                                                 HQ=num_heads, HKV=Hkv, D=D)
+    _rope_store_kernel[(T, num_heads + 2 * Hkv)](qkv, qkv.stride(0), positions, positions.stride(0), cos, sin, slots,
+                                                 slots.stride(0), k_cache, v_cache, HQ=num_heads, HKV=Hkv, D=D)
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
