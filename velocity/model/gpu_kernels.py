@@ -165,6 +165,46 @@ if triton is not None:
                 tl.store(ml_ptr + at * 2 + 1, l_i, mask=gm)
 
     @triton.jit
+    def _decode_mha_kernel(q_ptr, q_stride, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, o_ptr, acc_ptr, ml_ptr,
+                           scale, HQ: tl.constexpr, D: tl.constexpr, S: tl.constexpr, BLOCK: tl.constexpr,
+                           SPLIT_N: tl.constexpr, NSPLIT: tl.constexpr):
+        """_decode_kernel for one query head a KV head (no GQA): [BLOCK, D] tiles, no padded rows."""
+        b = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1)
+        sp = tl.program_id(2)
+        L = tl.load(lens_ptr + b)
+        start = sp * SPLIT_N
+        if start < L:
+            end = tl.minimum(start + SPLIT_N, L)
+            d = tl.arange(0, D)
+            q = tl.load(q_ptr + b * q_stride + h * D + d).to(tl.float32)               # [D]
+            m_i = float("-inf")
+            l_i = 0.0
+            acc = tl.zeros([D], tl.float32)
+            for n0 in range(start, end, BLOCK):
+                n = n0 + tl.arange(0, BLOCK)
+                nm = n < end
+                page = tl.load(bt_ptr + b * bt_stride + n // S, mask=nm, other=0).to(tl.int64)
+                off = ((page * S + n % S) * HQ + h) * D                                 # [BLOCK]
+                k = tl.load(k_ptr + off[:, None] + d[None, :], mask=nm[:, None], other=0.0).to(tl.float32)
+                s = tl.sum(k * q[None, :], axis=1) * scale                              # [BLOCK]
+                s = tl.where(nm, s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=0))
+                alpha = tl.exp(m_i - m_new)
+                p = tl.exp(s - m_new)
+                l_i = l_i * alpha + tl.sum(p, axis=0)
+                v = tl.load(v_ptr + off[:, None] + d[None, :], mask=nm[:, None], other=0.0).to(tl.float32)
+                acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+                m_i = m_new
+            if NSPLIT == 1:
+                tl.store(o_ptr + (b * HQ + h) * D + d, (acc / l_i).to(o_ptr.dtype.element_ty))
+            else:
+                at = (b * HQ + h) * NSPLIT + sp
+                tl.store(acc_ptr + at * D + d, acc)
+                tl.store(ml_ptr + at * 2, m_i)
+                tl.store(ml_ptr + at * 2 + 1, l_i)
+
+    @triton.jit
     def _combine_kernel(acc_ptr, ml_ptr, lens_ptr, o_ptr, HQ: tl.constexpr, D: tl.constexpr,
                         SPLIT_N: tl.constexpr, NSPLIT: tl.constexpr, BS: tl.constexpr):
         b = tl.program_id(0).to(tl.int64)
@@ -238,9 +278,14 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     else:
         acc = torch.empty(B, Hq, nsplit, D, dtype=torch.float32, device=q.device)
         ml = torch.empty(B, Hq, nsplit, 2, dtype=torch.float32, device=q.device)
-    _decode_kernel[(B, Hkv, nsplit)](q, q.stride(0), k_cache, v_cache, block_tables, block_tables.stride(0),
-                                     context_lens, out, acc, ml, scale, HQ=Hq, HKV=Hkv, G=G, BG=max(2, _pow2(G)),
-                                     D=D, S=S, BLOCK=BLOCK_N, SPLIT_N=SPLIT, NSPLIT=nsplit)
+    if G == 1:
+        _decode_mha_kernel[(B, Hq, nsplit)](q, q.stride(0), k_cache, v_cache, block_tables, block_tables.stride(0),
+                                            context_lens, out, acc, ml, scale, HQ=Hq, D=D, S=S, BLOCK=BLOCK_N,
+                                            SPLIT_N=SPLIT, NSPLIT=nsplit)
+    else:
+        _decode_kernel[(B, Hkv, nsplit)](q, q.stride(0), k_cache, v_cache, block_tables, block_tables.stride(0),
+                                         context_lens, out, acc, ml, scale, HQ=Hq, HKV=Hkv, G=G, BG=max(2, _pow2(G)),
+                                         D=D, S=S, BLOCK=BLOCK_N, SPLIT_N=SPLIT, NSPLIT=nsplit)
     if nsplit > 1:
         _combine_kernel[(B, Hq)](acc, ml, context_lens, out, HQ=Hq, D=D, SPLIT_N=SPLIT, NSPLIT=nsplit,
                                  BS=max(2, _pow2(nsplit)))
