@@ -82,9 +82,12 @@ def test_rope_store_equals_rotate_and_cache_write(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads", [(4, 4), (4, 2), (8, 2)])
 @pytest.mark.parametrize("one_part", [False, True])
-def test_paged_decode_equals_gather_and_sdpa(dtype, heads, one_part, monkeypatch):
+@pytest.mark.parametrize("mha_rows", [1, 64])
+def test_paged_decode_equals_gather_and_sdpa(dtype, heads, one_part, mha_rows, monkeypatch):
+    """Both kernels (without GQA, _decode_mha_kernel from MHA_ROWS rows on), split and whole."""
     from velocity.model.attention import AttentionMetadata, build_attn_mask, paged_attention
     K = kernels()
+    monkeypatch.setattr(K, "MHA_ROWS", mha_rows)
     if one_part:                               # one part a row: no combine
         monkeypatch.setattr(K, "SPLIT", 1024)
     Hq, Hkv = heads

@@ -30,6 +30,8 @@ except ImportError:          # CPU wheels of torch: no Triton, and no need for i
 
 SPLIT = 256        # context tokens a decode program reads when a row's context is split
 BLOCK_N = 64       # keys a decode program reads per loop iteration
+MHA_ROWS = 64      # without GQA, from this many rows on: _decode_mha_kernel (faster there, slower below:
+                   # docs/benchmarks.md); the same kernel for every step of a batch size
 
 
 def load() -> ModuleType | None:
@@ -278,7 +280,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     else:
         acc = torch.empty(B, Hq, nsplit, D, dtype=torch.float32, device=q.device)
         ml = torch.empty(B, Hq, nsplit, 2, dtype=torch.float32, device=q.device)
-    if G == 1:
+    if G == 1 and B >= MHA_ROWS:
         _decode_mha_kernel[(B, Hq, nsplit)](q, q.stride(0), k_cache, v_cache, block_tables, block_tables.stride(0),
                                             context_lens, out, acc, ml, scale, HQ=Hq, D=D, S=S, BLOCK=BLOCK_N,
                                             SPLIT_N=SPLIT, NSPLIT=nsplit)
