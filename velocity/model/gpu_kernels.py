@@ -122,16 +122,33 @@ if triton is not None:
             tl.store(dst + D // 2 + half, tl.load(row + D // 2 + half))
 
     @triton.jit
+    def _part(lens_ptr, SPLIT_N: tl.constexpr):
+        """A decode program's row and its part of the row's context: (b, start, end); start >= end
+        where the row's context is shorter."""
+        b = tl.program_id(0).to(tl.int64)
+        start = tl.program_id(2) * SPLIT_N
+        return b, start, tl.minimum(start + SPLIT_N, tl.load(lens_ptr + b))
+
+    @triton.jit
+    def _kv_tile(k_ptr, v_ptr, tables, n0, end, kvh, HKV: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
+                 BLOCK: tl.constexpr):
+        """Keys and values [BLOCK, D] in float32 of tokens n0 .. n0 + BLOCK of KV head kvh, read in
+        place through a row's block table `tables`, and which of them are before `end`."""
+        n = n0 + tl.arange(0, BLOCK)
+        nm = n < end
+        page = tl.load(tables + n // S, mask=nm, other=0).to(tl.int64)
+        off = (((page * S + n % S) * HKV + kvh) * D)[:, None] + tl.arange(0, D)[None, :]     # [BLOCK, D]
+        k = tl.load(k_ptr + off, mask=nm[:, None], other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + off, mask=nm[:, None], other=0.0).to(tl.float32)
+        return k, v, nm
+
+    @triton.jit
     def _decode_kernel(q_ptr, q_stride, k_ptr, v_ptr, bt_ptr, bt_stride, lens_ptr, o_ptr, acc_ptr, ml_ptr,
                        scale, HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
                        S: tl.constexpr, BLOCK: tl.constexpr, SPLIT_N: tl.constexpr, NSPLIT: tl.constexpr):
-        b = tl.program_id(0).to(tl.int64)
+        b, start, end = _part(lens_ptr, SPLIT_N)
         kvh = tl.program_id(1)
-        sp = tl.program_id(2)
-        L = tl.load(lens_ptr + b)
-        start = sp * SPLIT_N
-        if start < L:
-            end = tl.minimum(start + SPLIT_N, L)
+        if start < end:
             g = tl.arange(0, BG)
             d = tl.arange(0, D)
             gm = g < G
@@ -142,18 +159,13 @@ if triton is not None:
             l_i = tl.zeros([BG], tl.float32)
             acc = tl.zeros([BG, D], tl.float32)
             for n0 in range(start, end, BLOCK):
-                n = n0 + tl.arange(0, BLOCK)
-                nm = n < end
-                page = tl.load(bt_ptr + b * bt_stride + n // S, mask=nm, other=0).to(tl.int64)
-                off = ((page * S + n % S) * HKV + kvh) * D                         # [BLOCK]
-                k = tl.load(k_ptr + off[:, None] + d[None, :], mask=nm[:, None], other=0.0).to(tl.float32)
+                k, v, nm = _kv_tile(k_ptr, v_ptr, bt_ptr + b * bt_stride, n0, end, kvh, HKV, D, S, BLOCK)
                 s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale         # [BG, BLOCK]
                 s = tl.where(nm[None, :], s, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, axis=1))
                 alpha = tl.exp(m_i - m_new)
                 p = tl.exp(s - m_new[:, None])
                 l_i = l_i * alpha + tl.sum(p, axis=1)
-                v = tl.load(v_ptr + off[:, None] + d[None, :], mask=nm[:, None], other=0.0).to(tl.float32)
                 acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
                 m_i = m_new
             if NSPLIT == 1:
@@ -161,7 +173,7 @@ if triton is not None:
                 tl.store(o_ptr + b * HQ * D + heads[:, None] * D + d[None, :],
                          out.to(o_ptr.dtype.element_ty), mask=gm[:, None])
             else:                            # partials: acc [B, HQ, NSPLIT, D], (max, sum) [B, HQ, NSPLIT, 2]
-                at = (b * HQ + heads) * NSPLIT + sp                                # [BG]
+                at = (b * HQ + heads) * NSPLIT + tl.program_id(2)                  # [BG]
                 tl.store(acc_ptr + at[:, None] * D + d[None, :], acc, mask=gm[:, None])
                 tl.store(ml_ptr + at * 2, m_i, mask=gm)
                 tl.store(ml_ptr + at * 2 + 1, l_i, mask=gm)
@@ -171,37 +183,28 @@ if triton is not None:
                            scale, HQ: tl.constexpr, D: tl.constexpr, S: tl.constexpr, BLOCK: tl.constexpr,
                            SPLIT_N: tl.constexpr, NSPLIT: tl.constexpr):
         """_decode_kernel for one query head a KV head (no GQA): [BLOCK, D] tiles, no padded rows."""
-        b = tl.program_id(0).to(tl.int64)
+        b, start, end = _part(lens_ptr, SPLIT_N)
         h = tl.program_id(1)
-        sp = tl.program_id(2)
-        L = tl.load(lens_ptr + b)
-        start = sp * SPLIT_N
-        if start < L:
-            end = tl.minimum(start + SPLIT_N, L)
+        if start < end:
             d = tl.arange(0, D)
             q = tl.load(q_ptr + b * q_stride + h * D + d).to(tl.float32)               # [D]
             m_i = float("-inf")
             l_i = 0.0
             acc = tl.zeros([D], tl.float32)
             for n0 in range(start, end, BLOCK):
-                n = n0 + tl.arange(0, BLOCK)
-                nm = n < end
-                page = tl.load(bt_ptr + b * bt_stride + n // S, mask=nm, other=0).to(tl.int64)
-                off = ((page * S + n % S) * HQ + h) * D                                 # [BLOCK]
-                k = tl.load(k_ptr + off[:, None] + d[None, :], mask=nm[:, None], other=0.0).to(tl.float32)
+                k, v, nm = _kv_tile(k_ptr, v_ptr, bt_ptr + b * bt_stride, n0, end, h, HQ, D, S, BLOCK)
                 s = tl.sum(k * q[None, :], axis=1) * scale                              # [BLOCK]
                 s = tl.where(nm, s, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, axis=0))
                 alpha = tl.exp(m_i - m_new)
                 p = tl.exp(s - m_new)
                 l_i = l_i * alpha + tl.sum(p, axis=0)
-                v = tl.load(v_ptr + off[:, None] + d[None, :], mask=nm[:, None], other=0.0).to(tl.float32)
                 acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
                 m_i = m_new
             if NSPLIT == 1:
                 tl.store(o_ptr + (b * HQ + h) * D + d, (acc / l_i).to(o_ptr.dtype.element_ty))
             else:
-                at = (b * HQ + h) * NSPLIT + sp
+                at = (b * HQ + h) * NSPLIT + tl.program_id(2)
                 tl.store(acc_ptr + at * D + d, acc)
                 tl.store(ml_ptr + at * 2, m_i)
                 tl.store(ml_ptr + at * 2 + 1, l_i)
