@@ -152,9 +152,7 @@ class ModelRunner:
                  graph_sampler: GraphSampler | None = None) -> None:
         self.model = model
         self.decode_kernel = decode_kernel
-        # decodes read each row's cache up to its length (the C++ kernel's or the GPU kernels'):
-        # context lengths instead of a mask over the tables' width
-        self.in_place = decode_kernel is not None or in_place_decode
+        self.in_place_decode = in_place_decode   # the model's GPU kernels read the cache in place
         # the decode graphs sample too (one graph per batch size: with in_place only): see codes
         self.graph_sampler = graph_sampler if in_place_decode else None
         self.sampling_rows = SamplingRows(graph_sampler) if self.graph_sampler else None
@@ -251,6 +249,12 @@ class ModelRunner:
         self.decode = DecodeInputs({s.seq_id: i for i, s in enumerate(seqs)}, pos, tables, lens, last)
         tokens = self.token_tensor([s.output_token_ids[-1] for s in seqs])
         return tokens, pos, md, last, None
+
+    @property
+    def in_place(self) -> bool:
+        """Decodes read each row's cache up to its length (the C++ kernel's or the GPU kernels'):
+        context lengths instead of a mask over the tables' width."""
+        return self.decode_kernel is not None or self.in_place_decode
 
     def in_place_md(self, md: AttentionMetadata, pos: torch.Tensor) -> AttentionMetadata:
         """A decode's metadata for reading the cache in place: each row's length, no mask."""
