@@ -173,7 +173,7 @@ def test_marks_need_the_sse_stream(openai_client):
     (dict(extra_body={"timeout": 0}), 400, "timeout", r"timeout must be seconds in \(0, 3600\]"),
     (dict(instructions=3), 400, "instructions", "instructions must be a string"),
     (dict(input="x" * 2001), 400, "input", "TEXT has 2001 characters; the limit is 2000"),
-    (dict(extra_body={"temperature": -1}), 400, "temperature", "TEMPERATURE must be >= 0"),
+    (dict(extra_body={"temperature": -1}), 400, "temperature", "temperature must be >= 0"),
     (dict(extra_body={"lexicon": 5}), 400, "lexicon", r"lexicon must be a JSON object \(or its text\), got 5"),
     (dict(extra_body={"lexicon": {"SQL": 1}}), 400, "lexicon", "LEXICON: the replacement of 'SQL' must be a string"),
 ])

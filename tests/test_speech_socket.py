@@ -144,7 +144,7 @@ def test_a_client_that_leaves_stops_the_work(gateway, tts_server):
     ("not json", "a message must be JSON", None),
     ('{"type": "shout"}', "unknown message type 'shout'", "type"),
     (json.dumps(SETUP | {"voice": "nobody"}), "voice 'nobody' is not a voice here", "voice"),
-    (json.dumps(SETUP | {"temperature": -1}), "TEMPERATURE must be >= 0", "temperature"),
+    (json.dumps(SETUP | {"temperature": -1}), "temperature must be >= 0", "temperature"),
     (json.dumps(SETUP | {"response_format": "mp3"}), "response_format must be pcm on the WebSocket", "response_format"),
 ])
 def test_a_bad_message_gets_an_error_and_the_socket_stays_usable(gateway, msg, says, param):

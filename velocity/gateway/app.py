@@ -28,7 +28,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
-from velocity.gateway import elevenlabs
+from velocity.gateway import elevenlabs, json_body
 from velocity.gateway.encode import FORMATS, Encoder
 from velocity.gateway.sentences import SentencePipe, split_long
 from velocity.gateway.speech_socket import PATH, SpeechSocket
@@ -88,9 +88,10 @@ def request_timeout(body: dict, header: str | None) -> float | None:
     return t
 
 
-def triton_values(body: dict, voices: dict[str, str]) -> tuple[dict, str, str]:
+def triton_values(body: dict, voices: dict[str, str], settings=None) -> tuple[dict, str, str]:
     """The request body -> (the `tts` inputs, response_format, stream_format); ApiError 400 naming
-    the field and its allowed values. voices: the server's voice names -> their kind."""
+    the field and its allowed values. voices: the server's voice names -> their kind. Numbers are
+    checked against their input's range (settings: the limits it names) before anything is cast."""
     def need(name: str, kind, allowed: str):
         v = body.get(name)
         if v is None or not of_type(v, kind):
@@ -105,10 +106,10 @@ def triton_values(body: dict, voices: dict[str, str]) -> tuple[dict, str, str]:
     own = ", ".join(n for n, kind in voices.items() if kind != "alias")
     voice = need("voice", str, f"a voice ({own}) or a speaker string")
     fmt = body.get("response_format", "mp3")
-    if fmt not in FORMATS:
+    if not isinstance(fmt, str) or fmt not in FORMATS:
         raise ApiError(400, f"response_format must be one of {', '.join(FORMATS)}, got {fmt!r}", "response_format")
     stream_format = body.get("stream_format", "audio")
-    if stream_format not in ("audio", "sse"):
+    if not isinstance(stream_format, str) or stream_format not in ("audio", "sse"):
         raise ApiError(400, f'stream_format must be "audio" or "sse", got {stream_format!r}', "stream_format")
     speed = body.get("speed", 1.0)
     if not of_type(speed, float) or not 0.25 <= speed <= 4.0:
@@ -135,6 +136,11 @@ def triton_values(body: dict, voices: dict[str, str]) -> tuple[dict, str, str]:
             if not of_type(v, JSON[i.dtype]):
                 kind = "a JSON object (or its text)" if i.json else JSON[i.dtype].__name__
                 raise ApiError(400, f"{i.api_field} must be {kind}, got {v!r}", i.api_field)
+            if JSON[i.dtype] in (int, float):
+                try:
+                    i.check(v, settings, i.api_field)
+                except ValueError as e:
+                    raise ApiError(400, str(e), i.api_field) from e
             values[i.name] = v
     return values, fmt, stream_format
 
@@ -303,7 +309,7 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
             return
         await ws.accept()
         names = await gw.voice_names(fresh=True)
-        await SpeechSocket(ws, gw, lambda body: seeded(triton_values(body, names)[0])).run()
+        await SpeechSocket(ws, gw, lambda body: seeded(triton_values(body, names, settings)[0])).run()
 
     @app.websocket(elevenlabs.PATH)
     async def elevenlabs_stream(ws: WebSocket, voice_id: str):
@@ -317,7 +323,7 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
 
         def values_of(text: str, speed: float) -> dict:
             body = {"model": "tts-1", "voice": voice_id, "input": text, "response_format": "pcm", "speed": speed}
-            return seeded(triton_values(body, names)[0])
+            return seeded(triton_values(body, names, settings)[0])
 
         try:
             rate = elevenlabs.output_rate(ws.query_params.get("output_format"))
@@ -364,20 +370,18 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
 
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
-        try:
-            body = json.loads(await read_body(request))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"the body must be JSON ({e})") from e
+        body = json_body.loads(await read_body(request), "the body")
         if not isinstance(body, dict):
             raise ApiError(400, "the body must be a JSON object")
         names = await gw.voice_names()
-        if body.get("voice") not in names:             # a voice added since, or a speaker string
+        voice = body.get("voice")
+        if isinstance(voice, str) and voice not in names:   # a voice added since, or a speaker string
             names = await gw.voice_names(fresh=True)
         fmt = body.get("response_format", "mp3")
         label = fmt if isinstance(fmt, str) and fmt in FORMATS else "other"
         t0 = time.perf_counter()
         try:
-            values, fmt, stream_format = triton_values(body, names)
+            values, fmt, stream_format = triton_values(body, names, settings)
             values = seeded(values)
             want_marks = marks_asked(body, stream_format)
             timeout = request_timeout(body, request.headers.get(TIMEOUT_HEADER))

@@ -28,6 +28,7 @@ import contextlib
 import json
 import logging
 
+from velocity.gateway import json_body
 from velocity.gateway.encode import Encoder
 from velocity.gateway.sentences import SentenceBuffer, SentencePipe
 from velocity.gateway.upstream import ApiError
@@ -120,11 +121,14 @@ class ElevenLabsSocket:
                     log.info("elevenlabs socket: the client left; its speech is stopped")
                     return
                 try:
-                    if not await self.handle(json.loads(msg.get("text") or "null")):
+                    if not await self.handle(json_body.loads(msg.get("text") or "null", "a message")):
                         return
-                except (json.JSONDecodeError, ApiError) as e:
-                    text = e.message if isinstance(e, ApiError) else f"a message must be a JSON object ({e})"
-                    await self.send(error="invalid_message", message=text)
+                except ApiError as e:
+                    await self.send(error="invalid_message", message=e.message)
+                except Exception:    # our fault: said as such, logged, and the socket goes on
+                    log.exception("elevenlabs socket: a message failed")
+                    await self.send(error="internal_error", message="the message failed on the server (its log "
+                                    "says why)")
         finally:
             for ctx in list(self.contexts.values()):
                 await ctx.stop()
@@ -146,8 +150,11 @@ class ElevenLabsSocket:
         if ctx is None and text:                              # " " opens a context
             if len(self.contexts) >= MAX_CONTEXTS:
                 raise ApiError(400, f"at most {MAX_CONTEXTS} contexts may be open at once: close one first")
-            speed = (msg.get("voice_settings") or {}).get("speed", 1.0)
-            if not isinstance(speed, (int, float)) or not 0.25 <= speed <= 4.0:
+            settings = msg.get("voice_settings") or {}
+            if not isinstance(settings, dict):
+                raise ApiError(400, f"voice_settings must be an object, such as {{\"speed\": 1.1}}, got {settings!r}")
+            speed = settings.get("speed", 1.0)
+            if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0.25 <= speed <= 4.0:
                 raise ApiError(400, f"voice_settings.speed must be a number in [0.25, 4.0], got {speed!r}")
             ctx = self.contexts[cid] = Context(self, cid, float(speed))
         if ctx is None:

@@ -27,6 +27,7 @@ import contextlib
 import json
 import logging
 
+from velocity.gateway import json_body
 from velocity.gateway.encode import pcm16
 from velocity.gateway.sentences import SentenceBuffer, SentencePipe
 from velocity.gateway.upstream import ApiError
@@ -81,7 +82,7 @@ class SpeechSocket:
     async def handle(self, raw: str) -> bool:
         """One client message; False once the socket is to close."""
         try:
-            msg = json.loads(raw)
+            msg = json_body.loads(raw, "a message")
             if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
                 raise ApiError(400, 'a message is a JSON object with a "type"', "type")
             kind = msg["type"]
@@ -125,10 +126,12 @@ class SpeechSocket:
                 await self.send(type="cancelled", dropped=dropped)
             else:
                 raise ApiError(400, f'unknown message type {kind!r}: setup, text, flush, cancel or close', "type")
-        except json.JSONDecodeError as e:
-            await self.send(type="error", message=f"a message must be JSON ({e})", param=None)
         except ApiError as e:
             await self.send(type="error", message=e.message, param=e.param)
+        except Exception:            # our fault: said as such, logged, and the socket goes on
+            log.exception("websocket: a message failed")
+            await self.send(type="error", message="internal error: the message failed on the server (its log "
+                            "says why)", param=None)
         return True
 
     async def _write(self) -> None:

@@ -22,6 +22,7 @@ MODELS = ("text_frontend", "tts", "tts_offline")
 NUMPY = {"BYTES": object, "BOOL": np.bool_, "INT32": np.int32, "INT64": np.int64, "FP32": np.float32}
 JSON = {"BYTES": str, "BOOL": bool, "INT32": int, "INT64": int, "FP32": float}
 SEEDS = 2**63
+INT_MAX = {"INT32": 2**31 - 1, "INT64": 2**63 - 1}
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,12 +104,22 @@ class Input:
         integer = self.dtype.startswith("INT")
         if value.dtype.kind not in ("iu" if integer else "iuf"):
             raise ValueError(f"{self.name} must be {'an integer' if integer else 'a number'}, got data type {value.dtype}")
-        v = value.reshape(-1)[0].item()
+        return self.check(value.reshape(-1)[0].item(), settings)
+
+    def check(self, v: float, settings=None, name: str | None = None) -> float:
+        """A number in range (ValueError naming `name`, default the input's, and the range). Without
+        settings a bound that names one is the data type's: a value is checked before any cast, and
+        the server checks it against its own limit."""
+        name = name or self.name
         hi = self.limit(self.hi, settings)
+        hi = None if isinstance(hi, str) else hi                # a setting's limit, unknown here
         ok = (math.isfinite(v) and (self.lo is None or (v > self.lo if self.lo_open else v >= self.lo))
               and (hi is None or (v < hi if self.hi_open else v <= hi)))
         if not ok:
-            raise ValueError(f"{self.name} must be {self.allowed(settings)}, got {v}")
+            raise ValueError(f"{name} must be {self.allowed(settings)}, got {v}")
+        top = INT_MAX.get(self.dtype)
+        if top is not None and v > top:                         # what the input's type holds
+            raise ValueError(f"{name} must be {self.allowed(settings)} and at most {top}, got {v}")
         return v
 
     def _text(self, value: np.ndarray, settings) -> object:
@@ -214,7 +225,13 @@ def triton_inputs(model: str) -> list[dict]:
 
 
 def make_inputs(module, values: dict) -> list:
-    """tritonclient InferInputs, each [1, 1], for the given inputs (None values left out)."""
+    """tritonclient InferInputs, each [1, 1], for the given inputs (None values left out); an integer
+    its input's type cannot hold is a ValueError naming it (numpy would wrap or overflow it); the
+    server checks the ranges."""
+    for name, v in values.items():
+        top = INT_MAX.get(BY_NAME[name].dtype)
+        if top is not None and isinstance(v, int) and not -top - 1 <= v <= top:
+            raise ValueError(f"{name} must be {BY_NAME[name].allowed()} and at most {top}, got {v}")
     return array_inputs(module, {name: np.array([[v.encode() if isinstance(v, str) else v]], dtype=NUMPY[BY_NAME[name].dtype])
                                  for name, v in values.items() if v is not None})
 
