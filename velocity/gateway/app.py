@@ -6,9 +6,13 @@ the `tts` ensemble's chunks, encoded as they arrive, one gRPC stream per request
 Also `GET /v1/models`, `GET /v1/audio/voices` (the server's `voices` model), `GET /health`
 (200 only while Triton's `tts` is ready and its server is not draining) and the web page at `/`
 (page.html). Errors have OpenAI's shape, {"error": {"message", "type", "param", "code"}}: 400
-for what the request got wrong, 413 for a body over the limit (however it is sent), 503 with
+for what the request got wrong, 413 for a body over the limit (however it is sent), 415 for a
+body not sent as application/json, 503 with
 Retry-After when the server is busy or draining, 504 when the request's timeout passed, 502 when
 Triton cannot be reached.
+
+The WebSockets refuse a page of another origin than the gateway's own (HTTP 403) unless
+VELOCITY_GATEWAY_ORIGINS (or VELOCITY_GATEWAY_CORS_ORIGINS) allows it.
 
 A client that hangs up (before or during its audio) cancels its Triton stream, and the server
 stops its work on it within a second (velocity.serving.stream_board); the hang-ups are counted
@@ -24,6 +28,7 @@ import logging
 import math
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
@@ -225,6 +230,17 @@ class GatewayMetrics:
         return generate_latest(self.registry)
 
 
+def origin_allowed(headers, allowed: set[str]) -> bool:
+    """A WebSocket's handshake may go on: no Origin (not a browser: the API keys are its check), the
+    gateway's own page (the Origin's host is the request's Host), or an allowed origin ("*": any).
+    A browser sends the page's origin with every WebSocket, and no CORS check guards one."""
+    origin = headers.get("origin")
+    if origin is None or "*" in allowed or origin.rstrip("/") in allowed:
+        return True
+    parts = urlsplit(origin)
+    return parts.scheme in ("http", "https") and parts.netloc.lower() == headers.get("host", "").lower()
+
+
 def api_keys(settings) -> set[str]:
     """The keys a request may bear (VELOCITY_GATEWAY_API_KEYS and _FILE); none: the API is open."""
     from pathlib import Path
@@ -243,6 +259,17 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
 
     settings = settings or Settings.from_env()
     keys, limit = api_keys(settings), settings.gateway_max_body_bytes
+    origins = {o.strip().rstrip("/") for o in f"{settings.gateway_origins},{settings.gateway_cors_origins}".split(",")
+               if o.strip()}
+
+    async def refuse_origin(ws: WebSocket) -> bool:
+        """Close a handshake from a page of another origin (HTTP 403); True if it was refused."""
+        if origin_allowed(ws.headers, origins):
+            return False
+        log.warning("websocket %s: refused the page at %r (not this gateway's, not in VELOCITY_GATEWAY_ORIGINS)",
+                    ws.url.path, ws.headers.get("origin"))
+        await ws.close(code=1008, reason="this page's origin may not use this server: VELOCITY_GATEWAY_ORIGINS")
+        return True
     gw = Gateway(triton_url, retries)
 
     def seeded(values: dict) -> dict:
@@ -303,6 +330,8 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
     @app.websocket(PATH)
     async def speech_stream(ws: WebSocket):
         """Streamed text in, audio and sentence marks out (velocity/gateway/speech_socket.py)."""
+        if await refuse_origin(ws):
+            return
         auth = ws.headers.get("authorization", "")
         if keys and not (auth.startswith("Bearer ") and auth[7:].strip() in keys):
             await ws.close(code=1008, reason="a valid API key is required: Authorization: Bearer <key>")
@@ -314,6 +343,8 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
     @app.websocket(elevenlabs.PATH)
     async def elevenlabs_stream(ws: WebSocket, voice_id: str):
         """ElevenLabs' multi-context WebSocket, as Pipecat speaks it (velocity/gateway/elevenlabs.py)."""
+        if await refuse_origin(ws):
+            return
         key = ws.headers.get("xi-api-key") or ws.headers.get("authorization", "").removeprefix("Bearer ").strip()
         if keys and key not in keys:
             await ws.close(code=1008, reason="a valid API key is required: the xi-api-key header")
@@ -370,6 +401,11 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
 
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
+        kind = request.headers.get("content-type", "")
+        if kind.split(";")[0].strip().lower() != "application/json":
+            # a web page may POST text/plain to any server without asking (no CORS preflight):
+            # JSON only, so that another site's page cannot make this server speak
+            raise ApiError(415, f"send the body as JSON with Content-Type: application/json (got {kind!r})")
         body = json_body.loads(await read_body(request), "the body")
         if not isinstance(body, dict):
             raise ApiError(400, "the body must be a JSON object")

@@ -68,7 +68,7 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
     def body(self) -> dict:
-        kind = "invalid_request_error" if self.status in (400, 401, 413) else "server_error"
+        kind = "invalid_request_error" if 400 <= self.status < 500 and self.status != 429 else "server_error"
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
 

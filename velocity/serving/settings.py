@@ -80,6 +80,8 @@ class Settings:
     gateway_api_keys_file: str = ""          # VELOCITY_GATEWAY_API_KEYS_FILE: one key per line
     gateway_max_body_bytes: int = 4 << 20    # VELOCITY_GATEWAY_MAX_BODY_BYTES: larger requests get 413
     gateway_cors_origins: str = ""           # VELOCITY_GATEWAY_CORS_ORIGINS: comma-separated ("": no CORS)
+    # web pages (origins) besides the gateway's own that may open its WebSockets ("*": any)
+    gateway_origins: str = ""                # VELOCITY_GATEWAY_ORIGINS: comma-separated
     # An input over VELOCITY_MAX_TEXT_CHARS: 0 refuses it (400, as the server would); 1 speaks it
     # in pieces within the limit, cut at paragraphs and sentences, two generating at once, in order.
     gateway_long_text: int = 0               # VELOCITY_GATEWAY_LONG_TEXT
