@@ -61,6 +61,24 @@ def tts_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServe
 
 
 @pytest.fixture(scope="module")
+def gateway(tts_server: TritonServer) -> str:
+    """The gateway serve.sh started beside the shared server, once healthy: its base URL."""
+    import urllib.request
+
+    from triton_server import wait_for
+
+    def healthy() -> bool:
+        try:
+            with urllib.request.urlopen(tts_server.gateway_url + "/health", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    assert wait_for(healthy, 60), tts_server.log()
+    return tts_server.gateway_url
+
+
+@pytest.fixture(scope="module")
 def smoke_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     """One server on tests/model_repository for the module's smoke tests."""
     s = TritonServer(repo=TESTS_REPO,

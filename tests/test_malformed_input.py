@@ -11,25 +11,11 @@ import urllib.request
 import pytest
 from websockets.sync.client import connect
 
-from triton_server import wait_for
 
 pytestmark = pytest.mark.server
 BODY = {"model": "tts-1", "input": "Hi.", "voice": "amber", "response_format": "pcm", "max_new_tokens": 4}
 DEEP = "[" * 100_000 + "]" * 100_000
 SETUP = {"type": "setup", "model": "tts-1", "voice": "amber", "max_new_tokens": 4}
-
-
-@pytest.fixture(scope="module")
-def gateway(tts_server):
-    def healthy() -> bool:
-        try:
-            with urllib.request.urlopen(tts_server.gateway_url + "/health", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    assert wait_for(healthy, 60), tts_server.log()
-    return tts_server.gateway_url
 
 
 def post(gateway: str, data: bytes) -> tuple[int, dict | bytes]:

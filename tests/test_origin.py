@@ -12,24 +12,11 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from triton_server import side_gateway, wait_for
+from triton_server import side_gateway
 
 pytestmark = pytest.mark.server
 BODY = {"model": "tts-1", "input": "Hi.", "voice": "amber", "response_format": "pcm", "max_new_tokens": 4}
 PATHS = ("/v1/audio/speech/stream", "/v1/text-to-speech/amber/multi-stream-input?output_format=pcm_24000")
-
-
-@pytest.fixture(scope="module")
-def gateway(tts_server):
-    def healthy() -> bool:
-        try:
-            with urllib.request.urlopen(tts_server.gateway_url + "/health", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    assert wait_for(healthy, 60), tts_server.log()
-    return tts_server.gateway_url
 
 
 def opens(gateway: str, path: str, origin: str | None) -> bool:
