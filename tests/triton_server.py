@@ -77,8 +77,9 @@ def llm_inputs(url: str, values: dict) -> list:
 
 
 @contextlib.contextmanager
-def side_gateway(server: TritonServer, log_path: Path, **env: str):
-    """A gateway of its own in front of `server`, with these VELOCITY_* settings: its base URL."""
+def side_gateway(server: TritonServer, log_path: Path, with_process: bool = False, **env: str):
+    """A gateway of its own in front of `server`, with these VELOCITY_* settings: its base URL
+    (with_process: (the URL, its Popen))."""
     import os
     import subprocess
     import sys
@@ -92,7 +93,7 @@ def side_gateway(server: TritonServer, log_path: Path, **env: str):
                           stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
     try:
         assert wait_for(lambda: listening(port), 60), log_path.read_text()
-        yield f"http://127.0.0.1:{port}"
+        yield (f"http://127.0.0.1:{port}", gw) if with_process else f"http://127.0.0.1:{port}"
     finally:
         stop_group(gw, 20)
 

@@ -52,6 +52,18 @@ class ClientLeft(Exception):
     """The HTTP client hung up before its first audio."""
 
 
+class ClosingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that closes its body's generator as it ends, after a hang-up too
+    (Starlette leaves a generator it stopped reading to the garbage collector): the response's
+    Triton stream is cancelled, its encoder freed and the hang-up counted at once."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
 def speed_prompt(speed: float) -> str:
     """OpenAI's speed (0.25-4.0, 1 = normal) -> ChatTTS's [speed_N] (0-9, 5 = normal):
     N = round(5 + 2 log2(speed)), so 0.25 -> 1, 0.5 -> 3, 1 -> 5, 2 -> 7, 4 -> 9."""
@@ -435,11 +447,11 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
             return Response(status_code=499)               # nginx's "client closed request": no one reads it
         metrics.first_byte.labels(fmt).observe(time.perf_counter() - t0)
         metrics.requests.labels(fmt, "200").inc()
-        enc = Encoder(fmt, SAMPLE_RATE)
 
         async def encoded():
             """(chunk, its encoded bytes) in order, then (None, the encoder's last bytes)."""
             complete = False
+            enc = Encoder(fmt, SAMPLE_RATE)
             try:
                 if first is not None:
                     yield first, enc.push(first.audio)
@@ -451,6 +463,7 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
                 complete = True                             # the server ended it: not a hang-up
                 raise
             finally:
+                enc.close()                                 # the codec's threads, now
                 if not complete:
                     metrics.disconnects.inc()
                 await chunks.aclose()
@@ -474,8 +487,8 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
             yield event(type="speech.audio.done")
 
         if stream_format == "sse":
-            return StreamingResponse(sse(), media_type="text/event-stream")
-        return StreamingResponse(audio(), media_type=FORMATS[fmt])
+            return ClosingStreamingResponse(sse(), media_type="text/event-stream")
+        return ClosingStreamingResponse(audio(), media_type=FORMATS[fmt])
 
     return app
 

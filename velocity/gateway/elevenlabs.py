@@ -77,6 +77,7 @@ class Context:
         self.writer.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self.writer
+        self.encoder.close()
 
     async def _write(self) -> None:
         async for s, chunk in self.pipe.out():
@@ -92,7 +93,9 @@ class Context:
                 return
 
     async def finish(self) -> None:
-        if tail := self.encoder.finish():
+        tail = self.encoder.finish()
+        self.encoder.close()
+        if tail:
             await self.socket.send(audio=base64.b64encode(tail).decode(), isFinal=False, contextId=self.cid)
         await self.socket.final(self.cid)
 

@@ -5,8 +5,11 @@ WAV, then 16-bit PCM; pcm is the bare 16-bit little-endian samples, at another r
 (`pcm_rate`: FFmpeg's resampler, its state kept from chunk to chunk).
 
     enc = Encoder("mp3", 24000)
-    for chunk in chunks: yield enc.push(chunk)
-    yield enc.finish()
+    try:
+        for chunk in chunks: yield enc.push(chunk)
+        yield enc.finish()
+    finally:
+        enc.close()              # a hang-up too: the codec's threads go now
 """
 from __future__ import annotations
 
@@ -120,5 +123,17 @@ class Encoder:
                 self.container.mux(packet)
         for packet in self.stream.encode(None):
             self.container.mux(packet)
-        self.container.close()
+        self.close()
         return self.sink.take()
+
+    def close(self) -> None:
+        """Free the encoder now (FFmpeg's codec holds threads of its own until then), whatever is
+        left unencoded: at every end of a response, a hang-up too. Once is enough."""
+        container, self.container = getattr(self, "container", None), None
+        if container is not None:
+            try:
+                container.close()
+            except Exception:     # noqa: BLE001 - a half-written stream nobody reads: nothing to save
+                pass
+            self.stream = self.fifo = self.resampler = None
+        self.pcm_resampler = None
