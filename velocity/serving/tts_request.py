@@ -71,7 +71,7 @@ def parse_tts_request(get, front: TTSFront) -> TTSRequest:
     prompt = v["PROMPT"] or DEFAULT_PROMPT
     lexicon = Lexicon.from_json(v["LEXICON"]) if v["LEXICON"] else None
     sentences, _ = frontend.encode(v["TEXT"], speaker=vec.size > 0, prompt=prompt, sample_text=sample_text,
-                                   lexicon=lexicon)
+                                   lexicon=lexicon, max_chars=front.settings.max_text_chars)
     if not sentences:
         raise ValueError("TEXT has nothing to speak after normalisation")
     req = TTSRequest(sentences, vec, params, v["DECODER"] or "hidden", sample)

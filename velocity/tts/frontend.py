@@ -95,14 +95,15 @@ class TextFrontend:
         return [self.code_prompt(s.text, speaker, prompt, sentences[0].text) for s in sentences]
 
     def encode(self, text: str, speaker: bool, prompt: str = DEFAULT_PROMPT, sample_text: str = "",
-               lexicon: Lexicon | None = None) -> tuple[list[Sentence], Normalized]:
+               lexicon: Lexicon | None = None, max_chars: int | None = None) -> tuple[list[Sentence], Normalized]:
         """Text -> one prompt per piece, in order, and the normalisation report. Pieces as the
         reference splits a text (split_text), each normalised on its own (its own language), and
         cut again if longer than 120 characters. sample_text: a voice sample's transcript, which
         goes into every prompt as the reference puts its txt_smp (as given, not normalised).
-        lexicon: the request's pronunciations, merged over the server's; both apply before all else."""
+        lexicon: the request's pronunciations, merged over the server's; both apply before all else.
+        max_chars: the text's limit, which it must keep with the lexicon applied (ValueError)."""
         self.check_prompt(prompt)
-        text = self.lexicon.merged(lexicon).apply(text)
+        text = self.lexicon.merged(lexicon).apply(text, max_chars)
         out, norms = [], [self.normalize(piece) for piece in split_text(text)]
         for norm in norms:
             for s in split_sentences(norm.text):

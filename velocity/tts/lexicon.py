@@ -9,11 +9,17 @@ writing it another way: {"SQL": "sequel", "GIF": "jif", "Nginx": "engine x", "é‡
   capital matches only as written ("US" leaves "us" alone). Where both match, the exact one wins.
 - The longest key wins where keys overlap; a replacement is not looked up again.
 
+Matching walks a trie of the keys in lower case from each position of the text, so its cost grows
+with the text and the longest key, not with the number of keys, and building one costs a step per
+key character (a regex alternation of 10,000 keys took about 30 s to compile). A request's
+lexicon is built once per content (`from_json` keeps the last few).
+
 Files and requests give it as a JSON object of strings (`lexicon.json` beside the weights,
 VELOCITY_LEXICON, the request's LEXICON input, merged over the server's). Numpy- and torch-free.
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -21,6 +27,7 @@ from pathlib import Path
 FILE = "lexicon.json"
 MAX_ENTRIES = 10_000
 MAX_KEY_CHARS = 100
+MAX_REPLACEMENT_CHARS = 200
 _NO_SPACES = "\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f"   # CJK, kana, hangul: no word boundaries
 _WORD = rf"[^\W{_NO_SPACES}]"                                          # a letter or digit of a spaced script
 
@@ -32,30 +39,67 @@ class Lexicon:
         self.entries = dict(entries or {})
         self.exact = {k: v for k, v in self.entries.items() if k != k.lower()}
         self.folded = {k: v for k, v in self.entries.items() if k == k.lower()}
-        keys = sorted(self.entries, key=len, reverse=True)
-        self._re = re.compile("|".join(map(_pattern, keys))) if keys else None
+        self.trie: dict = {}                 # lower-case key characters -> child; END: the key's length
+        for k in self.entries:
+            node = self.trie
+            for c in _lower(k):
+                node = node.setdefault(c, {})
+            node[END] = len(k)
 
     def __len__(self) -> int:
         return len(self.entries)
 
-    def apply(self, text: str) -> str:
-        """text with every entry replaced."""
-        if self._re is None:
+    def apply(self, text: str, limit: int | None = None, what: str = "LEXICON") -> str:
+        """text with every entry replaced; ValueError naming `what` once the result passes `limit`
+        characters (checked as it grows: a lexicon may lengthen a text many times)."""
+        if not self.entries:
             return text
+        low = _lower(text)
+        out, n, i, start = [], 0, 0, 0          # out holds text[..start) replaced
+        while i < len(text):
+            got = self._match(text, low, i)
+            if got is None:
+                i += 1
+                continue
+            end, said = got
+            out += (text[start:i], said)
+            n += i - start + len(said)
+            if limit is not None and n > limit:
+                raise ValueError(f"{what} makes the text longer than {limit} characters, the limit of TEXT")
+            i = start = end
+        out.append(text[start:])
+        result = "".join(out)
+        if limit is not None and len(result) > limit:
+            raise ValueError(f"{what} makes the text {len(result)} characters long; the limit of TEXT is {limit}")
+        return result
 
-        def one(m: re.Match) -> str:
-            s = m.group(0)
-            return self.exact.get(s, self.folded.get(s.lower(), s))
-
-        return self._re.sub(one, text)
+    def _match(self, text: str, low: str, i: int) -> tuple[int, str] | None:
+        """The longest entry that matches at i as a whole word: (its end, its replacement), or None."""
+        if i and _is_word(text[i - 1]) and _is_word(text[i]):
+            return None                         # inside a word: only a key that does not start with one
+        node, best, j = self.trie, None, i
+        while j < len(text) and (node := node.get(low[j])) is not None:
+            j += 1
+            if END in node and not (j < len(text) and _is_word(text[j - 1]) and _is_word(text[j])):
+                s = text[i:j]
+                said = self.exact.get(s, self.folded.get(s.lower()))
+                if said is not None:
+                    best = (j, said)
+        return best
 
     def merged(self, over: "Lexicon | None") -> "Lexicon":
-        """This lexicon with `over`'s entries added and replacing its own (a request's over the server's)."""
-        return self if not over else Lexicon(self.entries | over.entries)
+        """This lexicon with `over`'s entries added and replacing its own (a request's over the server's);
+        the last few pairs are kept, as `from_json` keeps the request's."""
+        return self if not over else over if not self else _merged(self, over)
 
     @classmethod
     def from_json(cls, text: str | bytes, what: str = "LEXICON") -> "Lexicon":
-        """A JSON object of strings -> Lexicon; ValueError naming `what` and what is wrong."""
+        """A JSON object of strings -> Lexicon; ValueError naming `what` and what is wrong. The last
+        few are kept by content: a client that sends its lexicon with every request builds it once."""
+        return _from_json(cls, text, what)
+
+    @classmethod
+    def _parse(cls, text: str | bytes, what: str) -> "Lexicon":
         try:
             entries = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -71,6 +115,9 @@ class Lexicon:
             if not k.strip() or k != k.strip() or len(k) > MAX_KEY_CHARS:
                 raise ValueError(f"{what}: {k!r} is not a word to replace (1 to {MAX_KEY_CHARS} characters, "
                                  "no space at either end)")
+            if len(v) > MAX_REPLACEMENT_CHARS:
+                raise ValueError(f"{what}: the replacement of {k!r} has {len(v)} characters; the limit is "
+                                 f"{MAX_REPLACEMENT_CHARS}")
         return cls(entries)
 
     @classmethod
@@ -87,10 +134,27 @@ class Lexicon:
         return cls.load(found) if found.is_file() else cls()
 
 
-def _pattern(key: str) -> str:
-    body = re.escape(key)
-    if key == key.lower():
-        body = f"(?i:{body})"
-    before = rf"(?<!{_WORD})" if re.match(_WORD, key[0]) else ""
-    after = rf"(?!{_WORD})" if re.match(_WORD, key[-1]) else ""
-    return before + body + after
+END = ""                                    # a trie node's key: a key ends here (no character is "")
+_WORD_RE = re.compile(_WORD)
+
+
+def _is_word(c: str) -> bool:
+    """A letter or digit of a spaced script: where a whole word may not begin or end beside it."""
+    return _WORD_RE.match(c) is not None
+
+
+def _lower(text: str) -> str:
+    """text in lower case, character by character (a character whose lower case is longer, such as
+    'Ä°', is kept): positions stay those of the text."""
+    low = text.lower()
+    return low if len(low) == len(text) else "".join(c if len(c.lower()) != 1 else c.lower() for c in text)
+
+
+@functools.lru_cache(maxsize=8)
+def _merged(base: Lexicon, over: Lexicon) -> Lexicon:
+    return Lexicon(base.entries | over.entries)
+
+
+@functools.lru_cache(maxsize=8)
+def _from_json(cls: type, text: str | bytes, what: str) -> Lexicon:
+    return cls._parse(text, what)
