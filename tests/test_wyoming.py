@@ -116,6 +116,24 @@ def test_an_error_is_an_error_event_and_the_connection_goes_on(wyoming):
     assert "nobody" in err.text
 
 
+def test_streamed_text_is_bounded_as_on_the_sockets(wyoming):
+    """Issue #45 item 4 on Wyoming (tests/test_buffers.py has the sockets'): 30,000 sentences in one
+    chunk queue MAX_QUEUED, then an error event says the rest were dropped, and the connection goes
+    on; text with no sentence end is spoken once it passes MAX_PENDING_CHARS."""
+    from wyoming.error import Error
+    from wyoming.info import Describe
+    from wyoming.tts import SynthesizeChunk, SynthesizeStart, SynthesizeVoice
+
+    from velocity.gateway.sentences import MAX_QUEUED
+    events = talk(wyoming, SynthesizeStart(voice=SynthesizeVoice(name="amber")), SynthesizeChunk(text="Hi. " * 30_000),
+                  Describe(), until=("error",))
+    err = Error.from_event(events[-1])
+    assert err.code == "queue_full" and f"{MAX_QUEUED} sentences wait to be spoken" in err.text, err
+    events = talk(wyoming, SynthesizeStart(voice=SynthesizeVoice(name="amber")),
+                  *[SynthesizeChunk(text="word " * 200) for _ in range(3)], until=("audio-stop", "error"))
+    assert events[-1].type == "audio-stop"               # spoken with no sentence end and no stop
+
+
 def cancelled(server) -> float:
     return server.metric('velocity_aborted_requests_total{model="llm",reason="cancelled"}')
 

@@ -21,6 +21,7 @@ stops its work on it within a second (velocity.serving.stream_board); the hang-u
 import argparse
 import asyncio
 import base64
+import collections
 import contextlib
 import dataclasses
 import json
@@ -166,8 +167,13 @@ async def long_chunks(gw: Gateway, values: dict, pieces: list[str], timeout: flo
     """A text over the limit as its pieces' chunks, one stream: each piece its own request, two
     generating at once (SentencePipe), sentences and sample offsets counted on across pieces."""
     pipe = SentencePipe(lambda text: gw.chunks(values | {"TEXT": text}, timeout), ahead=1)
-    for piece in pieces:
-        pipe.add(piece)
+    todo = collections.deque(pieces)
+
+    def feed() -> None:                              # the next pieces as places free: two queued at most
+        while todo and len(pipe.queue) < 2:
+            pipe.add(todo.popleft())
+
+    feed()
     samples = sentences = 0                          # in the pieces before this one
     piece_samples = piece_sentences = done = 0
     try:
@@ -179,6 +185,7 @@ async def long_chunks(gw: Gateway, values: dict, pieces: list[str], timeout: flo
                     samples, sentences = samples + piece_samples, sentences + piece_sentences
                     piece_samples = piece_sentences = 0
                     done += 1
+                    feed()
                     if done == len(pieces):
                         return
                     continue
@@ -508,8 +515,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=8080)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[gateway] %(levelname)s %(message)s")
-    uvicorn.run(create_app(args.triton, retries=args.retries), host=args.host, port=args.port, log_level="warning",
-                timeout_graceful_shutdown=5)
+    from velocity.serving.settings import Settings
+
+    settings = Settings.from_env()
+    # a WebSocket message is held to the body limit once decompressed (permessage-deflate is on)
+    uvicorn.run(create_app(args.triton, settings, retries=args.retries), host=args.host, port=args.port,
+                log_level="warning", timeout_graceful_shutdown=5, ws_max_size=settings.gateway_max_body_bytes)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,16 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from velocity.gateway.upstream import ApiError
+
 log = logging.getLogger("velocity.gateway")
 # a sentence is complete when its end mark is followed by space (so "3.14" waits for more text);
 # the full-width marks of Chinese and Japanese end one at once
 SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|(?<=[。！？])")
 PARAGRAPH = re.compile(r"\n\s*\n")
 _END = object()
+MAX_PENDING_CHARS = 500        # streamed text with no sentence end past this is spoken, cut at a word
+MAX_QUEUED = 64                # sentences one stream may hold waiting to be spoken (about a page)
 
 
 def split_long(text: str, limit: int) -> list[str]:
@@ -35,9 +39,7 @@ def split_long(text: str, limit: int) -> list[str]:
         cur = ""
         for sent in (s.strip() for s in SENTENCE_END.split(para)):
             while len(sent) > limit:
-                cut = max(sent.rfind(" ", 0, limit), sent.rfind(",", 0, limit), sent.rfind("，", 0, limit))
-                cut = cut + 1 if cut > 0 else limit
-                head, sent = sent[:cut].strip(), sent[cut:].strip()
+                head, sent = cut_at_word(sent, limit)
                 if cur:
                     pieces.append(cur)
                     cur = ""
@@ -53,6 +55,15 @@ def split_long(text: str, limit: int) -> list[str]:
     return pieces
 
 
+def cut_at_word(text: str, limit: int) -> tuple[str, str]:
+    """(the head of text, at most `limit` characters, cut after its last space or comma; at the
+    limit where it has none, the rest)."""
+    head = text[:limit]
+    cut = max(head.rfind(" "), head.rfind(","), head.rfind("，"), head.rfind("、"))
+    cut = cut + 1 if cut > 0 else limit
+    return text[:cut].strip(), text[cut:].lstrip()
+
+
 def sentences_in(piece: str) -> int:
     """The sentences in a piece of text (at least one), by the same rule."""
     return max(1, len([s for s in SENTENCE_END.split(piece) if s.strip()]))
@@ -66,18 +77,32 @@ def split_complete(text: str) -> tuple[list[str], str]:
 
 class SentenceBuffer:
     """Text as it is written: write(text) -> the sentences it completes; flush() -> what is left,
-    as a last sentence (none if blank), and the buffer is empty again."""
+    as a last sentence (none if blank), and the buffer is empty again. What is pending is bounded:
+    past MAX_PENDING_CHARS with no sentence end, its head is a sentence, cut at a word, so that
+    the text held (and what each write splits again) never grows with a client's text."""
 
-    def __init__(self) -> None:
-        self.pending = ""
+    def __init__(self, limit: int = MAX_PENDING_CHARS) -> None:
+        self.pending, self.limit = "", limit
 
     def write(self, text: str) -> list[str]:
         done, self.pending = split_complete(self.pending + text)
+        while len(self.pending) > self.limit:
+            head, self.pending = cut_at_word(self.pending, self.limit)
+            if head:
+                done.append(head)
         return done
 
     def flush(self) -> list[str]:
         rest, self.pending = self.pending.strip(), ""
         return [rest] if rest else []
+
+
+class QueueFull(ApiError):
+    """A stream holds as many sentences waiting as it may (SentencePipe.max_queued): a 400 naming
+    the text, said on a socket as an error message."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(400, message, "text")
 
 
 @dataclass
@@ -97,13 +122,17 @@ class SentencePipe:
     (sentence, None) when one is complete; cancel() stops every sentence (their Triton streams
     are cancelled, so the server stops their work) and drops them."""
 
-    def __init__(self, stream: Callable[[str], AsyncIterator], ahead: int = 2) -> None:
+    def __init__(self, stream: Callable[[str], AsyncIterator], ahead: int = 2, max_queued: int = MAX_QUEUED) -> None:
         self.stream, self.places = stream, asyncio.Semaphore(ahead + 1)
         self.queue: deque[Spoken] = deque()
-        self.count = 0
+        self.count, self.max_queued = 0, max_queued
         self._added = asyncio.Event()
 
     def add(self, text: str) -> Spoken:
+        """Start a sentence; QueueFull once max_queued wait unspoken (the text is not taken)."""
+        if len(self.queue) >= self.max_queued:
+            raise QueueFull(f"{len(self.queue)} sentences wait to be spoken, the most one stream may hold: "
+                            "send more text as the audio plays (the text past them was dropped)")
         s = Spoken(self.count, text)
         self.count += 1
         s.task = asyncio.create_task(self._generate(s))

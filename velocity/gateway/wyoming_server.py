@@ -29,7 +29,7 @@ from wyoming.server import AsyncEventHandler, AsyncServer
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
 from velocity.gateway.encode import pcm16
-from velocity.gateway.sentences import SentenceBuffer
+from velocity.gateway.sentences import MAX_QUEUED, SentenceBuffer
 from velocity.gateway.upstream import ApiError, Gateway
 
 log = logging.getLogger("velocity.wyoming")
@@ -58,6 +58,7 @@ class SpeechHandler(AsyncEventHandler):
         self.streaming: SynthesizeStart | None = None
         self.text = SentenceBuffer()                 # a streamed synthesize's text as it comes
         self.speech: asyncio.Task | None = None      # the last of the queued speech, awaiting the ones before
+        self.queued = 0                               # steps queued and not done: at most MAX_QUEUED + 2
 
     async def handle_event(self, event: Event) -> bool:
         if Describe.is_type(event.type):                    # answered in turn, after what is queued
@@ -71,14 +72,24 @@ class SpeechHandler(AsyncEventHandler):
             await self.barge_in()
             self.streaming, self.text = SynthesizeStart.from_event(event), SentenceBuffer()
         elif SynthesizeChunk.is_type(event.type) and self.streaming is not None:
-            for sentence in self.text.write(SynthesizeChunk.from_event(event).text):
-                self.then(partial(self.speak, sentence, self.streaming.voice))
+            await self.queue_sentences(self.text.write(SynthesizeChunk.from_event(event).text))
         elif SynthesizeStop.is_type(event.type) and self.streaming is not None:
-            for sentence in self.text.flush():
-                self.then(partial(self.speak, sentence, self.streaming.voice))
+            await self.queue_sentences(self.text.flush())
             self.streaming = None
             self.then(partial(self.write_event, SynthesizeStopped().event()))
         return True
+
+    async def queue_sentences(self, sentences: list[str]) -> None:
+        """A streamed synthesize's sentences, each spoken in turn; past MAX_QUEUED waiting, an
+        error event says the rest were dropped (what one connection may hold is bounded)."""
+        for i, sentence in enumerate(sentences):
+            if self.queued >= MAX_QUEUED:
+                log.warning("wyoming: %d sentences wait to be spoken: %d more dropped", self.queued, len(sentences) - i)
+                await self.write_event(Error(text=f"{self.queued} sentences wait to be spoken, the most one "
+                                             "connection may hold: send more text as the audio plays (the "
+                                             "text past them was dropped)", code="queue_full").event())
+                return
+            self.then(partial(self.speak, sentence, self.streaming.voice))
 
     def then(self, step: Callable[[], Awaitable[None]]) -> None:
         """Queue a step of speech after the ones queued before it."""
@@ -86,7 +97,13 @@ class SpeechHandler(AsyncEventHandler):
             if before is not None:
                 await before                         # cancelling this task cancels that one too
             await step()
+
+        def done(_: asyncio.Task) -> None:           # run, failed or cancelled, started or not
+            self.queued -= 1
+
+        self.queued += 1
         self.speech = asyncio.create_task(after(self.speech))
+        self.speech.add_done_callback(done)
 
     async def describe(self) -> None:
         await self.write_event((await describe(self.gw)).event())
