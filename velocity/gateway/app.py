@@ -357,7 +357,8 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
             return
         await ws.accept()
         names = await gw.voice_names(fresh=True)
-        await SpeechSocket(ws, gw, lambda body: seeded(triton_values(body, names, settings)[0])).run()
+        await SpeechSocket(ws, gw, lambda body: seeded(triton_values(body, names, settings)[0]),
+                           metrics.disconnects.inc).run()
 
     @app.websocket(elevenlabs.PATH)
     async def elevenlabs_stream(ws: WebSocket, voice_id: str):
@@ -382,7 +383,7 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
             await ws.send_text(json.dumps({"error": "invalid_request", "message": e.message}))
             await ws.close(code=1008, reason=e.message[:120])
             return
-        await elevenlabs.ElevenLabsSocket(ws, gw, values_of, rate).run()
+        await elevenlabs.ElevenLabsSocket(ws, gw, values_of, rate, metrics.disconnects.inc).run()
 
     @app.get("/v1/models")
     async def models():

@@ -103,8 +103,9 @@ class Context:
 class ElevenLabsSocket:
     """One WebSocket session (see the module). values_of(text, speed) -> the `tts` inputs."""
 
-    def __init__(self, ws, gw, values_of, rate: int) -> None:
-        self.ws, self.gw, self.values_of, self.rate = ws, gw, values_of, rate
+    def __init__(self, ws, gw, values_of, rate: int, left=lambda: None) -> None:
+        """left(): called once if the client leaves with speech still to come (a hang-up, counted)."""
+        self.ws, self.gw, self.values_of, self.rate, self.left = ws, gw, values_of, rate, left
         self.contexts: dict[str, Context] = {}
         self.lock = asyncio.Lock()
 
@@ -121,7 +122,9 @@ class ElevenLabsSocket:
             while True:
                 msg = await self.ws.receive()
                 if msg["type"] == "websocket.disconnect":
-                    log.info("elevenlabs socket: the client left; its speech is stopped")
+                    if any(not ctx.pipe.idle for ctx in self.contexts.values()):
+                        log.info("elevenlabs socket: the client left; its speech is stopped")
+                        self.left()
                     return
                 try:
                     if not await self.handle(json_body.loads(msg.get("text") or "null", "a message")):

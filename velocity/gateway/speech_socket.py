@@ -42,9 +42,10 @@ class SpeechSocket:
     """One WebSocket session (see the module): reads the client's messages, speaks through a
     SentencePipe, writes audio and marks from its own task."""
 
-    def __init__(self, ws, gw, values_of) -> None:
-        """values_of(body) -> the `tts` inputs of an /v1/audio/speech body (ApiError if bad)."""
-        self.ws, self.gw, self.values_of = ws, gw, values_of
+    def __init__(self, ws, gw, values_of, left=lambda: None) -> None:
+        """values_of(body) -> the `tts` inputs of an /v1/audio/speech body (ApiError if bad);
+        left(): called once if the client leaves with speech still to come (a hang-up, counted)."""
+        self.ws, self.gw, self.values_of, self.left = ws, gw, values_of, left
         self.setup: dict | None = None
         self.text = SentenceBuffer()
         self.pipe = SentencePipe(self._stream, AHEAD)
@@ -67,7 +68,9 @@ class SpeechSocket:
             while True:
                 msg = await self.ws.receive()
                 if msg["type"] == "websocket.disconnect":
-                    log.info("websocket: the client left; its speech is stopped")
+                    if not self.pipe.idle:
+                        log.info("websocket: the client left; its speech is stopped")
+                        self.left()
                     break
                 if msg.get("text") is None:
                     await self.send(type="error", message="send JSON text messages, not binary ones", param=None)
@@ -109,8 +112,14 @@ class SpeechSocket:
                 for sentence in self.text.flush():
                     self.pipe.add(sentence)
                 if kind == "close":
-                    while self.finished < self.pipe.count:     # every sentence out, its mark sent
+                    # every sentence out, its mark sent; a writer that ended first could not send:
+                    # the client left after its close (the caller's finally stops the rest)
+                    while self.finished < self.pipe.count and not self.writer.done():
                         await asyncio.sleep(0.02)
+                    if self.finished < self.pipe.count:
+                        log.info("websocket: the client left after its close; its speech is stopped")
+                        self.left()
+                        return False
                     await self.send(type="done")
                     await self.ws.close()
                     return False

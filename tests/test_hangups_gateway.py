@@ -1,0 +1,65 @@
+"""Issue #45, item 6: every hang-up stops the work within 2 s and is counted. A WebSocket client
+that sends `close` and leaves before its audio is out (the close loop waited for ever before: the
+writer could not send, and the text was spoken for no one), and a slow reader of a long text in
+pieces that hangs up (its small receive window keeps the gateway's sends waiting; this one passed
+on the code before too, here: the issue saw two requests still running 3 s later, which the
+response that closes its generator at once, item 9's, rules out). Against the shared server (its work: assert_work_stops) through the
+gateways: serve.sh's, and one of its own for long texts."""
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import socket
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from client.triton import parse_metric
+from triton_server import LONG_TEXT, assert_work_stops, side_gateway
+
+pytestmark = pytest.mark.server
+
+
+def disconnects(gateway: str) -> float:
+    text = urllib.request.urlopen(gateway + "/metrics", timeout=10).read().decode()
+    return parse_metric(text, "velocity_gateway_disconnects_total")
+
+
+def test_close_then_leave_stops_the_work(gateway, tts_server):
+    before = disconnects(gateway)
+    with contextlib.suppress(OSError, ConnectionClosed), \
+            connect(gateway.replace("http://", "ws://") + "/v1/audio/speech/stream") as ws:
+        ws.send(json.dumps({"type": "setup", "model": "tts-1", "voice": "amber", "max_new_tokens": 200}))
+        assert json.loads(ws.recv(timeout=30)) == {"type": "ready"}
+        ws.send(json.dumps({"type": "text", "text": LONG_TEXT}))
+        assert isinstance(ws.recv(timeout=60), bytes)           # its audio has begun
+        ws.send(json.dumps({"type": "close"}))                  # speak the rest, then close ...
+        ws.socket.shutdown(socket.SHUT_RDWR)                    # ... but the client is gone
+    assert_work_stops(tts_server, time.monotonic())
+    assert disconnects(gateway) == before + 1
+
+
+def test_a_slow_reader_of_a_long_text_that_hangs_up_stops_the_work(tts_server, tmp_path):
+    with side_gateway(tts_server, tmp_path / "gw.log", VELOCITY_GATEWAY_LONG_TEXT="1",
+                      VELOCITY_MAX_TEXT_CHARS="80") as gw:
+        u = urllib.parse.urlsplit(gw)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+        conn.sock = socket.socket()
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)     # a slow reader's small window
+        conn.sock.connect((u.hostname, u.port))
+        body = {"model": "tts-1", "voice": "amber", "input": LONG_TEXT * 3, "response_format": "pcm",
+                "max_new_tokens": 200}
+        conn.request("POST", "/v1/audio/speech", json.dumps(body), {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        for _ in range(3):                                      # reads a little now and then: the
+            assert r.read1(4096)                                # gateway's sends wait on it
+            time.sleep(1.0)
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+        assert_work_stops(tts_server, time.monotonic())
+        assert disconnects(gw) == 1
