@@ -78,6 +78,24 @@ def gateway(tts_server: TritonServer) -> str:
     return tts_server.gateway_url
 
 
+# One gateway of its own beside serve.sh's, for the tests of settings that the default gateway
+# does not have (each gateway start costs seconds): long texts in pieces (over 80 characters, at
+# most 500), clients gone after 2 s without reading, small kernel send buffers, an allowed origin.
+SIDE_GATEWAY_ENV = {"VELOCITY_GATEWAY_LONG_TEXT": "1", "VELOCITY_MAX_TEXT_CHARS": "80",
+                    "VELOCITY_GATEWAY_LONG_TEXT_MAX_CHARS": "500", "VELOCITY_GATEWAY_SEND_TIMEOUT": "2",
+                    "VELOCITY_GATEWAY_SEND_BUFFER_BYTES": "16384", "VELOCITY_GATEWAY_ORIGINS": "https://app.example"}
+
+
+@pytest.fixture(scope="session")
+def side_gw(tts_server: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """(the base URL, the log) of a gateway with SIDE_GATEWAY_ENV in front of the shared server."""
+    from triton_server import side_gateway
+
+    log = tmp_path_factory.mktemp("side-gateway") / "gateway.log"
+    with side_gateway(tts_server, log, **SIDE_GATEWAY_ENV) as url:
+        yield url, log
+
+
 @pytest.fixture(scope="module")
 def smoke_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     """One server on tests/model_repository for the module's smoke tests."""

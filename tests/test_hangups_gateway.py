@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from client.triton import parse_metric
-from triton_server import LONG_TEXT, assert_work_stops, side_gateway
+from triton_server import LONG_TEXT, assert_work_stops
 
 pytestmark = pytest.mark.server
 
@@ -44,22 +44,22 @@ def test_close_then_leave_stops_the_work(gateway, tts_server):
     assert disconnects(gateway) == before + 1
 
 
-def test_a_slow_reader_of_a_long_text_that_hangs_up_stops_the_work(tts_server, tmp_path):
-    with side_gateway(tts_server, tmp_path / "gw.log", VELOCITY_GATEWAY_LONG_TEXT="1",
-                      VELOCITY_MAX_TEXT_CHARS="80") as gw:
-        u = urllib.parse.urlsplit(gw)
-        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
-        conn.sock = socket.socket()
-        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)     # a slow reader's small window
-        conn.sock.connect((u.hostname, u.port))
-        body = {"model": "tts-1", "voice": "amber", "input": LONG_TEXT * 3, "response_format": "pcm",
-                "max_new_tokens": 200}
-        conn.request("POST", "/v1/audio/speech", json.dumps(body), {"Content-Type": "application/json"})
-        r = conn.getresponse()
-        for _ in range(3):                                      # reads a little now and then: the
-            assert r.read1(4096)                                # gateway's sends wait on it
-            time.sleep(1.0)
-        conn.sock.shutdown(socket.SHUT_RDWR)
-        conn.close()
-        assert_work_stops(tts_server, time.monotonic())
-        assert disconnects(gw) == 1
+def test_a_slow_reader_of_a_long_text_that_hangs_up_stops_the_work(tts_server, side_gw):
+    gw, _ = side_gw                                     # long texts in pieces (conftest.SIDE_GATEWAY_ENV)
+    before = disconnects(gw)
+    u = urllib.parse.urlsplit(gw)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    conn.sock = socket.socket()
+    conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)     # a slow reader's small window
+    conn.sock.connect((u.hostname, u.port))
+    body = {"model": "tts-1", "voice": "amber", "input": LONG_TEXT[:480], "response_format": "pcm",
+            "max_new_tokens": 200}
+    conn.request("POST", "/v1/audio/speech", json.dumps(body), {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    for _ in range(3):                                  # reads a little now and then: the
+        assert r.read1(4096)                            # gateway's sends wait on it
+        time.sleep(0.5)
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    assert_work_stops(tts_server, time.monotonic())
+    assert disconnects(gw) == before + 1

@@ -78,33 +78,32 @@ def test_a_long_text_is_spoken_in_pieces_in_order_and_resumes_after_a_failure(tt
 
 
 @pytest.mark.server
-def test_the_gateway_speaks_a_long_input_in_pieces_when_asked(tts_server, tmp_path):
-    """VELOCITY_GATEWAY_LONG_TEXT=1 (here with VELOCITY_MAX_TEXT_CHARS=80): /v1/audio/speech takes
-    an input over the limit and streams its pieces' audio in order, one response, with sentence
+def test_the_gateway_speaks_a_long_input_in_pieces_when_asked(tts_server, side_gw):
+    """VELOCITY_GATEWAY_LONG_TEXT=1 (the side gateway's, with VELOCITY_MAX_TEXT_CHARS=80):
+    /v1/audio/speech takes an input over the limit and streams its pieces' audio in order, one response, with sentence
     marks counted on across pieces; each piece's audio is what the piece alone gives."""
     import base64
     import urllib.request
 
-    from triton_server import assert_same_pcm, side_gateway
+    from triton_server import assert_same_pcm
 
-    with side_gateway(tts_server, tmp_path / "gw.log", VELOCITY_GATEWAY_LONG_TEXT="1",
-                      VELOCITY_MAX_TEXT_CHARS="80") as long_gateway:
-        def speak(url: str, text: str, **extra) -> list[dict]:
-            body = {"model": "tts-1", "voice": "amber", "input": text, "response_format": "pcm", "seed": 3,
-                    "temperature": 0, "max_new_tokens": 16, "stream_format": "sse"} | extra
-            req = urllib.request.Request(url + "/v1/audio/speech", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=120) as r:
-                return [json.loads(x[6:]) for x in r.read().decode().splitlines() if x.startswith("data: ")]
+    long_gateway, _ = side_gw
+    def speak(url: str, text: str, **extra) -> list[dict]:
+        body = {"model": "tts-1", "voice": "amber", "input": text, "response_format": "pcm", "seed": 3,
+                "temperature": 0, "max_new_tokens": 16, "stream_format": "sse"} | extra
+        req = urllib.request.Request(url + "/v1/audio/speech", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return [json.loads(x[6:]) for x in r.read().decode().splitlines() if x.startswith("data: ")]
 
-        def pcm(events: list[dict]) -> bytes:
-            return b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+    def pcm(events: list[dict]) -> bytes:
+        return b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
 
-        events = speak(long_gateway, BOOK, marks=True)
-        pieces = split_long(BOOK, 80)
-        alone = [pcm(speak(tts_server.gateway_url, p)) for p in pieces]
-        assert_same_pcm(pcm(events), b"".join(alone))
-        marks = [e for e in events if e["type"] == "speech.sentence"]
-        assert [m["index"] for m in marks] == list(range(10)) and marks[-1]["end"] == len(pcm(events)) // 2
-        assert all(a["end"] == b["start"] for a, b in zip(marks, marks[1:]))
-        assert marks[2]["start"] == len(alone[0]) // 2              # the second piece starts after the first
+    events = speak(long_gateway, BOOK, marks=True)
+    pieces = split_long(BOOK, 80)
+    alone = [pcm(speak(tts_server.gateway_url, p)) for p in pieces]
+    assert_same_pcm(pcm(events), b"".join(alone))
+    marks = [e for e in events if e["type"] == "speech.sentence"]
+    assert [m["index"] for m in marks] == list(range(10)) and marks[-1]["end"] == len(pcm(events)) // 2
+    assert all(a["end"] == b["start"] for a, b in zip(marks, marks[1:]))
+    assert marks[2]["start"] == len(alone[0]) // 2              # the second piece starts after the first

@@ -12,7 +12,6 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from triton_server import side_gateway
 
 pytestmark = pytest.mark.server
 BODY = {"model": "tts-1", "input": "Hi.", "voice": "amber", "response_format": "pcm", "max_new_tokens": 4}
@@ -59,9 +58,9 @@ def test_speech_takes_only_a_json_body(gateway):
     assert post(gateway, "application/json; charset=utf-8") == 200
 
 
-def test_an_allowed_origin_may_open_the_sockets(tts_server, tmp_path):
-    with side_gateway(tts_server, tmp_path / "gateway.log", VELOCITY_GATEWAY_ORIGINS="https://app.example") as gw:
-        for path in PATHS:
-            assert opens(gw, path, "https://app.example")
-            assert not opens(gw, path, "https://other.example")
-    assert "refused the page at 'https://other.example'" in (tmp_path / "gateway.log").read_text()
+def test_an_allowed_origin_may_open_the_sockets(side_gw):
+    gw, log = side_gw                                   # VELOCITY_GATEWAY_ORIGINS=https://app.example
+    for path in PATHS:
+        assert opens(gw, path, "https://app.example")
+        assert not opens(gw, path, "https://other.example")
+    assert "refused the page at 'https://other.example'" in log.read_text()

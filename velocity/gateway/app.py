@@ -27,6 +27,7 @@ import dataclasses
 import json
 import logging
 import math
+import socket
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -35,6 +36,7 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
 from velocity.gateway import elevenlabs, json_body
+from velocity.gateway.client_io import ClientGone, send_within
 from velocity.gateway.encode import FORMATS, Encoder
 from velocity.gateway.sentences import SentencePipe, split_long
 from velocity.gateway.speech_socket import PATH, SpeechSocket
@@ -56,11 +58,21 @@ class ClientLeft(Exception):
 class ClosingStreamingResponse(StreamingResponse):
     """A StreamingResponse that closes its body's generator as it ends, after a hang-up too
     (Starlette leaves a generator it stopped reading to the garbage collector): the response's
-    Triton stream is cancelled, its encoder freed and the hang-up counted at once."""
+    Triton stream is cancelled, its encoder freed and the hang-up counted at once. A client that
+    takes none of it for `send_timeout` seconds is gone (client_io): the response ends there."""
+
+    def __init__(self, body, media_type: str, send_timeout: float = 0) -> None:
+        super().__init__(body, media_type=media_type)
+        self.send_timeout = send_timeout
 
     async def __call__(self, scope, receive, send) -> None:
+        async def bounded(message) -> None:
+            await send_within(send(message), self.send_timeout)
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, bounded)
+        except ClientGone as e:
+            log.info("speech: %s: its speech is stopped", e)
         finally:
             await self.body_iterator.aclose()
 
@@ -358,7 +370,7 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
         await ws.accept()
         names = await gw.voice_names(fresh=True)
         await SpeechSocket(ws, gw, lambda body: seeded(triton_values(body, names, settings)[0]),
-                           metrics.disconnects.inc).run()
+                           metrics.disconnects.inc, settings.gateway_send_timeout).run()
 
     @app.websocket(elevenlabs.PATH)
     async def elevenlabs_stream(ws: WebSocket, voice_id: str):
@@ -383,7 +395,8 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
             await ws.send_text(json.dumps({"error": "invalid_request", "message": e.message}))
             await ws.close(code=1008, reason=e.message[:120])
             return
-        await elevenlabs.ElevenLabsSocket(ws, gw, values_of, rate, metrics.disconnects.inc).run()
+        await elevenlabs.ElevenLabsSocket(ws, gw, values_of, rate, metrics.disconnects.inc,
+                                          settings.gateway_send_timeout).run()
 
     @app.get("/v1/models")
     async def models():
@@ -442,6 +455,10 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
             want_marks = marks_asked(body, stream_format)
             timeout = request_timeout(body, request.headers.get(TIMEOUT_HEADER))
             if settings.gateway_long_text and len(values["TEXT"]) > settings.max_text_chars:
+                if len(values["TEXT"]) > settings.gateway_long_text_max_chars:
+                    raise ApiError(400, f"input has {len(values['TEXT'])} characters; a long text may have "
+                                        f"{settings.gateway_long_text_max_chars} (VELOCITY_GATEWAY_LONG_TEXT_MAX_CHARS)",
+                                   "input")
                 chunks = long_chunks(gw, values, split_long(values["TEXT"], settings.max_text_chars), timeout)
             else:
                 chunks = gw.chunks(values, timeout)
@@ -495,8 +512,8 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
             yield event(type="speech.audio.done")
 
         if stream_format == "sse":
-            return ClosingStreamingResponse(sse(), media_type="text/event-stream")
-        return ClosingStreamingResponse(audio(), media_type=FORMATS[fmt])
+            return ClosingStreamingResponse(sse(), "text/event-stream", settings.gateway_send_timeout)
+        return ClosingStreamingResponse(audio(), FORMATS[fmt], settings.gateway_send_timeout)
 
     return app
 
@@ -520,8 +537,23 @@ def main(argv: list[str] | None = None) -> None:
 
     settings = Settings.from_env()
     # a WebSocket message is held to the body limit once decompressed (permessage-deflate is on)
-    uvicorn.run(create_app(args.triton, settings, retries=args.retries), host=args.host, port=args.port,
-                log_level="warning", timeout_graceful_shutdown=5, ws_max_size=settings.gateway_max_body_bytes)
+    config = uvicorn.Config(create_app(args.triton, settings, retries=args.retries), log_level="warning",
+                            timeout_graceful_shutdown=5, ws_max_size=settings.gateway_max_body_bytes)
+    uvicorn.Server(config).run(sockets=[listen(args.host, args.port, settings.gateway_send_buffer_bytes)])
+
+
+def listen(host: str, port: int, send_buffer: int) -> socket.socket:
+    """The gateway's listening socket; its connections inherit its send buffer (0: the OS's), which
+    bounds the audio the kernel holds for a client that does not read."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if send_buffer > 0:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+    sock.bind(addr)
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import json
 import logging
 
 from velocity.gateway import json_body
+from velocity.gateway.client_io import ClientGone, send_within
 from velocity.gateway.encode import Encoder
 from velocity.gateway.sentences import SentenceBuffer, SentencePipe
 from velocity.gateway.upstream import ApiError
@@ -80,6 +81,12 @@ class Context:
         self.encoder.close()
 
     async def _write(self) -> None:
+        try:
+            await self._write_all()
+        except ClientGone as e:
+            await self.socket.gone(e)
+
+    async def _write_all(self) -> None:
         async for s, chunk in self.pipe.out():
             if chunk is not None and not isinstance(chunk, Exception):
                 if data := self.encoder.push(chunk.audio):
@@ -103,15 +110,17 @@ class Context:
 class ElevenLabsSocket:
     """One WebSocket session (see the module). values_of(text, speed) -> the `tts` inputs."""
 
-    def __init__(self, ws, gw, values_of, rate: int, left=lambda: None) -> None:
-        """left(): called once if the client leaves with speech still to come (a hang-up, counted)."""
+    def __init__(self, ws, gw, values_of, rate: int, left=lambda: None, send_timeout: float = 0) -> None:
+        """left(): called once if the client leaves with speech still to come (a hang-up, counted);
+        send_timeout: a client that takes nothing for this long is gone (client_io)."""
         self.ws, self.gw, self.values_of, self.rate, self.left = ws, gw, values_of, rate, left
+        self.send_timeout = send_timeout
         self.contexts: dict[str, Context] = {}
         self.lock = asyncio.Lock()
 
     async def send(self, **msg) -> None:
         async with self.lock:
-            await self.ws.send_text(json.dumps(msg, ensure_ascii=False))
+            await send_within(self.ws.send_text(json.dumps(msg, ensure_ascii=False)), self.send_timeout)
 
     async def final(self, cid: str) -> None:
         self.contexts.pop(cid, None)
@@ -131,13 +140,26 @@ class ElevenLabsSocket:
                         return
                 except ApiError as e:
                     await self.send(error="invalid_message", message=e.message)
+                except ClientGone:
+                    raise
                 except Exception:    # our fault: said as such, logged, and the socket goes on
                     log.exception("elevenlabs socket: a message failed")
                     await self.send(error="internal_error", message="the message failed on the server (its log "
                                     "says why)")
+        except ClientGone as e:
+            await self.gone(e)
         finally:
             for ctx in list(self.contexts.values()):
                 await ctx.stop()
+
+    async def gone(self, e: ClientGone) -> None:
+        """The client takes none of its audio: every context's speech is stopped, the socket closed."""
+        log.info("elevenlabs socket: %s: its speech is stopped", e)
+        self.left()
+        for ctx in list(self.contexts.values()):
+            await ctx.pipe.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.ws.close(code=1008, reason=str(e)[:120]), 1)
 
     async def handle(self, msg) -> bool:
         """One message; False once the socket is to close."""

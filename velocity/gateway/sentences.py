@@ -113,11 +113,14 @@ class Spoken:
     text: str
     chunks: asyncio.Queue = field(default_factory=asyncio.Queue)
     task: asyncio.Task | None = None
+    placed: bool = False                 # holds one of the pipe's places (from its start to its end being read)
 
 
 class SentencePipe:
     """Sentences spoken in order while up to `ahead` + 1 of them generate at once, each its own
-    `tts` request (stream(text) -> its chunks). add() starts a sentence (when a place is free);
+    `tts` request (stream(text) -> its chunks). A sentence keeps its place until the reader has
+    taken all of it, not just until it is generated: a reader that falls behind (a client that
+    does not read) stops the generation `ahead` + 1 sentences on. add() starts a sentence (when a place is free);
     out() yields (sentence, chunk) in order, the sentence's chunks before the next one's, and
     (sentence, None) when one is complete; cancel() stops every sentence (their Triton streams
     are cancelled, so the server stops their work) and drops them."""
@@ -141,16 +144,17 @@ class SentencePipe:
         return s
 
     async def _generate(self, s: Spoken) -> None:
-        async with self.places:
-            try:
-                async with contextlib.aclosing(self.stream(s.text)) as chunks:
-                    async for chunk in chunks:
-                        s.chunks.put_nowait(chunk)
-                s.chunks.put_nowait(_END)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:                  # ApiError and the like: the reader raises it in turn
-                s.chunks.put_nowait(e)
+        await self.places.acquire()                 # released by the reader once it took the end (out)
+        s.placed = True
+        try:
+            async with contextlib.aclosing(self.stream(s.text)) as chunks:
+                async for chunk in chunks:
+                    s.chunks.put_nowait(chunk)
+            s.chunks.put_nowait(_END)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:                      # ApiError and the like: the reader raises it in turn
+            s.chunks.put_nowait(e)
 
     @property
     def idle(self) -> bool:
@@ -171,9 +175,15 @@ class SentencePipe:
             if item is _END or isinstance(item, Exception):
                 if self.queue and self.queue[0] is s:
                     self.queue.popleft()
+                    self._release(s)
                 yield s, None if item is _END else item
             else:
                 yield s, item
+
+    def _release(self, s: Spoken) -> None:
+        if s.placed:
+            s.placed = False
+            self.places.release()
 
     async def cancel(self) -> int:
         """Stop and drop every sentence; the number dropped."""
@@ -184,4 +194,5 @@ class SentencePipe:
         for s in dropped:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await s.task
+            self._release(s)
         return len(dropped)

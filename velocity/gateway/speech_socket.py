@@ -28,6 +28,7 @@ import json
 import logging
 
 from velocity.gateway import json_body
+from velocity.gateway.client_io import ClientGone, send_within
 from velocity.gateway.encode import pcm16
 from velocity.gateway.sentences import SentenceBuffer, SentencePipe
 from velocity.gateway.upstream import ApiError
@@ -42,10 +43,12 @@ class SpeechSocket:
     """One WebSocket session (see the module): reads the client's messages, speaks through a
     SentencePipe, writes audio and marks from its own task."""
 
-    def __init__(self, ws, gw, values_of, left=lambda: None) -> None:
+    def __init__(self, ws, gw, values_of, left=lambda: None, send_timeout: float = 0) -> None:
         """values_of(body) -> the `tts` inputs of an /v1/audio/speech body (ApiError if bad);
-        left(): called once if the client leaves with speech still to come (a hang-up, counted)."""
+        left(): called once if the client leaves with speech still to come (a hang-up, counted);
+        send_timeout: a client that takes nothing for this long is gone (client_io)."""
         self.ws, self.gw, self.values_of, self.left = ws, gw, values_of, left
+        self.send_timeout = send_timeout
         self.setup: dict | None = None
         self.text = SentenceBuffer()
         self.pipe = SentencePipe(self._stream, AHEAD)
@@ -60,7 +63,7 @@ class SpeechSocket:
 
     async def send(self, **msg) -> None:
         async with self.send_lock:
-            await self.ws.send_text(json.dumps(msg, ensure_ascii=False))
+            await send_within(self.ws.send_text(json.dumps(msg, ensure_ascii=False)), self.send_timeout)
 
     async def run(self) -> None:
         self.writer = asyncio.create_task(self._write())
@@ -76,6 +79,8 @@ class SpeechSocket:
                     await self.send(type="error", message="send JSON text messages, not binary ones", param=None)
                 elif not await self.handle(msg["text"]):
                     break
+        except ClientGone as e:
+            await self.gone(e)
         finally:
             await self.pipe.cancel()
             self.writer.cancel()
@@ -137,6 +142,8 @@ class SpeechSocket:
                 raise ApiError(400, f'unknown message type {kind!r}: setup, text, flush, cancel or close', "type")
         except ApiError as e:
             await self.send(type="error", message=e.message, param=e.param)
+        except ClientGone:
+            raise
         except Exception:            # our fault: said as such, logged, and the socket goes on
             log.exception("websocket: a message failed")
             await self.send(type="error", message="internal error: the message failed on the server (its log "
@@ -144,7 +151,21 @@ class SpeechSocket:
         return True
 
     async def _write(self) -> None:
-        """The pipe's audio and marks, in order, until cancelled."""
+        """The pipe's audio and marks, in order, until cancelled; a client that takes none of it for
+        the send timeout is gone: its speech is stopped and the socket closed."""
+        try:
+            await self._write_all()
+        except ClientGone as e:
+            await self.gone(e)
+
+    async def gone(self, e: ClientGone) -> None:
+        log.info("websocket: %s: its speech is stopped", e)
+        self.left()
+        await self.pipe.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.ws.close(code=1008, reason=str(e)[:120]), 1)
+
+    async def _write_all(self) -> None:
         start = {}
         async for s, chunk in self.pipe.out():
             if isinstance(chunk, Exception):
@@ -159,5 +180,5 @@ class SpeechSocket:
                 continue
             start.setdefault(s.index, self.samples)
             async with self.send_lock:
-                await self.ws.send_bytes(pcm16(chunk.audio))
+                await send_within(self.ws.send_bytes(pcm16(chunk.audio)), self.send_timeout)
             self.samples += len(chunk.audio)

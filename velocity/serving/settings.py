@@ -85,6 +85,13 @@ class Settings:
     # An input over VELOCITY_MAX_TEXT_CHARS: 0 refuses it (400, as the server would); 1 speaks it
     # in pieces within the limit, cut at paragraphs and sentences, two generating at once, in order.
     gateway_long_text: int = 0               # VELOCITY_GATEWAY_LONG_TEXT
+    gateway_long_text_max_chars: int = 100_000   # VELOCITY_GATEWAY_LONG_TEXT_MAX_CHARS: the whole of a long text
+    # A client that takes nothing of its audio for this long is gone: its speech is stopped (its
+    # unread audio past the sockets' buffers is a few sentences: see velocity.gateway.sentences)
+    gateway_send_timeout: float = 30.0       # VELOCITY_GATEWAY_SEND_TIMEOUT: seconds
+    # The kernel's send buffer of each client connection (0: the OS's, which grows to MBs, minutes
+    # of audio): with the pipe's few sentences, how far a client may fall behind in reading
+    gateway_send_buffer_bytes: int = 128 << 10   # VELOCITY_GATEWAY_SEND_BUFFER_BYTES
     # The seed of requests that name none (an agent framework's OpenAI client sends none): the
     # same text then gives the same audio. -1: each such request samples afresh.
     gateway_default_seed: int = -1           # VELOCITY_GATEWAY_DEFAULT_SEED
