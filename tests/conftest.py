@@ -80,10 +80,13 @@ def gateway(tts_server: TritonServer) -> str:
 
 # One gateway of its own beside serve.sh's, for the tests of settings that the default gateway
 # does not have (each gateway start costs seconds): long texts in pieces (over 80 characters, at
-# most 500), clients gone after 2 s without reading, small kernel send buffers, an allowed origin.
+# most 500), clients gone after 2 s without reading, small kernel send buffers, an allowed origin,
+# small fair-share caps (4 streams and 3 sockets a client, 5 sockets in all, idle 2 s).
 SIDE_GATEWAY_ENV = {"VELOCITY_GATEWAY_LONG_TEXT": "1", "VELOCITY_MAX_TEXT_CHARS": "80",
                     "VELOCITY_GATEWAY_LONG_TEXT_MAX_CHARS": "500", "VELOCITY_GATEWAY_SEND_TIMEOUT": "2",
-                    "VELOCITY_GATEWAY_SEND_BUFFER_BYTES": "16384", "VELOCITY_GATEWAY_ORIGINS": "https://app.example"}
+                    "VELOCITY_GATEWAY_SEND_BUFFER_BYTES": "16384", "VELOCITY_GATEWAY_ORIGINS": "https://app.example",
+                    "VELOCITY_GATEWAY_MAX_STREAMS_PER_CLIENT": "4", "VELOCITY_GATEWAY_MAX_SOCKETS_PER_CLIENT": "3",
+                    "VELOCITY_GATEWAY_MAX_SOCKETS": "5", "VELOCITY_GATEWAY_IDLE_TIMEOUT": "2"}
 
 
 @pytest.fixture(scope="session")

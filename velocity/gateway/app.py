@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
-from velocity.gateway import elevenlabs, json_body
+from velocity.gateway import elevenlabs, fair, json_body
 from velocity.gateway.client_io import ClientGone, send_within
 from velocity.gateway.encode import FORMATS, Encoder
 from velocity.gateway.sentences import SentencePipe, split_long
@@ -290,8 +290,27 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
 
     settings = settings or Settings.from_env()
     keys, limit = api_keys(settings), settings.gateway_max_body_bytes
+    admission = fair.Admission(fair.Limits.of(settings))
     origins = {o.strip().rstrip("/") for o in f"{settings.gateway_origins},{settings.gateway_cors_origins}".split(",")
                if o.strip()}
+
+    async def admit(ws: WebSocket, key: str | None) -> str | None:
+        """The socket's client, its socket counted against its and the gateway's caps (close with
+        admission.close_socket) and its streams as its own (fair.CLIENT); None past a cap, the
+        handshake answered 503 with Retry-After."""
+        client = admission.client(key, ws.client.host if ws.client else None)
+        try:
+            admission.open_socket(client)
+        except ApiError as e:
+            log.info("websocket %s from %s refused: %s", ws.url.path, client, e.message)
+            try:
+                await ws.send_denial_response(JSONResponse(e.body(), status_code=503,
+                                                           headers={"Retry-After": str(fair.RETRY_AFTER_S)}))
+            except RuntimeError:                    # a server without the denial-response extension
+                await ws.close(code=1013, reason=e.message[:120])
+            return None
+        fair.CLIENT.set(client)
+        return client
 
     async def refuse_origin(ws: WebSocket) -> bool:
         """Close a handshake from a page of another origin (HTTP 403); True if it was refused."""
@@ -301,7 +320,7 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
                     ws.url.path, ws.headers.get("origin"))
         await ws.close(code=1008, reason="this page's origin may not use this server: VELOCITY_GATEWAY_ORIGINS")
         return True
-    gw = Gateway(triton_url, retries)
+    gw = Gateway(triton_url, retries, admission)
 
     def seeded(values: dict) -> dict:
         """VELOCITY_GATEWAY_DEFAULT_SEED for a request that names no seed."""
@@ -319,12 +338,16 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
-        """API keys (Authorization: Bearer) on /v1, and the body size limit."""
+        """API keys (Authorization: Bearer) on /v1, the body size limit, and whose request it is
+        (fair.CLIENT: its streams count against its cap)."""
+        key = None
         if keys and request.url.path.startswith("/v1/"):
             auth = request.headers.get("authorization", "")
             if not auth.startswith("Bearer ") or auth[7:].strip() not in keys:
                 return JSONResponse(ApiError(401, "a valid API key is required: Authorization: Bearer <key>",
                                              code="invalid_api_key").body(), status_code=401)
+            key = auth[7:].strip()
+        fair.CLIENT.set(admission.client(key, request.client.host if request.client else None))
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > limit:
             return JSONResponse(ApiError(413, f"the request body is {size} bytes; the limit is {limit} "
@@ -339,7 +362,7 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):
-        headers = {"Retry-After": "1"} if e.status == 503 else None
+        headers = {"Retry-After": str(fair.RETRY_AFTER_S)} if e.status == 503 else None
         return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
     page_html = (Path(__file__).parent / "page.html").read_text()       # read once, served as is
@@ -367,10 +390,16 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
         if keys and not (auth.startswith("Bearer ") and auth[7:].strip() in keys):
             await ws.close(code=1008, reason="a valid API key is required: Authorization: Bearer <key>")
             return
-        await ws.accept()
-        names = await gw.voice_names(fresh=True)
-        await SpeechSocket(ws, gw, lambda body: seeded(triton_values(body, names, settings)[0]),
-                           metrics.disconnects.inc, settings.gateway_send_timeout).run()
+        if (client := await admit(ws, auth[7:].strip() if keys else None)) is None:
+            return
+        try:
+            await ws.accept()
+            names = await gw.voice_names(fresh=True)
+            await SpeechSocket(ws, gw, lambda body: seeded(triton_values(body, names, settings)[0]),
+                               metrics.disconnects.inc, settings.gateway_send_timeout,
+                               settings.gateway_idle_timeout).run()
+        finally:
+            admission.close_socket(client)
 
     @app.websocket(elevenlabs.PATH)
     async def elevenlabs_stream(ws: WebSocket, voice_id: str):
@@ -381,6 +410,15 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
         if keys and key not in keys:
             await ws.close(code=1008, reason="a valid API key is required: the xi-api-key header")
             return
+        if (client := await admit(ws, key if keys else None)) is None:
+            return
+        try:
+            await elevenlabs_session(ws, voice_id)
+        finally:
+            admission.close_socket(client)
+
+    async def elevenlabs_session(ws: WebSocket, voice_id: str) -> None:
+        """An admitted ElevenLabs socket, from its accept to its end."""
         await ws.accept()
         names = await gw.voice_names(fresh=True)
 
@@ -396,7 +434,7 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
             await ws.close(code=1008, reason=e.message[:120])
             return
         await elevenlabs.ElevenLabsSocket(ws, gw, values_of, rate, metrics.disconnects.inc,
-                                          settings.gateway_send_timeout).run()
+                                          settings.gateway_send_timeout, settings.gateway_idle_timeout).run()
 
     @app.get("/v1/models")
     async def models():

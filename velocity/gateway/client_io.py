@@ -1,10 +1,11 @@
-"""Sending to a client that may have stopped reading: a send that waits longer than the gateway's
-send timeout (VELOCITY_GATEWAY_SEND_TIMEOUT) means the client is gone, and its speech is stopped
-(its audio would only pile up: in the kernel's buffers, then in the gateway)."""
+"""A WebSocket client that stops reading or stops talking: a send that waits longer than the
+gateway's send timeout (VELOCITY_GATEWAY_SEND_TIMEOUT) means the client is gone, and its speech
+is stopped (its audio would only pile up: in the kernel's buffers, then in the gateway); a socket
+with no message and nothing to say for the idle timeout (VELOCITY_GATEWAY_IDLE_TIMEOUT) is closed."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 
 class ClientGone(Exception):
@@ -20,3 +21,26 @@ async def send_within(send: Awaitable, timeout: float) -> None:
         await asyncio.wait_for(send, timeout)
     except asyncio.TimeoutError as e:
         raise ClientGone(f"the client took none of its audio for {timeout:g} s") from e
+
+
+async def receive_unless_idle(ws, timeout: float, quiet: Callable[[], bool]) -> dict | None:
+    """The socket's next message; None once `timeout` seconds passed with no message and quiet()
+    (nothing being spoken) all along (0: wait for ever)."""
+    if timeout <= 0:
+        return await ws.receive()
+    loop = asyncio.get_running_loop()
+    last = loop.time()                               # the last moment it was not idle
+    receive = asyncio.ensure_future(ws.receive())
+    try:
+        while True:
+            done, _ = await asyncio.wait({receive}, timeout=min(timeout, 1.0))
+            if done:
+                return receive.result()
+            now = loop.time()
+            if not quiet():
+                last = now
+            elif now - last >= timeout:
+                return None
+    finally:
+        if not receive.done():
+            receive.cancel()

@@ -29,7 +29,7 @@ import json
 import logging
 
 from velocity.gateway import json_body
-from velocity.gateway.client_io import ClientGone, send_within
+from velocity.gateway.client_io import ClientGone, receive_unless_idle, send_within
 from velocity.gateway.encode import Encoder
 from velocity.gateway.sentences import SentenceBuffer, SentencePipe
 from velocity.gateway.upstream import ApiError
@@ -110,11 +110,13 @@ class Context:
 class ElevenLabsSocket:
     """One WebSocket session (see the module). values_of(text, speed) -> the `tts` inputs."""
 
-    def __init__(self, ws, gw, values_of, rate: int, left=lambda: None, send_timeout: float = 0) -> None:
+    def __init__(self, ws, gw, values_of, rate: int, left=lambda: None, send_timeout: float = 0,
+                 idle_timeout: float = 0) -> None:
         """left(): called once if the client leaves with speech still to come (a hang-up, counted);
-        send_timeout: a client that takes nothing for this long is gone (client_io)."""
+        send_timeout: a client that takes nothing for this long is gone (client_io);
+        idle_timeout: a socket with no message and no speech for this long is closed (0: never)."""
         self.ws, self.gw, self.values_of, self.rate, self.left = ws, gw, values_of, rate, left
-        self.send_timeout = send_timeout
+        self.send_timeout, self.idle_timeout = send_timeout, idle_timeout
         self.contexts: dict[str, Context] = {}
         self.lock = asyncio.Lock()
 
@@ -129,7 +131,12 @@ class ElevenLabsSocket:
     async def run(self) -> None:
         try:
             while True:
-                msg = await self.ws.receive()
+                msg = await receive_unless_idle(self.ws, self.idle_timeout,
+                                                lambda: all(ctx.pipe.idle for ctx in self.contexts.values()))
+                if msg is None:
+                    log.info("elevenlabs socket: idle for %g s: closed", self.idle_timeout)
+                    await self.ws.close(code=1000, reason=f"idle for {self.idle_timeout:g} s")
+                    return
                 if msg["type"] == "websocket.disconnect":
                     if any(not ctx.pipe.idle for ctx in self.contexts.values()):
                         log.info("elevenlabs socket: the client left; its speech is stopped")

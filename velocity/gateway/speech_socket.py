@@ -28,7 +28,7 @@ import json
 import logging
 
 from velocity.gateway import json_body
-from velocity.gateway.client_io import ClientGone, send_within
+from velocity.gateway.client_io import ClientGone, receive_unless_idle, send_within
 from velocity.gateway.encode import pcm16
 from velocity.gateway.sentences import SentenceBuffer, SentencePipe
 from velocity.gateway.upstream import ApiError
@@ -43,12 +43,14 @@ class SpeechSocket:
     """One WebSocket session (see the module): reads the client's messages, speaks through a
     SentencePipe, writes audio and marks from its own task."""
 
-    def __init__(self, ws, gw, values_of, left=lambda: None, send_timeout: float = 0) -> None:
+    def __init__(self, ws, gw, values_of, left=lambda: None, send_timeout: float = 0,
+                 idle_timeout: float = 0) -> None:
         """values_of(body) -> the `tts` inputs of an /v1/audio/speech body (ApiError if bad);
         left(): called once if the client leaves with speech still to come (a hang-up, counted);
-        send_timeout: a client that takes nothing for this long is gone (client_io)."""
+        send_timeout: a client that takes nothing for this long is gone (client_io);
+        idle_timeout: a socket with no message and no speech for this long is closed (0: never)."""
         self.ws, self.gw, self.values_of, self.left = ws, gw, values_of, left
-        self.send_timeout = send_timeout
+        self.send_timeout, self.idle_timeout = send_timeout, idle_timeout
         self.setup: dict | None = None
         self.text = SentenceBuffer()
         self.pipe = SentencePipe(self._stream, AHEAD)
@@ -69,7 +71,11 @@ class SpeechSocket:
         self.writer = asyncio.create_task(self._write())
         try:
             while True:
-                msg = await self.ws.receive()
+                msg = await receive_unless_idle(self.ws, self.idle_timeout, lambda: self.pipe.idle)
+                if msg is None:
+                    log.info("websocket: idle for %g s: closed", self.idle_timeout)
+                    await self.ws.close(code=1000, reason=f"idle for {self.idle_timeout:g} s")
+                    break
                 if msg["type"] == "websocket.disconnect":
                     if not self.pipe.idle:
                         log.info("websocket: the client left; its speech is stopped")

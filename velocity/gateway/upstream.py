@@ -96,7 +96,9 @@ class Gateway:
     After the first chunk nothing is retried: the client already has audio.
     """
 
-    def __init__(self, url: str, retries: int | None = None) -> None:
+    def __init__(self, url: str, retries: int | None = None, admission=None) -> None:
+        """admission: velocity.gateway.fair.Admission, whose stream() each stream holds (None: no caps)."""
+        self.admission = admission
         self.urls = [u.strip() for u in url.split(",") if u.strip()]
         if not self.urls:
             raise ValueError("the Triton address is empty: give host:port (or several, comma-separated)")
@@ -173,7 +175,14 @@ class Gateway:
         Leaving early (the client hung up) cancels the Triton stream, which stops the server's
         work on it within a second. timeout: seconds the request may take, sent as Triton's
         request timeout (the server ends it past that; a 504). Retryable errors before the first
-        chunk move on to the next upstream (see the class)."""
+        chunk move on to the next upstream (see the class). The stream counts as the current
+        client's while it runs (fair.Admission; 503 past the client's cap)."""
+        with self.admission.stream() if self.admission else contextlib.nullcontext():
+            async with contextlib.aclosing(self._chunks(values, timeout)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+
+    async def _chunks(self, values: dict, timeout: float | None) -> AsyncIterator[Chunk]:
         start, self._turn = self._turn, self._turn + 1
         for attempt in range(self.retry.retries + 1):
             url = self.urls[(start + attempt) % len(self.urls)]

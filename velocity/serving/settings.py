@@ -92,6 +92,11 @@ class Settings:
     # The kernel's send buffer of each client connection (0: the OS's, which grows to MBs, minutes
     # of audio): with the pipe's few sentences, how far a client may fall behind in reading
     gateway_send_buffer_bytes: int = 128 << 10   # VELOCITY_GATEWAY_SEND_BUFFER_BYTES
+    # Fair share (velocity.gateway.fair): a client is its API key, else its address; 0: no cap
+    gateway_max_streams_per_client: int = 64     # VELOCITY_GATEWAY_MAX_STREAMS_PER_CLIENT: Triton streams at once
+    gateway_max_sockets_per_client: int = 32     # VELOCITY_GATEWAY_MAX_SOCKETS_PER_CLIENT
+    gateway_max_sockets: int = 1024              # VELOCITY_GATEWAY_MAX_SOCKETS: all clients' WebSockets
+    gateway_idle_timeout: float = 60.0           # VELOCITY_GATEWAY_IDLE_TIMEOUT: seconds a silent socket stays
     # The seed of requests that name none (an agent framework's OpenAI client sends none): the
     # same text then gives the same audio. -1: each such request samples afresh.
     gateway_default_seed: int = -1           # VELOCITY_GATEWAY_DEFAULT_SEED

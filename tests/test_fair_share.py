@@ -1,0 +1,78 @@
+"""Issue #45, item 2: no client can take the gateway from the others. A client (its API key, else
+its address: here 127.0.0.2, .3 and .4, all this machine) has a cap on its streams and on its
+WebSockets, all clients on their WebSockets together, and a silent socket is closed; past a cap,
+503 with Retry-After, and the other clients are served. The side gateway (conftest.SIDE_GATEWAY_ENV:
+4 streams and 3 sockets a client, 5 sockets in all, idle after 2 s) in front of the shared server."""
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import socket
+import time
+import urllib.parse
+
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+
+pytestmark = pytest.mark.server
+BODY = {"model": "tts-1", "voice": "amber", "response_format": "pcm", "max_new_tokens": 200}
+
+
+def request(gw: str, source: str, text: str) -> http.client.HTTPResponse:
+    """A POST from the address `source`, its response begun (its body not read)."""
+    u = urllib.parse.urlsplit(gw)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60, source_address=(source, 0))
+    conn.request("POST", "/v1/audio/speech", json.dumps(BODY | {"input": text}), {"Content-Type": "application/json"})
+    return conn.getresponse()
+
+
+def test_a_client_past_its_streams_gets_503_and_the_others_are_served(side_gw):
+    gw, _ = side_gw
+    held = [request(gw, "127.0.0.2", f"Number {i} is here.") for i in range(4)]
+    assert all(r.status == 200 and r.read1(1024) for r in held)          # 4 streams of client .2 run
+    r = request(gw, "127.0.0.2", "One more.")
+    err = json.loads(r.read())["error"]
+    assert r.status == 503 and r.getheader("Retry-After") == "2" and err["code"] == "client_busy", err
+    assert "VELOCITY_GATEWAY_MAX_STREAMS_PER_CLIENT" in err["message"], err
+    other = request(gw, "127.0.0.3", "Someone else.")                   # another client: served
+    assert other.status == 200 and len(other.read()) > 0
+    for r in held:
+        r.close()
+
+
+def ws_from(gw: str, source: str):
+    host, port = gw.removeprefix("http://").split(":")
+    s = socket.create_connection((host, int(port)), source_address=(source, 0))
+    return connect(gw.replace("http://", "ws://") + "/v1/audio/speech/stream", sock=s, close_timeout=1)
+
+
+def refused(gw: str, source: str) -> dict:
+    with pytest.raises(InvalidStatus) as e:
+        ws_from(gw, source)
+    r = e.value.response
+    assert r.status_code == 503 and r.headers["Retry-After"] == "2", r
+    return json.loads(r.body)["error"]
+
+
+def test_sockets_are_capped_per_client_and_in_all(side_gw):
+    gw, _ = side_gw
+    with contextlib.ExitStack() as open_:
+        for _ in range(3):
+            open_.enter_context(ws_from(gw, "127.0.0.2"))
+        assert "VELOCITY_GATEWAY_MAX_SOCKETS_PER_CLIENT" in refused(gw, "127.0.0.2")["message"]
+        for _ in range(2):
+            open_.enter_context(ws_from(gw, "127.0.0.3"))                # 5 in all
+        assert "VELOCITY_GATEWAY_MAX_SOCKETS" in refused(gw, "127.0.0.4")["message"]
+    with ws_from(gw, "127.0.0.4"):                                     # closed: room again
+        pass
+
+
+def test_a_silent_socket_is_closed(side_gw):
+    gw, _ = side_gw
+    with ws_from(gw, "127.0.0.4") as ws:
+        t = time.monotonic()
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=30)
+    assert ws.close_code == 1000 and "idle for 2 s" in ws.close_reason and time.monotonic() - t < 10

@@ -1,0 +1,88 @@
+"""Fair share: what one client may hold of the gateway, so that one cannot take it from the others.
+
+A client is its API key where keys are set, else its address. Each has a cap on the Triton streams
+it runs at once (a POST's, each generating sentence of a WebSocket) and on its WebSockets; all of
+them together have a cap on WebSockets; a WebSocket with no message and no speech for the idle
+timeout is closed. Past a cap: 503 with Retry-After (a WebSocket's handshake too). The counts live
+in the gateway's one event loop: no locks.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import Counter
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from velocity.gateway.upstream import ApiError
+
+log = logging.getLogger("velocity.gateway")
+CLIENT: ContextVar[str] = ContextVar("velocity_gateway_client", default="")   # whose work this task does
+RETRY_AFTER_S = 2
+
+
+@dataclass(slots=True)
+class Limits:
+    """VELOCITY_GATEWAY_MAX_STREAMS_PER_CLIENT, _MAX_SOCKETS_PER_CLIENT, _MAX_SOCKETS, _IDLE_TIMEOUT
+    (0: no cap)."""
+    streams_per_client: int
+    sockets_per_client: int
+    sockets: int
+    idle_timeout: float
+
+    @classmethod
+    def of(cls, settings) -> "Limits":
+        return cls(settings.gateway_max_streams_per_client, settings.gateway_max_sockets_per_client,
+                   settings.gateway_max_sockets, settings.gateway_idle_timeout)
+
+
+def busy(message: str) -> ApiError:
+    return ApiError(503, message, code="client_busy")
+
+
+class Admission:
+    """The counts of streams and sockets, per client."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.streams: Counter[str] = Counter()
+        self.sockets: Counter[str] = Counter()
+
+    @staticmethod
+    def client(key: str | None, host: str | None) -> str:
+        """Who a request is: its API key (keys set), else its address."""
+        return f"key:{key}" if key else f"address:{host or '?'}"
+
+    def open_socket(self, client: str) -> None:
+        """Count one more WebSocket of the client (close_socket when it closes); ApiError 503 past a cap."""
+        lim = self.limits
+        if lim.sockets and sum(self.sockets.values()) >= lim.sockets:
+            raise busy(f"the server holds {lim.sockets} WebSockets, the most it takes (VELOCITY_GATEWAY_MAX_SOCKETS): "
+                       "try again later")
+        if lim.sockets_per_client and self.sockets[client] >= lim.sockets_per_client:
+            raise busy(f"this client has {self.sockets[client]} WebSockets open, the most one client may "
+                       "(VELOCITY_GATEWAY_MAX_SOCKETS_PER_CLIENT): close one first")
+        self.sockets[client] += 1
+
+    def close_socket(self, client: str) -> None:
+        self._drop(self.sockets, client)
+
+    @contextlib.contextmanager
+    def stream(self):
+        """Hold one of the current client's (CLIENT) streams while it runs; ApiError 503 past its cap."""
+        client, cap = CLIENT.get(), self.limits.streams_per_client
+        if cap and client and self.streams[client] >= cap:
+            log.info("%s holds %d streams: one more refused", client, self.streams[client])
+            raise busy(f"this client has {self.streams[client]} streams running, the most one client may "
+                       "(VELOCITY_GATEWAY_MAX_STREAMS_PER_CLIENT): try again when one ends")
+        self.streams[client] += 1
+        try:
+            yield
+        finally:
+            self._drop(self.streams, client)
+
+    @staticmethod
+    def _drop(counts: Counter, client: str) -> None:
+        counts[client] -= 1
+        if counts[client] <= 0:
+            del counts[client]                      # the table holds the clients with something open
