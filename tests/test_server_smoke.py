@@ -115,3 +115,20 @@ def test_killed_server_leaves_no_shared_memory(tmp_path):
     assert left == [], f"left running after the server was killed: {left}\n{s.log()}"
     assert [r for r in regions if os.path.exists(r)] == []
     assert glob.glob(shm_pattern(s)) == []
+
+
+def test_threads_at_the_same_metrics_leave_the_server_up(smoke_server):
+    """Issue #45 item 1: the python backend's metrics are not thread-safe (each operation rewrites
+    the metric's shared memory while the server may still read the last one); the llm and the
+    vocoder update theirs from several threads, and under a burst of cancels tritonserver died
+    in Metric::LoadFromSharedMemory (benchmarks/bench_cancel_burst.py). velocity.serving.metrics
+    holds one lock over every operation: four threads at the same metrics, and the server lives."""
+    import tritonclient.http as httpclient
+
+    from velocity.serving.inputs import array_inputs
+    c = httpclient.InferenceServerClient(smoke_server.http_url)
+    for _ in range(3):
+        res = c.infer("metrics_threads", array_inputs(httpclient, {"OPS": np.array([2000], dtype=np.int32)}))
+        assert int(res.as_numpy("DONE")[0]) == 4 * 2000
+    assert smoke_server.ready() and 'velocity_vocoder_dropped_chunks_total{model="metrics_threads"} 24000' in \
+        smoke_server.metrics()

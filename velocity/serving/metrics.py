@@ -1,5 +1,16 @@
-"""The Prometheus metrics the llm and vocoder models export (through Triton's metrics port)."""
+"""The Prometheus metrics the llm and vocoder models export (through Triton's metrics port).
+
+A python-backend metric is not safe to use from two threads at once: each operation releases the
+GIL, writes the metric into shared memory (freeing what the last operation wrote there) and sends
+it to the server, which reads it from its own thread. Two threads at one metric (the vocoder's
+`dropped` and `backlog` from its execute and decode threads, say) free what the server is still
+reading: under a burst of cancels, tritonserver died in `Metric::LoadFromSharedMemory` (SIGSEGV)
+or in `~Metric` (an exception from the shared-memory pool, SIGABRT) in its stub-to-parent thread
+(benchmarks/bench_cancel_burst.py). So every operation here goes through one lock.
+"""
 from __future__ import annotations
+
+import threading
 
 LATENCY = [0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5, 10]
 RTF = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5]
@@ -42,6 +53,28 @@ VOCODER = {
                 "COUNTER", None),
 }
 _FAMILIES: list = []      # a MetricFamily must outlive its metrics
+_LOCK = threading.Lock()  # one metric operation at a time, in this process (see the module)
+
+
+class Serialized:
+    """A python-backend metric whose operations hold the module's lock."""
+
+    __slots__ = ("metric",)
+
+    def __init__(self, metric) -> None:
+        self.metric = metric
+
+    def increment(self, value: float) -> None:
+        with _LOCK:
+            self.metric.increment(value)
+
+    def set(self, value: float) -> None:
+        with _LOCK:
+            self.metric.set(value)
+
+    def observe(self, value: float) -> None:
+        with _LOCK:
+            self.metric.observe(value)
 
 
 def make_metrics(pb_utils, model: str, specs: dict) -> dict:
@@ -53,7 +86,7 @@ def make_metrics(pb_utils, model: str, specs: dict) -> dict:
         _FAMILIES.append(family := MF(name=name, description=desc, kind=getattr(MF, kind)))
         if kind == "COUNTER" and extra:
             label, values = extra
-            out[key] = {v: family.Metric(labels={"model": model, label: v}) for v in values}
+            out[key] = {v: Serialized(family.Metric(labels={"model": model, label: v})) for v in values}
         else:
-            out[key] = family.Metric(labels={"model": model}, **({"buckets": extra} if extra else {}))
+            out[key] = Serialized(family.Metric(labels={"model": model}, **({"buckets": extra} if extra else {})))
     return out
