@@ -1,0 +1,143 @@
+"""Another client's first audio while one client floods the gateway, with the fair-share caps and
+without (VELOCITY_GATEWAY_MAX_STREAMS_PER_CLIENT): client B (127.0.0.3) times its first audio
+alone, then while client A (127.0.0.2) keeps --flood requests going at once, each sent again as
+soon as it ends or is refused. A server of this checkout on the tiny demo checkpoint per arm, in
+rounds; the flood's first audio over the idle one. Writes JSON and a PNG.
+
+    .venv/bin/python benchmarks/bench_fair.py --arms 0,16,64 --flood 128 --rounds 2 --out docs/benchmarks/fair/tiny
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import ROOT, bench_texts, cpu_model, finish, save  # noqa: E402
+
+log = logging.getLogger("bench_fair")
+
+
+def post(gateway: str, source: str, text: str, hang_up: bool) -> tuple[int, float]:
+    """(status, seconds to the first audio bytes) of one request from address `source`."""
+    u = urlparse(gateway)
+    t0 = time.perf_counter()
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=300, source_address=(source, 0))
+    try:
+        conn.request("POST", "/v1/audio/speech", json.dumps({"model": "tts-1", "voice": "amber", "input": text,
+                                                             "response_format": "pcm", "max_new_tokens": 200}),
+                     {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        if r.status != 200:
+            r.read()
+            return r.status, float("nan")
+        r.read1(1)
+        took = time.perf_counter() - t0
+        if not hang_up:
+            r.read()
+        return 200, took
+    finally:
+        conn.close()
+
+
+def flood(gateway: str, n: int, texts: list[str], stop: threading.Event, counts: dict) -> list[threading.Thread]:
+    def one(i: int) -> None:
+        while not stop.is_set():
+            status, _ = post(gateway, "127.0.0.2", texts[i % len(texts)], hang_up=False)
+            counts[status] = counts.get(status, 0) + 1
+            if status != 200:
+                time.sleep(0.05)
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def arm(cap: int, args, texts: list[str]) -> list[dict]:
+    from benchmarks.server import TritonServer
+    from velocity.demo.checkpoint import write_checkpoint
+
+    d = Path(tempfile.mkdtemp())
+    ckpt = write_checkpoint(d / "tiny", "tiny", seed=0)
+    for attempt in range(2):                     # a port taken between its choice and the server's bind: again
+        server = TritonServer(repo=ROOT / "model_repository", log_path=d / "server.log",
+                              env={"VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_GATEWAY_MAX_STREAMS_PER_CLIENT": str(cap)})
+        try:
+            server.start(timeout=400)
+            break
+        except RuntimeError:
+            if attempt:
+                raise
+    gw, rounds = server.gateway_url, []
+    try:
+        from benchmarks.server import wait_for
+        wait_for(lambda: post(gw, "127.0.0.3", "Ready?", True)[0] == 200, 60)
+        for r in range(args.rounds):
+            idle = [post(gw, "127.0.0.3", texts[k], True)[1] for k in range(args.samples)]
+            stop, counts = threading.Event(), {}
+            threads = flood(gw, args.flood, texts, stop, counts)
+            time.sleep(args.settle)
+            flooded = [post(gw, "127.0.0.3", texts[k], True) for k in range(args.samples)]
+            stop.set()
+            for t in threads:
+                t.join(timeout=120)
+            ok = [s for st, s in flooded if st == 200]
+            row = {"cap": cap, "round": r, "idle_s": statistics.median(idle),
+                   "flood_s": statistics.median(ok) if ok else None, "b_refused": len(flooded) - len(ok),
+                   "a_statuses": {str(k): v for k, v in counts.items()}}
+            row["ratio"] = row["flood_s"] / row["idle_s"] if ok else None
+            log.info("cap %d round %d: %s", cap, r, json.dumps(row))
+            rounds.append(row)
+    finally:
+        server.stop()
+    return rounds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--arms", default="0,64", help="VELOCITY_GATEWAY_MAX_STREAMS_PER_CLIENT of each arm (0: no cap)")
+    ap.add_argument("--flood", type=int, default=128, help="client A's requests at once")
+    ap.add_argument("--samples", type=int, default=6, help="client B's requests per measurement")
+    ap.add_argument("--settle", type=float, default=3.0, help="seconds of flood before B measures")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "fair" / "tiny"))
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    texts = bench_texts()
+    res = {"hardware": cpu_model(), "flood": args.flood, "samples": args.samples,
+           "arms": {c: arm(int(c), args, texts) for c in args.arms.split(",")}}
+    res["median_ratio"] = {c: statistics.median(r["ratio"] for r in rows if r["ratio"] is not None)
+                           for c, rows in res["arms"].items() if any(r["ratio"] for r in rows)}
+    save(res, Path(args.out), plot)
+    log.info("flood / idle first audio of the other client, by cap: %s", json.dumps(res["median_ratio"]))
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    caps = list(res["arms"])
+    idle = [statistics.median(r["idle_s"] for r in res["arms"][c]) for c in caps]
+    flooded = [statistics.median(r["flood_s"] for r in res["arms"][c] if r["flood_s"]) for c in caps]
+    xs = range(len(caps))
+    ax.bar([x - 0.2 for x in xs], idle, 0.4, label="alone")
+    ax.bar([x + 0.2 for x in xs], flooded, 0.4, label=f"while another client floods ({res['flood']} at once)")
+    ax.set_xticks(list(xs), [f"cap {c}" if c != "0" else "no cap" for c in caps])
+    ax.set_ylabel("first audio (s), median")
+    ax.set_title(f"a client's first audio beside a flood ({res['hardware']})")
+    ax.legend(fontsize=8)
+    finish(fig, path, res, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
