@@ -287,11 +287,19 @@ def voice_ref():
 
 def test_voice_sample_mel_and_codes_equal_the_references(demo, voice_ref):
     """Chat.sample_audio_speaker on the same weights and audio: the log-mel (the file's window and
-    filter bank through a centred magnitude STFT) and the encoder's codes, bit for bit."""
+    filter bank through a centred magnitude STFT) within 1e-5 of its peak, and the encoder's
+    codes bit for bit. The mel's tolerance is the CPU's, not ours: on one machine ours equals
+    the reference's bit for bit (checked on an Intel Xeon with scripts/conformance), but the
+    reference itself on that Xeon and on the AMD EPYC that made the fixtures differs by up to
+    1.6e-6 of the peak (7.6e-6 on 4.67): torch's vectorised STFT and log round differently per
+    instruction set."""
     dvae = load_dvae(demo, encoder=True)
     for i in range(2):
         wave = torch.from_numpy(voice_ref[f"wave_{i}"])
-        assert torch.equal(dvae.preprocessor_mel(wave), torch.from_numpy(voice_ref[f"mel_{i}"])), i
+        want = voice_ref[f"mel_{i}"]
+        got = dvae.preprocessor_mel(wave).numpy()
+        assert got.shape == want.shape, i
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max(), err_msg=str(i))
         codes = dvae.encode(wave)
         assert codes.shape == voice_ref[f"codes_{i}"].shape and np.array_equal(codes.numpy(), voice_ref[f"codes_{i}"]), i
 

@@ -18,7 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from client.triton import ServerError, make_inputs, stream_grpc
-from triton_server import LONG_TEXT, ROOT, assert_same_pcm, assert_work_stops, llm_inputs, wait_for
+from triton_server import LONG_TEXT, ROOT, assert_same_pcm, assert_work_stops, llm_inputs, settle, wait_for
 from velocity.tts.chunking import FRAMES_PER_SECOND
 
 pytestmark = pytest.mark.server
@@ -48,7 +48,7 @@ def full_frames(tts_server) -> float:
 def server(tts_server, full_frames):
     """The shared server, idle; after the test, the frames its request made are under half the
     whole request's (checked at teardown)."""
-    assert wait_for(lambda: tts_server.metric("velocity_active_requests") == 0, 60)
+    settle(tts_server)
     f0 = frames(tts_server)
     yield tts_server
     made = frames(tts_server) - f0

@@ -14,7 +14,8 @@ import time
 import pytest
 
 from client.triton import stream_grpc
-from triton_server import LONG_TEXT, ROOT, assert_same_pcm, assert_work_stops, free_port, listening, wait_for
+from triton_server import (LONG_TEXT, ROOT, assert_same_pcm, assert_work_stops, free_port, listening, settle,
+                           wait_for)
 from velocity.gateway.encode import pcm16
 from velocity.gateway.sentences import split_complete
 
@@ -149,6 +150,7 @@ def test_a_connection_that_closes_mid_speech_stops_the_work(wyoming, tts_server)
                 pass
         return time.monotonic()                             # closed with audio still to come
 
+    settle(tts_server)                                      # the test before's last sentence cancelled
     before = cancelled(tts_server)
     assert_work_stops(tts_server, asyncio.run(leave()))
     assert cancelled(tts_server) == before + 1

@@ -34,6 +34,27 @@ def assert_same_pcm(got: bytes, want: bytes) -> None:
 LONG_TEXT = " ".join(f"This is sentence number {n} of a story that goes on for a while." for n in range(1, 9))
 
 
+def is_idle(server: TritonServer) -> bool:
+    """No request active and no KV block used, as the server last published (four times a second)."""
+    m = server.metrics()
+    return parse_metric(m, "velocity_active_requests") == 0 and parse_metric(m, "velocity_kv_blocks_used") == 0
+
+
+def settle(server: TritonServer, within: float = 30.0) -> None:
+    """Wait until the work of the tests before (a client that just left, its cancel not yet
+    counted) is over: idle in two scrapes 0.3 s apart, so a counter read next is this test's own."""
+    import time
+
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        if is_idle(server):
+            time.sleep(0.3)
+            if is_idle(server):
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"the server was still busy {within:.0f} s on:\n{server.log()[-3000:]}")
+
+
 def assert_work_stops(server: TritonServer, left_at: float, within: float = 2.0) -> None:
     """A client left at `left_at` (time.monotonic()): within `within` seconds no request is active
     and no KV block is used, and then the frames counter stands still and the vocoder's chunks do
@@ -43,8 +64,7 @@ def assert_work_stops(server: TritonServer, left_at: float, within: float = 2.0)
     import time
 
     def idle() -> bool:
-        m = server.metrics()
-        return parse_metric(m, "velocity_active_requests") == 0 and parse_metric(m, "velocity_kv_blocks_used") == 0
+        return is_idle(server)
 
     time.sleep(max(0.0, left_at + 0.3 - time.monotonic()))
     while time.monotonic() < left_at + within and not idle():
