@@ -23,6 +23,12 @@
 # last the gateway and Wyoming, which serve their streams until Triton has ended them.
 # A second Ctrl-C (SIGINT) skips the drain; a repeated SIGTERM does not. A shell started in
 # the background without job control starts this with SIGINT ignored: send it SIGTERM.
+# A part that dies (a model's python process, or tritonserver) is seen by the watchdog on
+# HEALTH_PORT within a fraction of a second: live streams end with an error, readiness turns
+# 503, and the server is started again at once (1, 2, 4 ... 30 s apart while it dies before it
+# is ready; RESTARTS such in a row, default 10, then this exits; 0: for ever). HEALTH_PORT's /v2/health/live fails
+# once the server has not been ready for LIVE_GRACE seconds (default 300); its /metrics counts
+# velocity_part_failures_total{part}.
 # --cpu-isa avx2 (or CPU_ISA) caps torch, fbgemm, oneDNN and MKL to AVX2 code: what an AVX2-only
 # machine runs, measured on one with AVX-512 (velocity/model/cpu_isa.py; the llm logs the ISA).
 set -euo pipefail
@@ -41,9 +47,11 @@ REPO="${MODEL_REPOSITORY:-$ROOT/model_repository}"
 EXIT_TIMEOUT="${EXIT_TIMEOUT:-30}"
 CPU_ISA="${CPU_ISA:-}"
 DRAIN_TIMEOUT="${DRAIN_TIMEOUT:-20}"
+RESTARTS="${RESTARTS:-10}"
+LIVE_GRACE="${LIVE_GRACE:-300}"
 extra=()
 
-usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --weights) WEIGHTS="$2"; shift 2 ;;
@@ -132,7 +140,7 @@ if [[ "$BIND" == 0.0.0.0 ]]; then host="localhost"; local_host="127.0.0.1"; fi
 echo "[serve] gRPC    $host:$GRPC_PORT"
 echo "[serve] HTTP    http://$host:$HTTP_PORT"
 echo "[serve] metrics http://$host:$METRICS_PORT/metrics"
-echo "[serve] ready   http://$host:$HEALTH_PORT/v2/health/ready   (503 while draining: for load balancers)"
+echo "[serve] ready   http://$host:$HEALTH_PORT/v2/health/ready   (503 while draining or restarting: for load balancers)"
 gateway=0; wyoming=0
 [[ "$GATEWAY_PORT" != 0 && -d "$REPO/tts" ]] && gateway=1
 [[ "$WYOMING_PORT" != 0 && -d "$REPO/tts" ]] && wyoming=1
@@ -140,9 +148,17 @@ gateway=0; wyoming=0
 [[ $wyoming == 1 ]] && echo "[serve] Wyoming tcp://$host:$WYOMING_PORT"
 [[ -z "$shm_prefix" ]] || echo "[serve] shared memory: /dev/shm/$shm_prefix*"
 
-setsid "$server" "${args[@]}" "${extra[@]}" &
-pid=$!                         # setsid makes the server its own process-group leader
-"$PYTHON" -m velocity.serving.health --port "$HEALTH_PORT" --bind "$BIND" \
+start_server() {
+    # a stale llm's drain files and the dead server's shared memory go first
+    rm -f "$VELOCITY_RUN_DIR"/serving.*
+    [[ -z "$shm_prefix" ]] || rm -f /dev/shm/"$shm_prefix"*
+    setsid "$server" "${args[@]}" "${extra[@]}" &
+    pid=$!                     # setsid makes the server its own process-group leader
+    echo "$pid" > "$VELOCITY_RUN_DIR/triton.pid.tmp"     # the watchdog's (velocity/serving/watchdog.py)
+    mv "$VELOCITY_RUN_DIR/triton.pid.tmp" "$VELOCITY_RUN_DIR/triton.pid"
+}
+start_server
+"$PYTHON" -m velocity.serving.health --port "$HEALTH_PORT" --bind "$BIND" --live-grace "$LIVE_GRACE" \
     --triton "http://$local_host:$HTTP_PORT" --run-dir "$VELOCITY_RUN_DIR" &
 health_pid=$!
 if [[ $gateway == 1 ]]; then
@@ -188,7 +204,28 @@ stop() {
 trap 'stop; exit 130' INT
 trap 'stop; exit 143' TERM
 set +e
-wait "$pid"; rc=$?
-# The server is gone; make sure no stub of its group outlives it.
-kill -KILL -- "-$pid" 2>/dev/null || true
-exit "$rc"
+# The server stopped by itself after it had been ready (a crash, or the watchdog's kill after a
+# model's process died): start it again at once; one that dies before it is ready again waits
+# 1, 2, 4 ... 30 s, until RESTARTS in a row (0: for ever). The gateway answers 503 meanwhile.
+backoff=1; failures=0
+while true; do
+    wait "$pid"; rc=$?
+    kill -KILL -- "-$pid" 2>/dev/null || true   # no stub of its group outlives it
+    [[ -e "$VELOCITY_RUN_DIR/stopping" ]] && exit "$rc"
+    [[ -e "$VELOCITY_RUN_DIR/served" ]] || exit "$rc"      # never ready: a start that fails, not a death
+    if [[ "$(cat "$VELOCITY_RUN_DIR/served")" == "$pid" ]]; then
+        delay=0; backoff=1; failures=0         # it served: a death, not a crash loop
+    else
+        delay=$backoff; failures=$((failures + 1)); backoff=$(( backoff * 2 > 30 ? 30 : backoff * 2 ))
+    fi
+    if [[ "$RESTARTS" != 0 && $failures -ge $RESTARTS ]]; then
+        echo "[serve] tritonserver stopped (exit $rc) $failures times in a row before it was ready; giving up" >&2
+        exit "$rc"
+    fi
+    echo "[serve] tritonserver stopped (exit $rc); starting it again in ${delay}s" >&2
+    for _ in $(seq $((delay * 10))); do
+        [[ -e "$VELOCITY_RUN_DIR/stopping" ]] && exit "$rc"
+        sleep 0.1
+    done
+    start_server
+done

@@ -74,9 +74,13 @@ def test_the_deployment_fits_serve_sh_and_the_settings(layout):
                      "metrics": serve_default("METRICS_PORT"), "health": serve_default("HEALTH_PORT"),
                      "gateway": serve_default("GATEWAY_PORT")}
     assert int(env["GATEWAY_PORT"]) == ports["gateway"]
-    # readiness on the drain-aware health port, liveness on Triton's own
+    # readiness and liveness on serve.sh's health port (drains and dead parts); a restart after a
+    # death may take as long as the first load, which the startup probe allows: the liveness
+    # probe fails only once the server has not been ready for longer (issue #46)
     assert c["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "health"}
-    assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert c["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "health"}
+    startup = c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"]
+    assert int(env.get("LIVE_GRACE", serve_default("LIVE_GRACE"))) >= startup
     # every VELOCITY_* variable is a setting
     names = {f.name.upper() for f in fields(Settings)}
     assert {k for k in env if k.startswith("VELOCITY_")} <= {f"VELOCITY_{n}" for n in names}

@@ -437,7 +437,8 @@ def test_a_servers_error_names_the_body_field_of_the_input_it_names():
 
 def test_a_check_goes_to_the_next_upstream_when_one_is_down(tts_server):
     """Gateway.check (a WebSocket's setup, an ElevenLabs connect) with the first upstream down: the
-    next one checks it; a bad request is still the 400 naming its field; none up is a 502."""
+    next one checks it; a bad request is still the 400 naming its field; none up is a 503 (a
+    server that restarts after a failure: retry) naming the address."""
     import asyncio
 
     from triton_server import free_port
@@ -458,4 +459,4 @@ def test_a_check_goes_to_the_next_upstream_when_one_is_down(tts_server):
     bad = asyncio.run(check(f"{down},{tts_server.grpc_url}", {"TEXT": "Hi.", "TEMPERATURE": -1.0}))
     assert bad.status == 400 and bad.param == "temperature", bad
     none = asyncio.run(check(down, {"TEXT": "Hi."}))
-    assert none.status == 502 and down in none.message, none
+    assert none.status == 503 and none.code == "server_unavailable" and down in none.message, none

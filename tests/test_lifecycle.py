@@ -12,7 +12,6 @@ ends them itself (cancel, drain).
 """
 from __future__ import annotations
 
-import os
 import queue
 import signal
 import threading
@@ -24,7 +23,7 @@ import tritonclient.grpc as grpcclient
 from benchmarks.soak import BAD_LLM, call_llm
 from client.triton import ServerError, stream_grpc
 
-from triton_server import ROOT, alive, free_port, listening, llm_inputs, wait_for
+from triton_server import ROOT, alive, llm_inputs, wait_for
 from velocity.serving.protocol import STREAM_SHUTTING_DOWN, stream_error
 from velocity.serving.settings import Settings
 from velocity.demo.checkpoint import write_checkpoint
@@ -185,41 +184,3 @@ class GatewayListener(threading.Thread):
         except Exception as e:
             self.outcome = f"error: {e!r}"
         self.first.set()
-
-
-def test_one_sigterm_to_the_make_serve_group_drains(start_triton, tmp_path):
-    """`kill -- -PGID` on `make serve` (what systemd, `timeout` and docker stop on a make-based
-    entrypoint do) reaches make and serve.sh, and make passes its SIGTERM on: serve.sh sees two.
-    It must still drain: the live streams finish, the one through the gateway (which make serve
-    started beside Triton) too, and nothing is left, the gateway and Wyoming included."""
-    ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
-    wyoming = free_port()
-    s = start_triton(ROOT / "model_repository", env={"VELOCITY_WEIGHTS": str(ckpt), "DRAIN_TIMEOUT": str(DRAIN),
-                                                     "EXIT_TIMEOUT": "10", "WYOMING_PORT": str(wyoming)},
-                     via_make=True)
-    assert f"[serve] Wyoming tcp://localhost:{wyoming}\n" in s.log()
-    assert wait_for(lambda: listening(wyoming), 30), s.log()
-    assert f"weights:      {ckpt}" in s.log(), s.log()[:2000]       # VELOCITY_WEIGHTS reaches serve.sh
-    assert f"[serve] gRPC    localhost:{s.grpc_port}\n" in s.log()   # where to connect, as the README says
-    assert f"[serve] OpenAI  http://localhost:{s.gateway_port}/v1/audio/speech" in s.log()
-    live = Listener(s.grpc_url, {"TEXT": "A stream that is live when the group is told to stop.",
-                                 "MAX_NEW_TOKENS": 150, "REPETITION_PENALTY": 1.0, "SEED": 3})
-    spoken = GatewayListener(s.gateway_url, {"model": "tts-1", "voice": "amber", "response_format": "pcm",
-                                             "input": "A stream through the gateway.", "max_new_tokens": 150,
-                                             "seed": 4})
-    live.start()
-    spoken.start()
-    assert live.first.wait(120) and live.outcome is None, live.outcome
-    assert spoken.first.wait(120) and spoken.outcome is None, spoken.outcome
-    pids = s.processes()
-    os.killpg(s.proc.pid, signal.SIGTERM)
-    live.join(DRAIN + 60)
-    spoken.join(DRAIN + 60)
-    assert live.outcome == ("complete", ""), live.outcome
-    assert spoken.outcome == "complete" and len(spoken.audio) > 0, spoken.outcome
-    s.proc.wait(DRAIN + 60)
-    log = s.log()
-    assert "[serve] draining" in log and "[serve] drained" in log, log[-3000:]
-    assert "not waiting for the drain" not in log, log[-3000:]
-    assert wait_for(lambda: not [p for p in pids if alive(p)]), "a server or stub process was left behind"
-    assert not listening(wyoming)

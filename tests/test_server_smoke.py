@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import glob
 import json
-import os
 import queue
-import re
 import signal
 import time
 import urllib.request
@@ -14,7 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from triton_server import TESTS_REPO, TritonServer, alive, comm, side_by_side
+from triton_server import TESTS_REPO, TritonServer, alive, comm, shm_pattern, side_by_side
 
 pytestmark = pytest.mark.server
 
@@ -88,33 +86,6 @@ def test_serve_sh_stop_leaves_nothing(tmp_path):
         assert rc == code, (sig.name, s.log())
         assert lost == [], f"left running after {sig.name}: {lost}\n{s.log()}"
         assert glob.glob(shm_pattern(s)) == []
-
-
-def shm_pattern(s: TritonServer) -> str:
-    """The python backend's shared-memory regions of this server, as serve.sh names them."""
-    m = re.search(r"\[serve\] shared memory: (\S+)", s.log())
-    assert m, s.log()
-    return m.group(1)
-
-
-def test_killed_server_leaves_no_shared_memory(tmp_path):
-    """A server that dies without cleaning up (SIGKILL) leaves its stubs' /dev/shm regions
-    behind; serve.sh removes them and every stub."""
-    s = TritonServer(repo=TESTS_REPO, log_path=tmp_path / "server.log").start()
-    try:
-        pids = s.processes()
-        regions = glob.glob(shm_pattern(s))
-        assert regions, "the running server has shared-memory regions under serve.sh's name"
-        server = next(p for p in pids if comm(p) == "tritonserver")
-        os.kill(server, signal.SIGKILL)
-        s.proc.wait(timeout=60)
-        time.sleep(0.5)
-        left = [(p, comm(p)) for p in pids if alive(p)]
-    finally:
-        s.stop()
-    assert left == [], f"left running after the server was killed: {left}\n{s.log()}"
-    assert [r for r in regions if os.path.exists(r)] == []
-    assert glob.glob(shm_pattern(s)) == []
 
 
 def test_threads_at_the_same_metrics_leave_the_server_up(smoke_server):

@@ -34,6 +34,14 @@ def assert_same_pcm(got: bytes, want: bytes) -> None:
 LONG_TEXT = " ".join(f"This is sentence number {n} of a story that goes on for a while." for n in range(1, 9))
 
 
+def shm_pattern(s: TritonServer) -> str:
+    """The glob of the python backend's /dev/shm regions of this serve.sh run (it prints it)."""
+    import re
+    m = re.search(r"\[serve\] shared memory: (\S+)", s.log_path.read_text(errors="replace"))
+    assert m, s.log()
+    return m.group(1)
+
+
 def is_idle(server: TritonServer) -> bool:
     """No request active and no KV block used, as the server last published (four times a second)."""
     m = server.metrics()

@@ -8,8 +8,10 @@ Also `GET /v1/models`, `GET /v1/audio/voices` (the server's `voices` model), `GE
 (page.html). Errors have OpenAI's shape, {"error": {"message", "type", "param", "code"}}: 400
 for what the request got wrong, 413 for a body over the limit (however it is sent), 415 for a
 body not sent as application/json, 503 with
-Retry-After when the server is busy or draining, 504 when the request's timeout passed, 502 when
-Triton cannot be reached.
+Retry-After when the server is busy, draining or unreachable (restarting after a failure), 504
+when the request's timeout passed. An error after the audio began ends the response abnormally
+(no last chunk of the chunked body; an `error` event first on SSE), so that a client can tell
+cut audio from whole.
 
 The WebSockets refuse a page of another origin than the gateway's own (HTTP 403) unless
 VELOCITY_GATEWAY_ORIGINS (or VELOCITY_GATEWAY_CORS_ORIGINS) allows it.
@@ -55,6 +57,11 @@ class ClientLeft(Exception):
     """The HTTP client hung up before its first audio."""
 
 
+class CutResponse(Exception):
+    """Raised to the ASGI server once a streamed response's audio has begun and its stream
+    failed: uvicorn then closes the connection without the chunked body's last chunk."""
+
+
 class ClosingStreamingResponse(StreamingResponse):
     """A StreamingResponse that closes its body's generator as it ends, after a hang-up too
     (Starlette leaves a generator it stopped reading to the garbage collector): the response's
@@ -73,8 +80,42 @@ class ClosingStreamingResponse(StreamingResponse):
             await super().__call__(scope, receive, bounded)
         except ClientGone as e:
             log.info("speech: %s: its speech is stopped", e)
+        except ApiError as e:            # after the audio began: the response must not end cleanly
+            log.warning("speech: the stream failed after its audio began (%s): the response is cut", e.message)
+            raise CutResponse(e.message) from None
         finally:
             await self.body_iterator.aclose()
+
+
+class Guard:
+    """API keys (Authorization: Bearer) on /v1, the body size limit, and whose request it is
+    (fair.CLIENT: its streams count against its cap). Plain ASGI, not Starlette's
+    BaseHTTPMiddleware, which relays a streamed body through a response of its own and ends it
+    cleanly when the stream fails: a client would take cut audio for whole."""
+
+    def __init__(self, app, keys: set[str], admission: fair.Admission, limit: int) -> None:
+        self.app, self.keys, self.admission, self.limit = app, keys, admission, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        key = None
+        if self.keys and request.url.path.startswith("/v1/"):
+            auth = request.headers.get("authorization", "")
+            if not auth.startswith("Bearer ") or auth[7:].strip() not in self.keys:
+                await JSONResponse(ApiError(401, "a valid API key is required: Authorization: Bearer <key>",
+                                            code="invalid_api_key").body(), status_code=401)(scope, receive, send)
+                return
+            key = auth[7:].strip()
+        fair.CLIENT.set(self.admission.client(key, request.client.host if request.client else None))
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > self.limit:
+            await JSONResponse(ApiError(413, f"the request body is {size} bytes; the limit is {self.limit} "
+                                             "(VELOCITY_GATEWAY_MAX_BODY_BYTES)").body(), status_code=413)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def speed_prompt(speed: float) -> str:
@@ -336,23 +377,7 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
     app = FastAPI(title="velocity-tts", docs_url=None, redoc_url=None, lifespan=lifespan)
     metrics = GatewayMetrics()
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        """API keys (Authorization: Bearer) on /v1, the body size limit, and whose request it is
-        (fair.CLIENT: its streams count against its cap)."""
-        key = None
-        if keys and request.url.path.startswith("/v1/"):
-            auth = request.headers.get("authorization", "")
-            if not auth.startswith("Bearer ") or auth[7:].strip() not in keys:
-                return JSONResponse(ApiError(401, "a valid API key is required: Authorization: Bearer <key>",
-                                             code="invalid_api_key").body(), status_code=401)
-            key = auth[7:].strip()
-        fair.CLIENT.set(admission.client(key, request.client.host if request.client else None))
-        size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > limit:
-            return JSONResponse(ApiError(413, f"the request body is {size} bytes; the limit is {limit} "
-                                              "(VELOCITY_GATEWAY_MAX_BODY_BYTES)").body(), status_code=413)
-        return await call_next(request)
+    app.add_middleware(Guard, keys=keys, admission=admission, limit=limit)
 
     # added after the guard, so outside it: preflights (no key) are answered by CORS
     if settings.gateway_cors_origins:
@@ -541,12 +566,17 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
 
         async def sse():
             marks = Marks() if want_marks else None
-            async with contextlib.aclosing(encoded()) as parts:
-                async for chunk, data in parts:
-                    for mark in marks.see(chunk) if marks else ():    # a sentence whose audio is all out
-                        yield event(type="speech.sentence", **mark)
-                    if data:
-                        yield event(type="speech.audio.delta", audio=base64.b64encode(data).decode())
+            try:
+                async with contextlib.aclosing(encoded()) as parts:
+                    async for chunk, data in parts:
+                        for mark in marks.see(chunk) if marks else ():    # a sentence whose audio is all out
+                            yield event(type="speech.sentence", **mark)
+                        if data:
+                            yield event(type="speech.audio.delta", audio=base64.b64encode(data).decode())
+            except ApiError as e:                        # failed after the audio began: said, and no "done"
+                log.warning("speech: the stream failed after its audio began (%s)", e.message)
+                yield event(type="error", error=e.body()["error"])
+                return
             yield event(type="speech.audio.done")
 
         if stream_format == "sse":

@@ -5,7 +5,11 @@ with no message and nothing to say for the idle timeout (VELOCITY_GATEWAY_IDLE_T
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
+
+POLICY = 1008                # WebSocket close codes: a client that broke the rules (took nothing)
+SERVICE_RESTART = 1012       # the server restarts after a part died: try again in a few seconds
 
 
 class ClientGone(Exception):
@@ -21,6 +25,17 @@ async def send_within(send: Awaitable, timeout: float) -> None:
         await asyncio.wait_for(send, timeout)
     except asyncio.TimeoutError as e:
         raise ClientGone(f"the client took none of its audio for {timeout:g} s") from e
+
+
+async def close_socket(ws, code: int, reason: str) -> None:
+    """Close a WebSocket within a second, whatever state its client is in."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(ws.close(code=code, reason=reason[:120]), 1)
+
+
+def server_failed(e: Exception) -> bool:
+    """The error is the server's failure (unreachable, a part died), not the sentence's."""
+    return getattr(e, "code", None) == "server_unavailable"
 
 
 async def receive_unless_idle(ws, timeout: float, quiet: Callable[[], bool]) -> dict | None:

@@ -29,7 +29,8 @@ import json
 import logging
 
 from velocity.gateway import json_body
-from velocity.gateway.client_io import ClientGone, receive_unless_idle, send_within
+from velocity.gateway.client_io import (POLICY, SERVICE_RESTART, ClientGone, close_socket, receive_unless_idle,
+                                        send_within, server_failed)
 from velocity.gateway.encode import Encoder
 from velocity.gateway.sentences import SentenceBuffer, SentencePipe
 from velocity.gateway.upstream import ApiError
@@ -95,6 +96,9 @@ class Context:
             if isinstance(chunk, Exception):                  # a sentence ended, or failed
                 msg = chunk.message if isinstance(chunk, ApiError) else str(chunk)
                 await self.socket.send(error="synthesis_failed", message=f"sentence {s.index}: {msg}", contextId=self.cid)
+                if server_failed(chunk):                      # the rest would fail too: the socket closes
+                    await self.socket.restarting()
+                    return
             if self.closing and self.pipe.idle:
                 await self.finish()
                 return
@@ -165,8 +169,13 @@ class ElevenLabsSocket:
         self.left()
         for ctx in list(self.contexts.values()):
             await ctx.pipe.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.ws.close(code=1008, reason=str(e)[:120]), 1)
+        await close_socket(self.ws, POLICY, str(e))
+
+    async def restarting(self) -> None:
+        """The server failed: every context's speech is stopped, the socket closed (1012)."""
+        for ctx in list(self.contexts.values()):
+            await ctx.pipe.cancel()
+        await close_socket(self.ws, SERVICE_RESTART, "the server is restarting: try again shortly")
 
     async def handle(self, msg) -> bool:
         """One message; False once the socket is to close."""

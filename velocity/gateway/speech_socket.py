@@ -28,7 +28,8 @@ import json
 import logging
 
 from velocity.gateway import json_body
-from velocity.gateway.client_io import ClientGone, receive_unless_idle, send_within
+from velocity.gateway.client_io import (POLICY, SERVICE_RESTART, ClientGone, close_socket, receive_unless_idle,
+                                        send_within, server_failed)
 from velocity.gateway.encode import pcm16
 from velocity.gateway.sentences import SentenceBuffer, SentencePipe
 from velocity.gateway.upstream import ApiError
@@ -168,16 +169,20 @@ class SpeechSocket:
         log.info("websocket: %s: its speech is stopped", e)
         self.left()
         await self.pipe.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.ws.close(code=1008, reason=str(e)[:120]), 1)
+        await close_socket(self.ws, POLICY, str(e))
 
     async def _write_all(self) -> None:
         start = {}
         async for s, chunk in self.pipe.out():
             if isinstance(chunk, Exception):
                 msg = chunk.message if isinstance(chunk, ApiError) else str(chunk)
-                await self.send(type="error", message=f"sentence {s.index} failed: {msg}", param=None)
+                await self.send(type="error", message=f"sentence {s.index} failed: {msg}", param=None,
+                                code=getattr(chunk, "code", None))
                 self.finished += 1
+                if server_failed(chunk):          # the rest would fail too: said, and the socket closed
+                    await self.pipe.cancel()
+                    await close_socket(self.ws, SERVICE_RESTART, "the server is restarting: try again shortly")
+                    return
                 continue
             if chunk is None:
                 await self.send(type="sentence", index=s.index, text=s.text, start=start.pop(s.index, self.samples),

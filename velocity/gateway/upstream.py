@@ -17,6 +17,8 @@ RETRYABLE = ("server busy", "shutting down")
 FIELD_OF = {"TEXT": "input", "VOICE": "voice", "SPEAKER": "voice", "PROMPT": "speed",
             "REFINE_PROMPT": "instructions"} | {i.name: i.api_field for i in INPUTS if i.api_field}
 DEADLINE = "deadline exceeded"
+NOT_HEALTHY = "is not healthy"          # Triton's "Stub process 'vocoder_0_0' is not healthy"
+RECONNECT_MS = 1000           # the longest pause between the gateway's tries to reach a Triton that is down
 log = logging.getLogger("velocity.gateway")
 
 
@@ -77,6 +79,8 @@ def triton_error(message: str) -> ApiError:
     fault) or 400 (the request's)."""
     if any(m in message for m in RETRYABLE):
         return ApiError(503, message, code="server_busy")
+    if NOT_HEALTHY in message:                    # a model's process died: the watchdog restarts the server
+        return ApiError(503, f"{message}: the server is restarting; try again in a few seconds", code="server_unavailable")
     if DEADLINE in message or "Request timeout expired" in message:
         return ApiError(504, message, "timeout", code="timeout")
     if "generation failed" in message or "internal error" in message:
@@ -86,11 +90,34 @@ def triton_error(message: str) -> ApiError:
     return ApiError(400, message, param)
 
 
+def channel_args() -> list[tuple[str, int]]:
+    """tritonclient's own channel options, with reconnects at most RECONNECT_MS apart: gRPC's
+    default backoff grows to 2 minutes, so a Triton that restarted (scripts/serve.sh, after a
+    part died) would stay unreachable from here long after it is ready again."""
+    from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, KeepAliveOptions
+
+    k = KeepAliveOptions()
+    return [("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.keepalive_time_ms", k.keepalive_time_ms), ("grpc.keepalive_timeout_ms", k.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", k.keepalive_permit_without_calls),
+            ("grpc.http2.max_pings_without_data", k.http2_max_pings_without_data),
+            ("grpc.initial_reconnect_backoff_ms", RECONNECT_MS // 4), ("grpc.min_reconnect_backoff_ms", RECONNECT_MS // 4),
+            ("grpc.max_reconnect_backoff_ms", RECONNECT_MS)]
+
+
+def unavailable(url: str, e: Exception) -> "ApiError":
+    """Triton unreachable, or its connection lost mid-stream: 503 (retry), with gRPC's short reason."""
+    why = e.details() if hasattr(e, "details") and callable(e.details) else str(e)
+    return ApiError(503, f"the Triton server at {url} is unavailable ({why}): it may be restarting after a "
+                    "failure; try again in a few seconds", code="server_unavailable")
+
+
 class Gateway:
     """The Triton side: an aio gRPC client per upstream, a stream per request.
 
     url: one gRPC address, or several separated by commas (replicas). A request that fails
-    before its first chunk with a retryable error (503: busy or draining; 502: unreachable) is
+    before its first chunk with a retryable error (503: busy, draining or unreachable) is
     tried again on the next upstream, up to `retries` times (default: each other upstream once;
     through a balancer, one address and retries > 0 lets the balancer pick another replica).
     After the first chunk nothing is retried: the client already has audio.
@@ -111,7 +138,7 @@ class Gateway:
     def client_for(self, url: str):
         if url not in self._clients:
             import tritonclient.grpc.aio as grpcclient
-            self._clients[url] = grpcclient.InferenceServerClient(url)
+            self._clients[url] = grpcclient.InferenceServerClient(url, channel_args=channel_args())
         return self._clients[url]
 
     async def close(self) -> None:
@@ -138,7 +165,8 @@ class Gateway:
                 if e.status() == "StatusCode.INVALID_ARGUMENT":
                     raise triton_error(e.message()) from e
                 failed.append(f"{url}: {e.message()}")
-        raise ApiError(502, f"no Triton server could check the request ({'; '.join(failed)})")
+        raise ApiError(503, f"no Triton server could check the request ({'; '.join(failed)}): it may be "
+                       "restarting after a failure; try again in a few seconds", code="server_unavailable")
 
     async def ready(self) -> bool:
         """Some upstream's `tts` is ready and that server is not draining (its `voices` says)."""
@@ -161,7 +189,7 @@ class Gateway:
                 return await self._listing(url)
             except InferenceServerException as e:
                 last = e
-        raise ApiError(502, f"the Triton server at {self.url} did not answer ({last.message()})") from last
+        raise unavailable(self.url, last) from last
 
     async def voice_names(self, fresh: bool = False) -> dict[str, str]:
         """The server's voice names and their kinds ("speaker", "sample", "alias"): asked once, and
@@ -194,7 +222,7 @@ class Gateway:
                         yield wav
                 return
             except ApiError as e:
-                if not self.retry.again(attempt, started, e.message, unreachable=e.status == 502):
+                if not self.retry.again(attempt, started, e.message, unreachable=e.code == "server_unavailable"):
                     raise
                 log.info("%s before the first chunk (%s): trying again on %s", url, e.message,
                          self.urls[(start + attempt + 1) % len(self.urls)])
@@ -227,6 +255,6 @@ class Gateway:
         except ApiError:
             raise
         except Exception as e:                      # the connection, not the request
-            raise ApiError(502, f"the Triton server at {url} failed: {e}") from e
+            raise unavailable(url, e) from e
         finally:
             stream.cancel()

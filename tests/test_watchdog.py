@@ -1,0 +1,113 @@
+"""The watchdog (velocity/serving/watchdog.py) on real processes: a process group whose leader
+stands for tritonserver and whose members carry a stub's name and instance on their command
+line, as Triton 2.51 starts them. A member that dies is a part failure: counted, the group
+killed, readiness false naming the part; liveness fails once not ready for the grace. (The
+whole path with a real server: tests/test_part_death.py.)"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from triton_server import alive, wait_for
+from velocity.serving.watchdog import Watchdog, group_stubs
+
+
+@pytest.fixture
+def group(tmp_path):
+    """(the leader's pid, {model: stub pid}), the leader's pid written where serve.sh writes it."""
+    leader = subprocess.Popen(["sleep", "60"], process_group=0)
+    stubs = {}
+    for model in ("llm", "vocoder"):
+        # argv as Triton's: the stub's path first, the instance among the arguments ("; :" keeps
+        # sh from exec'ing sleep in its place)
+        p = subprocess.Popen(["/x/triton_python_backend_stub", "-c", "sleep 60; :", f"{model}_0_0"],
+                             executable="/bin/sh", process_group=leader.pid)
+        stubs[model] = p
+    (tmp_path / "triton.pid").write_text(str(leader.pid))
+    yield leader, stubs
+    for p in (leader, *stubs.values()):
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def test_a_stub_that_dies_is_counted_the_group_killed_and_readiness_names_it(group, tmp_path):
+    leader, stubs = group
+    ready = [True]
+    w = Watchdog(tmp_path, lambda: ready[0], live_grace_s=0.5)
+    assert group_stubs(leader.pid) == {p.pid: m for m, p in stubs.items()}
+    w.poll()
+    assert w.status("ready") == (True, "ready") and (tmp_path / "served").read_text() == str(leader.pid)
+    assert 'velocity_part_failures_total{part="vocoder"} 0' in w.metrics()
+
+    stubs["vocoder"].kill()
+    stubs["vocoder"].wait()
+    w.poll()
+    ok, why = w.status("ready")
+    assert not ok and "vocoder process died" in why, why
+    assert 'velocity_part_failures_total{part="vocoder"} 1' in w.metrics()
+    assert wait_for(lambda: leader.poll() is not None and stubs["llm"].poll() is not None, 5), \
+        "the group was not killed"
+    assert leader.returncode == -signal.SIGKILL
+
+    # the leader's death that followed is not counted again; the server comes back (a new leader)
+    ready[0] = False
+    w.poll()
+    assert 'velocity_part_failures_total{part="tritonserver"} 0' in w.metrics()
+    assert w.status("live")[0]
+    time.sleep(0.6)                                  # past the grace, still not ready: not live
+    ok, why = w.status("live")
+    assert not ok and "cannot come back" in why, why
+    again = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        (tmp_path / "triton.pid").write_text(str(again.pid))
+        ready[0] = True
+        w.poll()
+        assert w.status("ready") == (True, "ready") and w.status("live")[0]
+    finally:
+        again.kill()
+        again.wait()
+
+
+def test_the_server_itself_dying_is_a_failure_and_a_stop_is_not(group, tmp_path):
+    leader, _ = group
+    w = Watchdog(tmp_path, lambda: True)
+    w.poll()
+    leader.kill()
+    leader.wait()
+    w.poll()
+    assert not w.status("ready")[0] and 'velocity_part_failures_total{part="tritonserver"} 1' in w.metrics()
+
+    # a stop (serve.sh's `stopping`) is no failure
+    w2 = Watchdog(tmp_path, lambda: True)
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    (tmp_path / "triton.pid").write_text(str(other.pid))
+    w2.poll()
+    (tmp_path / "stopping").touch()
+    other.kill()
+    other.wait()
+    w2.poll()
+    assert 'velocity_part_failures_total{part="tritonserver"} 0' in w2.metrics()
+    assert not alive(other.pid)
+    os.remove(tmp_path / "stopping")
+
+
+def test_a_server_that_died_and_was_restarted_between_two_looks_is_counted(group, tmp_path):
+    """serve.sh starts a server that served again at once: the next look may find a new pid."""
+    leader, _ = group
+    w = Watchdog(tmp_path, lambda: True)
+    w.poll()
+    leader.kill()
+    leader.wait()
+    again = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        (tmp_path / "triton.pid").write_text(str(again.pid))
+        w.poll()
+        assert 'velocity_part_failures_total{part="tritonserver"} 1' in w.metrics()
+    finally:
+        again.kill()
+        again.wait()

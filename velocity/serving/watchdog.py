@@ -1,0 +1,179 @@
+"""The watchdog: a dead part is seen at once, the server restarted, readiness and liveness told.
+
+Triton 2.51 does not notice a python stub that died (docs/architecture.md, "When a part
+dies"): a dead `llm` leaves its streams waiting for ever, a dead `vocoder` fails each chunk,
+and the server stays ready. So the health process (velocity.serving.health) watches from
+outside, every POLL_S seconds:
+
+- serve.sh writes tritonserver's pid to `<run dir>/triton.pid` at each start; the server leads
+  its own process group, whose `triton_python_backend_stub` processes are the models' stubs,
+  each named by its instance (`llm_0_0`) on its command line;
+- once Triton is ready the stubs are known; a stub that is gone, or Triton itself, is a part
+  failure: counted (`velocity_part_failures_total{part}`), logged, and the whole group is
+  killed (SIGKILL), so every live stream ends with an error at once (UNAVAILABLE on gRPC;
+  the gateway's clients see their responses fail), and serve.sh starts the server again;
+- until the new server is ready, readiness is false (`failed` names the part); liveness turns
+  false only when the server has not been ready for `live_grace_s` (a server that cannot come
+  back: Kubernetes then restarts the container).
+
+While serve.sh stops (`<run dir>/stopping`) nothing is a failure. Standard library only.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger("velocity.watchdog")
+
+POLL_S = 0.2
+STUB = "triton_python_backend_stub"
+INSTANCE = re.compile(r"^([A-Za-z0-9_.-]+?)_\d+_\d+$")      # llm_0_0 -> llm
+
+
+def group_stubs(pgid: int, proc: Path = Path("/proc")) -> dict[int, str]:
+    """{pid: model} of the python stubs in process group `pgid` (Linux /proc)."""
+    stubs = {}
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()        # after "pid (comm) "
+            if int(fields[2]) != pgid or fields[0] == "Z":        # its group; not a zombie
+                continue
+            args = (d / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):                  # gone meanwhile
+            continue
+        if args and args[0].decode(errors="replace").endswith(STUB):
+            model = next((m.group(1) for a in args[1:] if (m := INSTANCE.match(a.decode(errors="replace")))), "?")
+            stubs[int(d.name)] = model
+    return stubs
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        return stat[stat.rindex(")") + 2] != "Z"
+    except OSError:
+        return False
+
+
+class Watchdog:
+    """Watches the server that serve.sh runs (see the module); its state answers the probes."""
+
+    def __init__(self, run_dir: Path, ready: Callable[[], bool], live_grace_s: float = 300.0) -> None:
+        self.run_dir, self.ready_check, self.live_grace_s = run_dir, ready, live_grace_s
+        self.failures: dict[str, int] = {"tritonserver": 0}     # each model joins at 0 once seen
+        self.failed: str | None = None           # the part that died, until the server is ready again
+        self.ready = False
+        self.down_since: float | None = None     # not ready since (after having been ready once)
+        self._pid: int | None = None
+        self._stubs: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def start(self) -> threading.Thread:
+        t = threading.Thread(target=self._run, name="watchdog", daemon=True)
+        t.start()
+        return t
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.poll()
+            except Exception:                     # never let the watch end
+                log.exception("watchdog: the check failed")
+            time.sleep(POLL_S)
+
+    def stopping(self) -> bool:
+        return (self.run_dir / "stopping").exists()
+
+    def server_pid(self) -> int | None:
+        try:
+            return int((self.run_dir / "triton.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def poll(self) -> None:
+        """One look: a new server, a death, or readiness come back."""
+        pid = self.server_pid()
+        if pid != self._pid:                      # serve.sh started a (new) server
+            if self._pid is not None and (self._stubs or self.ready) and not alive(self._pid):
+                self.fail("tritonserver", self._pid)      # it died and was restarted between two looks
+            self._pid, self._stubs = pid, {}
+        if pid is None or self.stopping():
+            self.ready = False
+            return
+        if not alive(pid):
+            if self._stubs or self.ready:         # it was serving: a death, not a failed start
+                self.fail("tritonserver", pid)
+            self.ready = False
+            return
+        if self._stubs:
+            gone = [(p, m) for p, m in self._stubs.items() if not alive(p)]
+            if gone:
+                self.fail(gone[0][1], gone[0][0])
+                return
+        ready = self.ready_check()
+        if ready and not self._stubs:
+            (self.run_dir / "served").write_text(str(pid))   # serve.sh: this one served (see its restarts)
+            self._stubs = group_stubs(pid)
+            with self._lock:
+                for model in self._stubs.values():
+                    self.failures.setdefault(model, 0)
+            log.info("watchdog: serving with %d model processes: %s", len(self._stubs),
+                     ", ".join(sorted(set(self._stubs.values()))))
+        with self._lock:
+            if ready:
+                if self.failed is not None:
+                    log.info("watchdog: the server is ready again after the %s failure", self.failed)
+                self.failed, self.down_since = None, None
+            elif self.ready and self.down_since is None:
+                self.down_since = time.monotonic()
+            self.ready = ready
+
+    def fail(self, part: str, pid: int) -> None:
+        """A part died: count it and restart the whole server (serve.sh starts it again)."""
+        with self._lock:
+            self.failures[part] = self.failures.get(part, 0) + 1
+            self.failed, self.ready = part, False
+            if self.down_since is None:
+                self.down_since = time.monotonic()
+        what = "tritonserver" if part == "tritonserver" else f"the {part} model's process"
+        log.error("watchdog: %s (pid %d) died: every live stream ends now and the server restarts", what, pid)
+        if self._pid is not None and part != "tritonserver":
+            try:
+                os.killpg(self._pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self._stubs = {}
+
+    def status(self, what: str) -> tuple[bool, str]:
+        """(healthy, why) for "ready" or "live", from the last look."""
+        with self._lock:
+            if what == "live":
+                if self.down_since is not None and time.monotonic() - self.down_since > self.live_grace_s:
+                    return False, (f"not ready for {time.monotonic() - self.down_since:.0f} s"
+                                   + (f" since the {self.failed} failure" if self.failed else "")
+                                   + ": the server cannot come back")
+                return True, "live"
+            if self.failed is not None:
+                return False, f"the {self.failed} process died: the server is restarting"
+            return self.ready, "ready" if self.ready else "triton is not ready"
+
+    def metrics(self) -> str:
+        """Prometheus text: failures by part, and readiness."""
+        with self._lock:
+            lines = ["# HELP velocity_part_failures_total Parts of the server that died (each restarts the server)",
+                     "# TYPE velocity_part_failures_total counter"]
+            lines += [f'velocity_part_failures_total{{part="{p}"}} {n}' for p, n in sorted(self.failures.items())]
+            lines += ["# HELP velocity_server_ready Whether the server is ready (1) or not (0)",
+                      "# TYPE velocity_server_ready gauge", f"velocity_server_ready {int(self.ready and not self.failed)}"]
+        return "\n".join(lines) + "\n"
