@@ -29,7 +29,7 @@ from velocity.serving.settings import Settings
 from velocity.demo.checkpoint import write_checkpoint
 
 pytestmark = pytest.mark.server
-DRAIN = 12          # seconds: the medium stream needs about 3 (its audio decoded); the long one waits it out
+DRAIN = 9           # seconds: the medium stream needs about 3 (its audio decoded); the long one waits it out
 # after the drain: unloading (Triton's default). The vocoder's backlog no longer outlasts the
 # drain: the llm pauses a stream with VELOCITY_BACKLOG_SECONDS of audio waiting for the vocoder,
 # a stream ended by the drain has its queued chunks dropped, and a finished one sends its final

@@ -26,7 +26,7 @@ from triton_server import ROOT, TritonServer, free_port, listening, side_by_side
 from velocity.demo.checkpoint import write_checkpoint
 
 pytestmark = pytest.mark.server
-DRAIN = 10          # seconds: the gateway's four short requests need about 2 while r1 drains
+DRAIN = 7           # seconds: the gateway's four short requests need about 2 while r1 drains
 SHORT = {"MAX_NEW_TOKENS": 40, "REPETITION_PENALTY": 1.0}
 
 
