@@ -48,6 +48,35 @@ def post(gateway: str, source: str, text: str, hang_up: bool) -> tuple[int, floa
         conn.close()
 
 
+def direct(grpc_url: str, text: str) -> float:
+    """Seconds to the first audio of the same request straight to Triton's `tts` (no gateway)."""
+    from client.triton import stream_grpc
+    t0 = time.perf_counter()
+    chunks = stream_grpc(grpc_url, {"TEXT": text, "VOICE": "amber", "MAX_NEW_TOKENS": 200}, timeout=300)
+    next(chunks)
+    took = time.perf_counter() - t0
+    chunks.close()
+    return took
+
+
+def where_the_time_goes(m0: str, m1: str) -> dict:
+    """The server's side of the flood between two scrapes (every stream's, A's and B's): the
+    llm's mean arrival-to-first-chunk, the vocoder's mean queue wait and decode per chunk, and
+    the running and paused sequences at the end."""
+    from client.triton import parse_metric
+
+    def d(name: str) -> float:
+        return parse_metric(m1, name) - parse_metric(m0, name)
+
+    ttfc = "velocity_time_to_first_chunk_seconds"
+    chunks = max(1.0, d("velocity_vocoder_chunks_total"))
+    return {"llm_first_chunk_s": d(ttfc + "_sum") / max(1.0, d(ttfc + "_count")),
+            "vocoder_queue_s": d("velocity_vocoder_queue_seconds_total") / chunks,
+            "vocoder_decode_s": d("velocity_vocoder_decode_seconds_total") / chunks,
+            "running": parse_metric(m1, "velocity_running_sequences"),
+            "paused": parse_metric(m1, "velocity_paused_sequences")}
+
+
 def flood(gateway: str, n: int, texts: list[str], stop: threading.Event, counts: dict) -> list[threading.Thread]:
     def one(i: int) -> None:
         while not stop.is_set():
@@ -85,15 +114,20 @@ def arm(cap: int, args, texts: list[str]) -> list[dict]:
             stop, counts = threading.Event(), {}
             threads = flood(gw, args.flood, texts, stop, counts)
             time.sleep(args.settle)
+            m0 = server.metrics()
             flooded = [post(gw, "127.0.0.3", texts[k], True) for k in range(args.samples)]
+            straight = [direct(server.grpc_url, texts[k]) for k in range(args.samples)]
+            m1 = server.metrics()
             stop.set()
             for t in threads:
                 t.join(timeout=120)
             ok = [s for st, s in flooded if st == 200]
             row = {"cap": cap, "round": r, "idle_s": statistics.median(idle),
                    "flood_s": statistics.median(ok) if ok else None, "b_refused": len(flooded) - len(ok),
+                   "flood_direct_s": statistics.median(straight),       # the same beside the flood, straight to Triton
                    "a_statuses": {str(k): v for k, v in counts.items()}}
             row["ratio"] = row["flood_s"] / row["idle_s"] if ok else None
+            row["server"] = where_the_time_goes(m0, m1)
             log.info("cap %d round %d: %s", cap, r, json.dumps(row))
             rounds.append(row)
     finally:

@@ -18,9 +18,10 @@ from client.triton import fetch_metrics, parse_metric
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _default_sigint() -> None:
+def default_sigint() -> None:
     """A shell started in the background (`make test &`) passes SIGINT on ignored, and bash cannot
-    trap a signal ignored on entry: give serve.sh the Ctrl-C a terminal would deliver."""
+    trap a signal ignored on entry, nor Python handle it: give a child the Ctrl-C a terminal would
+    deliver (Popen's preexec_fn)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
@@ -114,7 +115,7 @@ class TritonServer:
                     "VENV": env.get("VENV", str(ROOT / ".venv"))}
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(self.root),
-                                     env=env, start_new_session=True, preexec_fn=_default_sigint)
+                                     env=env, start_new_session=True, preexec_fn=default_sigint)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -18,6 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from client.triton import ServerError, make_inputs, stream_grpc
+from benchmarks.server import default_sigint
 from triton_server import LONG_TEXT, ROOT, assert_same_pcm, assert_work_stops, llm_inputs, settle, wait_for
 from velocity.tts.chunking import FRAMES_PER_SECOND
 
@@ -133,7 +134,8 @@ for _ in stream_grpc(sys.argv[1], {LONG!r}, timeout=120):
 
 def test_ctrl_c_in_the_client_cli_stops_the_work(server, tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "client.tts_client", LONG_TEXT, "-o", str(tmp_path / "x.wav"),
-                          "--url", server.grpc_url, "--seed", "4"], cwd=str(ROOT), stderr=subprocess.PIPE, text=True)
+                          "--url", server.grpc_url, "--seed", "4"], cwd=str(ROOT), stderr=subprocess.PIPE, text=True,
+                         preexec_fn=default_sigint)          # Ctrl-C works even under `make test &`
     try:
         assert wait_for(lambda: (tmp_path / "x.wav").exists() and (tmp_path / "x.wav").stat().st_size > 44, 120)
         p.send_signal(signal.SIGINT)
