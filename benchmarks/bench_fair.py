@@ -2,13 +2,15 @@
 without (VELOCITY_GATEWAY_MAX_STREAMS_PER_CLIENT): client B (127.0.0.3) times its first audio
 alone, then while client A (127.0.0.2) keeps --flood requests going at once, each sent again as
 soon as it ends or is refused. A server of this checkout on the tiny demo checkpoint per arm, in
-rounds; the flood's first audio over the idle one. Writes JSON and a PNG.
+rounds (with --baseline-rev, each cap on that revision too, in ABBA order); the flood's first
+audio over the idle one, and where the server's time went. Writes JSON and a PNG.
 
-    .venv/bin/python benchmarks/bench_fair.py --arms 0,16,64 --flood 128 --rounds 2 --out docs/benchmarks/fair/tiny
+    .venv/bin/python benchmarks/bench_fair.py --arms 16,64 --flood 64 --rounds 1 --baseline-rev REV
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import logging
@@ -21,7 +23,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.harness import ROOT, bench_texts, cpu_model, finish, save  # noqa: E402
+from benchmarks.harness import (ROOT, alternating, baseline_tree, bench_texts, cpu_model, finish,  # noqa: E402
+                                revision, save)
 
 log = logging.getLogger("bench_fair")
 
@@ -90,15 +93,19 @@ def flood(gateway: str, n: int, texts: list[str], stop: threading.Event, counts:
     return threads
 
 
-def arm(cap: int, args, texts: list[str]) -> list[dict]:
+def arm(cap: int, root: Path, args, texts: list[str]) -> list[dict]:
+    """args.rounds rounds on one server of the tree at `root` with this cap."""
     from benchmarks.server import TritonServer
     from velocity.demo.checkpoint import write_checkpoint
 
     d = Path(tempfile.mkdtemp())
     ckpt = write_checkpoint(d / "tiny", "tiny", seed=0)
     for attempt in range(2):                     # a port taken between its choice and the server's bind: again
-        server = TritonServer(repo=ROOT / "model_repository", log_path=d / "server.log",
-                              env={"VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_GATEWAY_MAX_STREAMS_PER_CLIENT": str(cap)})
+        server = TritonServer(repo=root / "model_repository", log_path=d / "server.log", root=root,
+                              # on 127.0.0.1 only: the flood's thousands of connections from 127.0.0.2 leave
+                              # ports in TIME_WAIT that a wildcard bind of the next arm's server could hit
+                              env={"VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_GATEWAY_MAX_STREAMS_PER_CLIENT": str(cap),
+                                   "BIND": "127.0.0.1"})
         try:
             server.start(timeout=400)
             break
@@ -142,12 +149,21 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=6, help="client B's requests per measurement")
     ap.add_argument("--settle", type=float, default=3.0, help="seconds of flood before B measures")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--baseline-rev", default="", help="also run each cap on this git revision (a worktree)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "fair" / "tiny"))
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     texts = bench_texts()
-    res = {"hardware": cpu_model(), "flood": args.flood, "samples": args.samples,
-           "arms": {c: arm(int(c), args, texts) for c in args.arms.split(",")}}
+    res = {"hardware": cpu_model(), "flood": args.flood, "samples": args.samples, "revision": revision(),
+           "baseline": args.baseline_rev or None, "arms": {}}
+    with contextlib.ExitStack() as stack:
+        trees = {"this": ROOT}
+        if args.baseline_rev:
+            trees["base"] = stack.enter_context(baseline_tree(args.baseline_rev))
+        caps = args.arms.split(",")
+        for i, name in alternating(list(trees), len(caps)):        # each cap: both trees, ABBA
+            key = caps[i] if len(trees) == 1 else f"{name} cap {caps[i]}"
+            res["arms"][key] = arm(int(caps[i]), trees[name], args, texts)
     res["median_ratio"] = {c: statistics.median(r["ratio"] for r in rows if r["ratio"] is not None)
                            for c, rows in res["arms"].items() if any(r["ratio"] for r in rows)}
     save(res, Path(args.out), plot)
@@ -166,7 +182,8 @@ def plot(res: dict, path: Path) -> None:
     xs = range(len(caps))
     ax.bar([x - 0.2 for x in xs], idle, 0.4, label="alone")
     ax.bar([x + 0.2 for x in xs], flooded, 0.4, label=f"while another client floods ({res['flood']} at once)")
-    ax.set_xticks(list(xs), [f"cap {c}" if c != "0" else "no cap" for c in caps])
+    ax.set_xticks(list(xs), [c.replace("cap 0", "no cap") if " " in c else (f"cap {c}" if c != "0" else "no cap")
+                             for c in caps], fontsize=8)
     ax.set_ylabel("first audio (s), median")
     ax.set_title(f"a client's first audio beside a flood ({res['hardware']})")
     ax.legend(fontsize=8)

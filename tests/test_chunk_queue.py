@@ -34,13 +34,18 @@ def test_first_chunks_overtake_later_chunks_queued_before_them():
     assert drain(q) == ["c0", "c1", "b2", "a3"]
 
 
-def test_a_waiting_later_chunk_goes_before_new_first_chunks_once_its_slack_is_gone():
+def test_a_first_chunk_goes_before_later_chunks_even_past_their_deadline():
+    """Under overload every later chunk is overdue; a new stream's first audio still goes next
+    (issue #45), first chunks in arrival order, and the overdue ones by deadline after them."""
     clock = Clock()
     q = ChunkQueue(lambda i: 0.5 * i, clock)
     q.put(2, "old")             # due at 101.0
-    clock.t += 1.5
-    q.put(0, "new")             # due at 101.5: later than the old chunk's deadline
-    assert drain(q) == ["old", "new"]
+    q.put(4, "older")           # due at 102.0
+    clock.t += 5.0              # both overdue
+    q.put(0, "new")             # due at 105.0, but a first chunk
+    q.put(0, "newer")
+    q.put(1, "new1")            # due at 105.5
+    assert drain(q) == ["new", "newer", "old", "older", "new1"]
 
 
 def test_an_error_ending_a_stream_goes_after_everything_queued_before_it():

@@ -1,12 +1,15 @@
-"""The vocoder's queue: chunks decoded earliest deadline first, not in arrival order.
+"""The vocoder's queue: a stream's first chunk first, then the others earliest deadline first.
 
 A chunk is due when the listener has played the audio before it: a stream's first chunk at
 once, a later one `seconds_before(position)` after it arrives, its position being what comes
 before it in its stream (the vocoder passes the frames before it: with chunks of 12, 36, 72,
-144 frames, 0, 0.26, 1.0, 2.6 s). So under load the first chunk of a new stream is decoded ahead of later
-chunks of streams that already play, and a later chunk still goes first once it has waited
-out its slack (no stream starves). A stream's chunks keep their order: chunk i + 1 arrives
-later and has more audio before it, so its deadline is later. Free of torch and Triton, so it is tested on its own.
+144 frames, 0, 0.26, 1.0, 2.6 s). First chunks (position 0) go before every later chunk, in
+arrival order: under overload every later chunk is overdue, and by deadline alone a new
+stream's first audio would wait behind all of them (issue #45: another client's first audio
+took 45x its idle time beside a flood, 11 s of it in this queue). A playing stream waits for at
+most the first chunks of the streams that start meanwhile, which the request limits bound; a
+stream's chunks keep their order (chunk i + 1 arrives later and has more audio before it).
+Free of torch and Triton, so it is tested on its own.
 """
 from __future__ import annotations
 
@@ -19,12 +22,12 @@ from typing import Any
 
 
 class ChunkQueue:
-    """Thread-safe earliest-deadline-first queue; get() blocks, returns None once closed and empty."""
+    """Thread-safe: first chunks, then earliest deadline first; get_due() blocks, [] once closed and empty."""
 
     def __init__(self, seconds_before: Callable[[int], float], clock: Callable[[], float] = time.monotonic) -> None:
         self.seconds_before = seconds_before
         self.clock = clock
-        self._heap: list[tuple[float, int, Any]] = []
+        self._heap: list[tuple[int, float, int, Any]] = []     # (0: a first chunk, else 1; deadline; order; item)
         self._order = itertools.count()
         self._cv = threading.Condition()
         self._closed = False
@@ -40,10 +43,10 @@ class ChunkQueue:
             if self._closed:
                 raise RuntimeError("vocoder queue is closed")
             if index < 0:
-                deadline = max([now] + [d for d, _, _ in self._heap])
+                deadline = max([now] + [d for _, d, _, _ in self._heap])
             else:
                 deadline = now + self.seconds_before(index)
-            heapq.heappush(self._heap, (deadline, next(self._order), item))
+            heapq.heappush(self._heap, (0 if index == 0 else 1, deadline, next(self._order), item))
             self._cv.notify()
         return deadline
 
@@ -56,13 +59,13 @@ class ChunkQueue:
             if not self._heap:
                 return []
             first = heapq.heappop(self._heap)
-            k = key(first[2]) if key is not None and n > 1 else None
-            more = [] if k is None else heapq.nsmallest(n - 1, (e for e in self._heap if key(e[2]) == k))
+            k = key(first[3]) if key is not None and n > 1 else None
+            more = [] if k is None else heapq.nsmallest(n - 1, (e for e in self._heap if key(e[3]) == k))
             if more:
-                taken = {order for _, order, _ in more}
-                self._heap = [e for e in self._heap if e[1] not in taken]
+                taken = {order for _, _, order, _ in more}
+                self._heap = [e for e in self._heap if e[2] not in taken]
                 heapq.heapify(self._heap)
-            return [(deadline, item) for deadline, _, item in [first, *more]]
+            return [(deadline, item) for _, deadline, _, item in [first, *more]]
 
     def close(self) -> None:
         """No more puts; get_due() drains what is queued, then returns []."""
