@@ -20,26 +20,16 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness import ROOT, cpu_model, finish, save  # noqa: E402
+from benchmarks.server import http_status  # noqa: E402
 
 log = logging.getLogger("bench_recovery")
 PARTS = ["llm", "vocoder", "text_frontend", "tts_offline", "tritonserver"]
 LONG = "This sentence goes on for a while. " * 24
-
-
-def status(url: str) -> int:
-    try:
-        return urllib.request.urlopen(url, timeout=2).status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return 0
 
 
 def live_streams(server) -> tuple[list[threading.Thread], list[float], threading.Event]:
@@ -111,14 +101,14 @@ def one(server, part: str) -> dict:
     ready_url = f"http://127.0.0.1:{server.health_port}/v2/health/ready"
     not_ready = None
     while time.monotonic() - t0 < 30:
-        if not_ready is None and status(ready_url) == 503:
+        if not_ready is None and http_status(ready_url) == 503:
             not_ready = time.monotonic() - t0
         if not_ready is not None and len(ended) == 2:
             break
         time.sleep(0.02)
     for t in threads:
         t.join(5)
-    while not (status(ready_url) == 200 and speaks(server)):
+    while not (http_status(ready_url) == 200 and speaks(server)):
         if time.monotonic() - t0 > 120:
             raise RuntimeError(f"{part}: not back in 120 s")
         time.sleep(0.2)

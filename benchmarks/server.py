@@ -46,6 +46,18 @@ def listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def http_status(url: str) -> int:
+    """The HTTP status of GET url (0: nothing answered)."""
+    import urllib.error
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
+
+
 def wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> bool:
     """Poll cond until it holds or timeout passes; its last value."""
     end = time.monotonic() + timeout

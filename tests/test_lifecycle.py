@@ -20,6 +20,7 @@ import time
 import pytest
 import tritonclient.grpc as grpcclient
 
+from benchmarks.server import http_status
 from benchmarks.soak import BAD_LLM, call_llm
 from client.triton import ServerError, stream_grpc
 
@@ -70,12 +71,7 @@ class Listener(threading.Thread):
 
 def gateway_health(s) -> int:
     """The status of the gateway's GET /health."""
-    import urllib.error
-    import urllib.request
-    try:
-        return urllib.request.urlopen(s.gateway_url + "/health", timeout=5).status
-    except urllib.error.HTTPError as e:
-        return e.code
+    return http_status(s.gateway_url + "/health")
 
 
 def refusal(url: str, text: str = "Am I let in?") -> str | None:

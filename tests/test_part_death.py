@@ -21,7 +21,6 @@ import os
 import signal
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable
 from urllib.parse import urlparse
@@ -29,6 +28,7 @@ from urllib.parse import urlparse
 import numpy as np
 import pytest
 
+from benchmarks.server import http_status
 from client.triton import ServerError, stream_grpc
 from test_lifecycle import GatewayListener, Listener
 from triton_server import (ROOT, TritonServer, alive, comm, free_port, listening, parse_metric, settle,
@@ -54,20 +54,11 @@ def served(tmp_path_factory):
                           "WYOMING_PORT": str(free_port()), "DRAIN_TIMEOUT": str(DRAIN), "EXIT_TIMEOUT": "10"}).start()
     s.wyoming_port = int(s.env["WYOMING_PORT"])
     s.ckpt = d / "tiny"
-    assert wait_for(lambda: status(s.gateway_url + "/health") == 200, 30), s.log()
+    assert wait_for(lambda: http_status(s.gateway_url + "/health") == 200, 30), s.log()
     try:
         yield s
     finally:
         s.stop()
-
-
-def status(url: str) -> int:
-    try:
-        return urllib.request.urlopen(url, timeout=2).status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return 0
 
 
 class Client(threading.Thread):
@@ -227,17 +218,17 @@ def kill_and_recover(s: TritonServer, part: str, clients: list[Client]) -> None:
     t_kill = time.monotonic()
     os.kill(pid, signal.SIGKILL)
     health, gateway = s.health_port, s.gateway_url + "/health"
-    assert wait_for(lambda: status(f"http://127.0.0.1:{health}/v2/health/ready") == 503
-                    and status(gateway) == 503, TOLD), f"{part}: still ready {TOLD} s after its death"
+    assert wait_for(lambda: http_status(f"http://127.0.0.1:{health}/v2/health/ready") == 503
+                    and http_status(gateway) == 503, TOLD), f"{part}: still ready {TOLD} s after its death"
     for c in clients:
         c.join(max(0.1, t_kill + TOLD + 1 - time.monotonic()))
     late = {c.name: c.outcome for c in clients if c.outcome is None or c.ended_at - t_kill > TOLD}
     assert not late, f"{part} killed: clients not told within {TOLD} s: {late}\n{s.log()[-4000:]}"
     whole = {c.name: c.outcome for c in clients if not c.outcome.startswith("error")}
     assert not whole, f"{part} killed: streams that ended as if whole: {whole}"
-    assert wait_for(lambda: status(f"http://127.0.0.1:{health}/v2/health/ready") == 200 and speaks(s),
+    assert wait_for(lambda: http_status(f"http://127.0.0.1:{health}/v2/health/ready") == 200 and speaks(s),
                     t_kill + BACK - time.monotonic()), f"{part}: not back in {BACK} s\n{s.log()[-4000:]}"
-    assert wait_for(lambda: status(gateway) == 200, 10), "the gateway did not see the server back"
+    assert wait_for(lambda: http_status(gateway) == 200, 10), "the gateway did not see the server back"
     assert failures(s, part) == before + 1
 
 

@@ -5,7 +5,7 @@ killed, readiness false naming the part; liveness fails once not ready for the g
 whole path with a real server: tests/test_part_death.py.)"""
 from __future__ import annotations
 
-import os
+import contextlib
 import signal
 import subprocess
 import time
@@ -14,6 +14,19 @@ import pytest
 
 from triton_server import alive, wait_for
 from velocity.serving.watchdog import Watchdog, group_stubs
+
+
+@contextlib.contextmanager
+def new_server(tmp_path):
+    """Another "tritonserver", whose pid serve.sh has just written (a restart)."""
+    p = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    (tmp_path / "triton.pid").write_text(str(p.pid))
+    try:
+        yield p
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
 
 
 @pytest.fixture
@@ -62,15 +75,10 @@ def test_a_stub_that_dies_is_counted_the_group_killed_and_readiness_names_it(gro
     time.sleep(0.6)                                  # past the grace, still not ready: not live
     ok, why = w.status("live")
     assert not ok and "cannot come back" in why, why
-    again = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    try:
-        (tmp_path / "triton.pid").write_text(str(again.pid))
+    with new_server(tmp_path):
         ready[0] = True
         w.poll()
         assert w.status("ready") == (True, "ready") and w.status("live")[0]
-    finally:
-        again.kill()
-        again.wait()
 
 
 def test_the_server_itself_dying_is_a_failure_and_a_stop_is_not(group, tmp_path):
@@ -84,16 +92,14 @@ def test_the_server_itself_dying_is_a_failure_and_a_stop_is_not(group, tmp_path)
 
     # a stop (serve.sh's `stopping`) is no failure
     w2 = Watchdog(tmp_path, lambda: True)
-    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    (tmp_path / "triton.pid").write_text(str(other.pid))
-    w2.poll()
-    (tmp_path / "stopping").touch()
-    other.kill()
-    other.wait()
-    w2.poll()
+    with new_server(tmp_path) as other:
+        w2.poll()
+        (tmp_path / "stopping").touch()
+        other.kill()
+        other.wait()
+        w2.poll()
     assert 'velocity_part_failures_total{part="tritonserver"} 0' in w2.metrics()
     assert not alive(other.pid)
-    os.remove(tmp_path / "stopping")
 
 
 def test_a_server_that_died_and_was_restarted_between_two_looks_is_counted(group, tmp_path):
@@ -103,11 +109,6 @@ def test_a_server_that_died_and_was_restarted_between_two_looks_is_counted(group
     w.poll()
     leader.kill()
     leader.wait()
-    again = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    try:
-        (tmp_path / "triton.pid").write_text(str(again.pid))
+    with new_server(tmp_path):
         w.poll()
         assert 'velocity_part_failures_total{part="tritonserver"} 1' in w.metrics()
-    finally:
-        again.kill()
-        again.wait()
