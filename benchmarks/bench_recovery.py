@@ -70,20 +70,6 @@ def live_streams(server) -> tuple[list[threading.Thread], list[float], threading
     return threads, ended, both
 
 
-def part_pid(server, part: str) -> int:
-    from benchmarks.server import comm
-    triton = next(p for p in server.processes() if comm(p) == "tritonserver")
-    if part == "tritonserver":
-        return triton
-    for p in server.processes():
-        try:
-            if f"{part}_0_0".encode() in open(f"/proc/{p}/cmdline", "rb").read().split(b"\0"):
-                return p
-        except OSError:
-            pass
-    raise RuntimeError(f"no {part} process")
-
-
 def speaks(server) -> bool:
     from client.triton import stream_grpc
     try:
@@ -97,7 +83,7 @@ def one(server, part: str) -> dict:
     if not both.wait(120):
         raise RuntimeError("the streams did not start")
     t0 = time.monotonic()
-    os.kill(part_pid(server, part), signal.SIGKILL)
+    os.kill(server.part_pid(part), signal.SIGKILL)
     ready_url = f"http://127.0.0.1:{server.health_port}/v2/health/ready"
     not_ready = None
     while time.monotonic() - t0 < 30:

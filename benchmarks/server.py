@@ -168,6 +168,18 @@ class TritonServer:
         assert len(found) == 1, f"core boards of this server: {found}"
         return found[0]
 
+    def part_pid(self, part: str) -> int:
+        """The pid of a part of the running server: "tritonserver", or one of a model's stubs (the
+        watchdog's view of the server's process group)."""
+        from velocity.serving.watchdog import group_stubs
+        server = next(p for p in self.processes() if comm(p) == "tritonserver")
+        if part == "tritonserver":
+            return server
+        found = sorted(p for p, model in group_stubs(server).items() if model == part)
+        if not found:
+            raise RuntimeError(f"no {part} process in tritonserver {server}'s process group")
+        return found[0]
+
     def processes(self) -> list[int]:
         """serve.sh, the server and its stubs."""
         return [self.proc.pid, *descendants(self.proc.pid)] if self.proc else []

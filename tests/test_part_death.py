@@ -175,20 +175,6 @@ def offline(s: TritonServer) -> Client:
     return Client("offline", run)
 
 
-def part_pid(s: TritonServer, part: str) -> int:
-    server = next(p for p in s.processes() if comm(p) == "tritonserver")
-    if part == "tritonserver":
-        return server
-    for p in s.processes():
-        try:
-            args = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")
-        except OSError:
-            continue
-        if f"{part}_0_0".encode() in args and os.getpgid(p) == server:
-            return p
-    raise AssertionError(f"no {part} process among {s.processes()}")
-
-
 def failures(s: TritonServer, part: str) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{s.health_port}/metrics", timeout=5) as r:
         return parse_metric(r.read().decode(), f'velocity_part_failures_total{{part="{part}"}}')
@@ -214,7 +200,7 @@ def kill_and_recover(s: TritonServer, part: str, clients: list[Client]) -> None:
         c.start()
     for c in clients:
         assert c.first.wait(120) and c.outcome is None, (c.name, c.outcome, s.log()[-3000:])
-    pid = part_pid(s, part)
+    pid = s.part_pid(part)
     t_kill = time.monotonic()
     os.kill(pid, signal.SIGKILL)
     health, gateway = s.health_port, s.gateway_url + "/health"
@@ -250,7 +236,7 @@ def test_each_part_that_dies_is_told_seen_and_replaced(served):
              "text_frontend": [offline(s)], "tts_offline": [], "tritonserver": []}
     assert list(turns) == PARTS
     for part, extra in turns.items():
-        server = part_pid(s, "tritonserver")
+        server = s.part_pid("tritonserver")
         group = [p for p in s.processes() if os.getpgid(p) == server]      # the server and its stubs
         regions = glob.glob(shm_pattern(s))
         assert regions, "the running server has shared-memory regions under serve.sh's name"

@@ -71,14 +71,11 @@ def assert_work_stops(server: TritonServer, left_at: float, within: float = 2.0)
     scrape 0.3 s or more after the leave counts."""
     import time
 
-    def idle() -> bool:
-        return is_idle(server)
-
     time.sleep(max(0.0, left_at + 0.3 - time.monotonic()))
-    while time.monotonic() < left_at + within and not idle():
+    while time.monotonic() < left_at + within and not is_idle(server):
         time.sleep(0.05)
     waited = time.monotonic() - left_at
-    assert idle(), f"still busy {waited:.2f} s after the client left:\n{server.log()[-3000:]}"
+    assert is_idle(server), f"still busy {waited:.2f} s after the client left:\n{server.log()[-3000:]}"
     frames, chunks = (server.metric(c) for c in ("velocity_frames_generated_total", "velocity_vocoder_chunks_total"))
     time.sleep(0.6)
     assert server.metric("velocity_frames_generated_total") == frames, "the llm went on after the server was idle"

@@ -36,6 +36,12 @@ STUB = "triton_python_backend_stub"
 INSTANCE = re.compile(r"^([A-Za-z0-9_.-]+?)_\d+_\d+$")      # llm_0_0 -> llm
 
 
+def stat_fields(pid_dir: Path) -> list[str]:
+    """/proc/<pid>/stat's fields after "pid (comm) ": [state, ppid, pgrp, ...]; OSError once gone."""
+    stat = (pid_dir / "stat").read_text()
+    return stat[stat.rindex(")") + 2:].split()
+
+
 def group_stubs(pgid: int, proc: Path = Path("/proc")) -> dict[int, str]:
     """{pid: model} of the python stubs in process group `pgid` (Linux /proc)."""
     stubs = {}
@@ -43,8 +49,7 @@ def group_stubs(pgid: int, proc: Path = Path("/proc")) -> dict[int, str]:
         if not d.name.isdigit():
             continue
         try:
-            stat = (d / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()        # after "pid (comm) "
+            fields = stat_fields(d)
             if int(fields[2]) != pgid or fields[0] == "Z":        # its group; not a zombie
                 continue
             args = (d / "cmdline").read_bytes().split(b"\0")
@@ -59,10 +64,8 @@ def group_stubs(pgid: int, proc: Path = Path("/proc")) -> dict[int, str]:
 def alive(pid: int) -> bool:
     """The process exists and is not a zombie."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-        return stat[stat.rindex(")") + 2] != "Z"
-    except OSError:
+        return stat_fields(Path(f"/proc/{pid}"))[0] != "Z"
+    except (OSError, ValueError, IndexError):
         return False
 
 
@@ -175,5 +178,5 @@ class Watchdog:
                      "# TYPE velocity_part_failures_total counter"]
             lines += [f'velocity_part_failures_total{{part="{p}"}} {n}' for p, n in sorted(self.failures.items())]
             lines += ["# HELP velocity_server_ready Whether the server is ready (1) or not (0)",
-                      "# TYPE velocity_server_ready gauge", f"velocity_server_ready {int(self.ready and not self.failed)}"]
+                      "# TYPE velocity_server_ready gauge", f"velocity_server_ready {int(self.ready)}"]
         return "\n".join(lines) + "\n"
