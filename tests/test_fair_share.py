@@ -2,7 +2,8 @@
 its address: here 127.0.0.2, .3 and .4, all this machine) has a cap on its streams and on its
 WebSockets, all clients on their WebSockets together, and a silent socket is closed; past a cap,
 503 with Retry-After, and the other clients are served. The side gateway (conftest.SIDE_GATEWAY_ENV:
-4 streams and 3 sockets a client, 5 sockets in all, idle after 2 s) in front of the shared server."""
+4 streams and 3 sockets a client, 5 sockets in all, idle after 2 s, refusals sent after 0.5 s) in
+front of the shared server."""
 from __future__ import annotations
 
 import contextlib
@@ -36,6 +37,19 @@ def test_a_client_past_its_streams_gets_503_and_the_others_are_served(side_gw):
     err = json.loads(r.read())["error"]
     assert r.status == 503 and r.getheader("Retry-After") == "2" and err["code"] == "client_busy", err
     assert "VELOCITY_GATEWAY_MAX_STREAMS_PER_CLIENT" in err["message"], err
+    # a refusal is cheap: sent before the body is read (here never sent), after the refusal delay,
+    # so that a client asking again at once waits instead of spending the gateway's CPU
+    u = urllib.parse.urlsplit(gw)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30, source_address=("127.0.0.2", 0))
+    t = time.monotonic()
+    conn.putrequest("POST", "/v1/audio/speech")
+    for k, v in {"Content-Type": "application/json", "Content-Length": "100000"}.items():
+        conn.putheader(k, v)
+    conn.endheaders()
+    r = conn.getresponse()
+    assert r.status == 503 and json.loads(r.read())["error"]["code"] == "client_busy"
+    assert time.monotonic() - t >= 0.5
+    conn.close()
     other = request(gw, "127.0.0.3", "Someone else.")                   # another client: served
     assert other.status == 200 and len(other.read()) > 0
     for r in held:

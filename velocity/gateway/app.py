@@ -109,13 +109,25 @@ class Guard:
                                             code="invalid_api_key").body(), status_code=401)(scope, receive, send)
                 return
             key = auth[7:].strip()
-        fair.CLIENT.set(self.admission.client(key, request.client.host if request.client else None))
+        client = self.admission.client(key, request.client.host if request.client else None)
+        fair.CLIENT.set(client)
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > self.limit:
             await JSONResponse(ApiError(413, f"the request body is {size} bytes; the limit is {self.limit} "
                                              "(VELOCITY_GATEWAY_MAX_BODY_BYTES)").body(), status_code=413)(scope, receive, send)
             return
+        if scope["method"] == "POST" and scope["path"] == "/v1/audio/speech" and (e := self.admission.full(client)):
+            # refused before its body is read or parsed: a flood of refusals costs the gateway little
+            await self.admission.refuse(client, "a speech request", e)
+            await error_response(e)(scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+
+def error_response(e: ApiError) -> JSONResponse:
+    """An ApiError as OpenAI's error body; a 503 with Retry-After."""
+    headers = {"Retry-After": str(fair.RETRY_AFTER_S)} if e.status == 503 else None
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
 def speed_prompt(speed: float) -> str:
@@ -343,10 +355,9 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
         try:
             admission.open_socket(client)
         except ApiError as e:
-            log.info("websocket %s from %s refused: %s", ws.url.path, client, e.message)
+            await admission.refuse(client, f"websocket {ws.url.path}", e)
             try:
-                await ws.send_denial_response(JSONResponse(e.body(), status_code=503,
-                                                           headers={"Retry-After": str(fair.RETRY_AFTER_S)}))
+                await ws.send_denial_response(error_response(e))
             except RuntimeError:                    # a server without the denial-response extension
                 await ws.close(code=1013, reason=e.message[:120])
             return None
@@ -387,8 +398,7 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):
-        headers = {"Retry-After": str(fair.RETRY_AFTER_S)} if e.status == 503 else None
-        return JSONResponse(e.body(), status_code=e.status, headers=headers)
+        return error_response(e)
 
     page_html = (Path(__file__).parent / "page.html").read_text()       # read once, served as is
 
