@@ -161,6 +161,8 @@ start_server
 "$PYTHON" -m velocity.serving.health --port "$HEALTH_PORT" --bind "$BIND" --live-grace "$LIVE_GRACE" \
     --triton "http://$local_host:$HTTP_PORT" --run-dir "$VELOCITY_RUN_DIR" &
 health_pid=$!
+# the gateways ask the health port which part died, to tell their clients
+export VELOCITY_GATEWAY_HEALTH_URL="${VELOCITY_GATEWAY_HEALTH_URL:-http://$local_host:$HEALTH_PORT}"
 if [[ $gateway == 1 ]]; then
     # a session of its own, so a Ctrl-C reaches it only after the drain, from cleanup
     setsid "$PYTHON" -m velocity.gateway.app --triton "$local_host:$GRPC_PORT" --host "$BIND" --port "$GATEWAY_PORT" &

@@ -6,7 +6,8 @@ gateway and Wyoming), and SIGKILL to each part in turn while streams are live on
 protocols a user has: a gRPC `tts` stream and a /v1/audio/speech stream at every kill, and by
 turns SSE, our WebSocket, ElevenLabs' WebSocket, Wyoming and a `tts_offline` request; after
 each, nothing of the dead server is left (its stubs, its /dev/shm regions, which a bare
-tritonserver killed would leave behind). tts_offline dies while idle itself (the streams beside
+tritonserver killed would leave behind), and the gateways' error messages name the part
+(serve.sh gives them the health port, whose watchdog names it). tts_offline dies while idle itself (the streams beside
 it are `tts`'s) and must be replaced before the next offline request needs it. Then the same
 seeded request as on the fresh server: the same audio, nothing held (no state crosses a
 recovery). Last, one SIGTERM to the `make serve` group drains and stops it all.
@@ -35,11 +36,13 @@ from triton_server import (ROOT, TritonServer, alive, comm, free_port, listening
                           shm_pattern, wait_for)
 from velocity.demo.checkpoint import write_checkpoint
 from velocity.gateway.encode import pcm16
+from velocity.serving.watchdog import DIED
 
 pytestmark = pytest.mark.server
 LONG = "This sentence goes on for a while. " * 24          # minutes of audio: live at the kill
 TOLD = 2.0              # seconds: every client hears the failure, and readiness turns 503
 BACK = 60.0             # seconds: a new request speaks again
+NAMED = {"sse", "websocket", "elevenlabs", "wyoming"}   # the clients whose error carries a message of the gateway's
 SEEDED = {"TEXT": "The same words, the same seed.", "SEED": 7, "MAX_NEW_TOKENS": 60}
 PARTS = ["llm", "vocoder", "text_frontend", "tts_offline", "tritonserver"]
 DRAIN = 12              # seconds: the SIGTERM test's streams finish within it
@@ -76,7 +79,7 @@ class Client(threading.Thread):
             self.body(self.first.set)
             self.outcome = "complete"
         except Exception as e:
-            self.outcome = f"error: {e!r}"[:300]
+            self.outcome = f"error: {e!r}"[:1000]
         self.ended_at = time.monotonic()
         self.first.set()
 
@@ -212,6 +215,10 @@ def kill_and_recover(s: TritonServer, part: str, clients: list[Client]) -> None:
     assert not late, f"{part} killed: clients not told within {TOLD} s: {late}\n{s.log()[-4000:]}"
     whole = {c.name: c.outcome for c in clients if not c.outcome.startswith("error")}
     assert not whole, f"{part} killed: streams that ended as if whole: {whole}"
+    # the gateways' messages name the part (their health port's reason); a plain POST's body can
+    # only be cut, and a direct gRPC stream gets Triton's UNAVAILABLE
+    unnamed = {c.name: c.outcome for c in clients if c.name in NAMED and f"the {part} {DIED}" not in c.outcome}
+    assert not unnamed, f"{part} killed: errors that do not name it: {unnamed}"
     assert wait_for(lambda: http_status(f"http://127.0.0.1:{health}/v2/health/ready") == 200 and speaks(s),
                     t_kill + BACK - time.monotonic()), f"{part}: not back in {BACK} s\n{s.log()[-4000:]}"
     assert wait_for(lambda: http_status(gateway) == 200, 10), "the gateway did not see the server back"

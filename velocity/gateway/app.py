@@ -372,7 +372,7 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
                     ws.url.path, ws.headers.get("origin"))
         await ws.close(code=1008, reason="this page's origin may not use this server: VELOCITY_GATEWAY_ORIGINS")
         return True
-    gw = Gateway(triton_url, retries, admission)
+    gw = Gateway(triton_url, retries, admission, settings.gateway_health_url)
 
     def seeded(values: dict) -> dict:
         """VELOCITY_GATEWAY_DEFAULT_SEED for a request that names no seed."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from velocity.gateway.health_reason import HealthReason
 from velocity.serving.inputs import INPUTS
 
 RETRYABLE = ("server busy", "shutting down")
@@ -123,9 +124,10 @@ class Gateway:
     After the first chunk nothing is retried: the client already has audio.
     """
 
-    def __init__(self, url: str, retries: int | None = None, admission=None) -> None:
-        """admission: velocity.gateway.fair.Admission, whose stream() each stream holds (None: no caps)."""
-        self.admission = admission
+    def __init__(self, url: str, retries: int | None = None, admission=None, health: str = "") -> None:
+        """admission: velocity.gateway.fair.Admission, whose stream() each stream holds (None: no caps);
+        health: the health port's URL, whose reason names a part that died (HealthReason)."""
+        self.admission, self.health = admission, HealthReason(health)
         self.urls = [u.strip() for u in url.split(",") if u.strip()]
         if not self.urls:
             raise ValueError("the Triton address is empty: give host:port (or several, comma-separated)")
@@ -165,8 +167,9 @@ class Gateway:
                 if e.status() == "StatusCode.INVALID_ARGUMENT":
                     raise triton_error(e.message()) from e
                 failed.append(f"{url}: {e.message()}")
-        raise ApiError(503, f"no Triton server could check the request ({'; '.join(failed)}): it may be "
-                       "restarting after a failure; try again in a few seconds", code="server_unavailable")
+        raise await self.named(ApiError(503, f"no Triton server could check the request ({'; '.join(failed)}): it "
+                                        "may be restarting after a failure; try again in a few seconds",
+                                        code="server_unavailable"))
 
     async def ready(self) -> bool:
         """Some upstream's `tts` is ready and that server is not draining (its `voices` says)."""
@@ -189,7 +192,7 @@ class Gateway:
                 return await self._listing(url)
             except InferenceServerException as e:
                 last = e
-        raise unavailable(self.url, last) from last
+        raise await self.named(unavailable(self.url, last)) from last
 
     async def voice_names(self, fresh: bool = False) -> dict[str, str]:
         """The server's voice names and their kinds ("speaker", "sample", "alias"): asked once, and
@@ -206,9 +209,18 @@ class Gateway:
         chunk move on to the next upstream (see the class). The stream counts as the current
         client's while it runs (fair.Admission; 503 past the client's cap)."""
         with self.admission.stream() if self.admission else contextlib.nullcontext():
-            async with contextlib.aclosing(self._chunks(values, timeout)) as chunks:
-                async for chunk in chunks:
-                    yield chunk
+            try:
+                async with contextlib.aclosing(self._chunks(values, timeout)) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+            except ApiError as e:
+                raise await self.named(e) from e
+
+    async def named(self, e: ApiError) -> ApiError:
+        """An unavailable server's error with the health port's reason (which part died), if it has one."""
+        if e.code != "server_unavailable" or not (why := await self.health.why()):
+            return e
+        return ApiError(503, f"{why} ({e.message})", code="server_unavailable")
 
     async def _chunks(self, values: dict, timeout: float | None) -> AsyncIterator[Chunk]:
         start, self._turn = self._turn, self._turn + 1

@@ -31,6 +31,7 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from velocity.gateway.encode import pcm16
 from velocity.gateway.sentences import MAX_QUEUED, SentenceBuffer
 from velocity.gateway.upstream import ApiError, Gateway
+from velocity.serving.settings import Settings
 
 log = logging.getLogger("velocity.wyoming")
 RATE, WIDTH, CHANNELS = 24000, 2, 1              # what `tts` streams, as 16-bit pcm
@@ -157,7 +158,7 @@ class SpeechHandler(AsyncEventHandler):
 
 
 async def serve(uri: str, triton: str, defaults: dict) -> None:
-    gw = Gateway(triton)
+    gw = Gateway(triton, health=Settings.from_env().gateway_health_url)
     server = AsyncServer.from_uri(uri)
     log.info("Wyoming on %s, Triton at %s", uri, triton)
     try:

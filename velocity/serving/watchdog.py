@@ -32,6 +32,7 @@ from pathlib import Path
 log = logging.getLogger("velocity.watchdog")
 
 POLL_S = 0.2
+DIED = "process died"           # in readiness's reason after a failure (the gateways pass it on to clients)
 STUB = "triton_python_backend_stub"
 INSTANCE = re.compile(r"^([A-Za-z0-9_.-]+?)_\d+_\d+$")      # llm_0_0 -> llm
 
@@ -168,7 +169,7 @@ class Watchdog:
                                    + ": the server cannot come back")
                 return True, "live"
             if self.failed is not None:
-                return False, f"the {self.failed} process died: the server is restarting"
+                return False, f"the {self.failed} {DIED}: the server is restarting"
             return self.ready, "ready" if self.ready else "triton is not ready"
 
     def metrics(self) -> str:
