@@ -30,13 +30,13 @@ import numpy as np
 import pytest
 
 from benchmarks.server import http_status
-from client.triton import ServerError, stream_grpc
+from client.triton import ServerError, stream_grpc, stream_http
 from test_lifecycle import GatewayListener, Listener
 from triton_server import (ROOT, TritonServer, alive, comm, free_port, listening, parse_metric, settle,
                           shm_pattern, wait_for)
 from velocity.demo.checkpoint import write_checkpoint
 from velocity.gateway.encode import pcm16
-from velocity.serving.watchdog import DIED
+from velocity.serving.watchdog import DIED, UNNAMED
 
 pytestmark = pytest.mark.server
 LONG = "This sentence goes on for a while. " * 24          # minutes of audio: live at the kill
@@ -89,6 +89,14 @@ def grpc_stream(s: TritonServer) -> Client:
         for _ in stream_grpc(s.grpc_url, {"TEXT": LONG, "MAX_NEW_TOKENS": 2000}, timeout=120):
             first()
     return Client("grpc", run)
+
+
+def http_stream(s: TritonServer) -> Client:
+    """Triton's HTTP generate_stream (server-sent events): an error event ends it."""
+    def run(first) -> None:
+        for _ in stream_http(s.http_url.removeprefix("http://"), {"TEXT": LONG, "MAX_NEW_TOKENS": 2000}, timeout=120):
+            first()
+    return Client("http", run)
 
 
 def post(s: TritonServer, sse: bool = False) -> Client:
@@ -215,9 +223,11 @@ def kill_and_recover(s: TritonServer, part: str, clients: list[Client]) -> None:
     assert not late, f"{part} killed: clients not told within {TOLD} s: {late}\n{s.log()[-4000:]}"
     whole = {c.name: c.outcome for c in clients if not c.outcome.startswith("error")}
     assert not whole, f"{part} killed: streams that ended as if whole: {whole}"
-    # the gateways' messages name the part (their health port's reason); a plain POST's body can
-    # only be cut, and a direct gRPC stream gets Triton's UNAVAILABLE
-    unnamed = {c.name: c.outcome for c in clients if c.name in NAMED and f"the {part} {DIED}" not in c.outcome}
+    # the gateways' messages name the part (their health port's reason); so do Triton's own
+    # streams where the part is not on their path (the llm and the vocoder live to name it); a
+    # plain POST's body can only be cut
+    named = NAMED | ({"grpc", "http"} if part not in UNNAMED else set())
+    unnamed = {c.name: c.outcome for c in clients if c.name in named and f"the {part} {DIED}" not in c.outcome}
     assert not unnamed, f"{part} killed: errors that do not name it: {unnamed}"
     assert wait_for(lambda: http_status(f"http://127.0.0.1:{health}/v2/health/ready") == 200 and speaks(s),
                     t_kill + BACK - time.monotonic()), f"{part}: not back in {BACK} s\n{s.log()[-4000:]}"
@@ -247,7 +257,7 @@ def test_each_part_that_dies_is_told_seen_and_replaced(served):
         group = [p for p in s.processes() if os.getpgid(p) == server]      # the server and its stubs
         regions = glob.glob(shm_pattern(s))
         assert regions, "the running server has shared-memory regions under serve.sh's name"
-        kill_and_recover(s, part, [grpc_stream(s), post(s), *extra])
+        kill_and_recover(s, part, [grpc_stream(s), http_stream(s), post(s), *extra])
         # nothing of the dead server is left: its processes, its /dev/shm regions
         assert [(p, comm(p)) for p in group if alive(p)] == [], part
         assert [r for r in regions if os.path.exists(r)] == [], part

@@ -12,6 +12,7 @@ import numpy as np
 
 from velocity.gateway.health_reason import HealthReason
 from velocity.serving.inputs import INPUTS
+from velocity.serving.watchdog import DIED
 
 RETRYABLE = ("server busy", "shutting down")
 # the body field behind each `tts` input: the request table's, and those the gateway makes of others
@@ -80,6 +81,8 @@ def triton_error(message: str) -> ApiError:
     fault) or 400 (the request's)."""
     if any(m in message for m in RETRYABLE):
         return ApiError(503, message, code="server_busy")
+    if DIED in message:                           # the llm named a part that died (velocity.serving.drain)
+        return ApiError(503, message, code="server_unavailable")
     if NOT_HEALTHY in message:                    # a model's process died: the watchdog restarts the server
         return ApiError(503, f"{message}: the server is restarting; try again in a few seconds", code="server_unavailable")
     if DEADLINE in message or "Request timeout expired" in message:
@@ -218,7 +221,7 @@ class Gateway:
 
     async def named(self, e: ApiError) -> ApiError:
         """An unavailable server's error with the health port's reason (which part died), if it has one."""
-        if e.code != "server_unavailable" or not (why := await self.health.why()):
+        if e.code != "server_unavailable" or DIED in e.message or not (why := await self.health.why()):
             return e
         return ApiError(503, f"{why} ({e.message})", code="server_unavailable")
 

@@ -1,4 +1,5 @@
-"""The drain handshake between scripts/serve.sh and the llm model, through files in a run dir.
+"""The llm model's handshakes with scripts/serve.sh (the drain) and with the watchdog (a part
+that died), through files in a run dir.
 
 Triton closes its endpoints the moment it is signalled and then waits for live requests, so a
 stream cut by a plain SIGTERM reaches its client as a dropped connection and the server hits its
@@ -12,6 +13,13 @@ exit timeout. serve.sh drains first instead:
 4. serve.sh waits until no `serving.*` file is left (or the grace period and a margin pass),
    then signals the server, which now has nothing in flight and exits at once.
 
+When a part off the streams' path dies (text_frontend, tts_offline, voices), the watchdog
+(velocity.serving.watchdog) writes `failed` holding its name before it kills the server; the llm
+ends its live streams with an error naming it (STREAM_PART_DIED) and writes `told.<pid>` once
+they have all ended, and the watchdog then kills. So a client of Triton's gRPC or HTTP learns
+which part died; the llm's, the vocoder's and tritonserver's deaths leave no one to tell them
+(UNAVAILABLE: velocity.serving.watchdog.UNNAMED).
+
 It works only under serve.sh (VELOCITY_RUN_DIR set): a bare `tritonserver` has no run dir, and
 stopping it cuts live streams as Triton does.
 """
@@ -23,6 +31,16 @@ import time
 from pathlib import Path
 
 log = logging.getLogger("velocity.drain")
+
+
+def failed_part(run_dir: str) -> str | None:
+    """The part the watchdog saw die (its `failed` file), or None."""
+    if not run_dir:
+        return None
+    try:
+        return (Path(run_dir) / "failed").read_text().strip() or None
+    except OSError:
+        return None
 
 
 def draining(run_dir: str) -> bool:
@@ -59,6 +77,11 @@ class Drain:
             self.deadline = time.monotonic() + grace
             log.info("draining: new requests refused, live streams get %.0f s", grace)
         return self.draining
+
+    def told(self) -> None:
+        """Every stream has been told that a part died (the watchdog may kill now)."""
+        if self.dir is not None:
+            (self.dir / f"told.{os.getpid()}").touch()
 
     def expired(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline

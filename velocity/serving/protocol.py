@@ -33,7 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from velocity.serving.drain import failed_part
 from velocity.serving.settings import Settings
+from velocity.serving.watchdog import DIED
 from velocity.tts.chunking import CodeChunk, sample_offset
 
 STREAM_SHUTTING_DOWN = -1     # ended by the drain on stop
@@ -42,6 +44,7 @@ STREAM_BUSY = -3              # refused: VELOCITY_MAX_CONCURRENT_REQUESTS in fli
 STREAM_DRAINING = -4          # refused: the server is stopping
 STREAM_DEADLINE = -5          # ended: the request's timeout passed
 STREAM_PROBE = -6             # not an error: a probe (see above), dropped by the vocoder
+STREAM_PART_DIED = -7         # ended: another part of the server died (the watchdog names it in the run dir)
 
 NO_HIDDEN = np.zeros((1, 0, 0), np.float32)
 
@@ -83,6 +86,9 @@ def stream_error(code: int, settings: Settings) -> tuple[str, bool]:
                 f"(VELOCITY_MAX_CONCURRENT_REQUESTS); retry later"), True
     if code == STREAM_DRAINING:
         return "server shutting down: new requests are refused; retry on another instance", True
+    if code == STREAM_PART_DIED:
+        part = failed_part(settings.run_dir) or "another part of the server"
+        return f"the {part} {DIED}: the server is restarting; retry in a few seconds", True
     return "generation failed (the server log has the cause); retry the request", False
 
 

@@ -22,9 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
 from functools import partial
 
-from velocity.serving.drain import Drain
+from velocity.serving.drain import Drain, failed_part
 from velocity.serving.protocol import (STREAM_BUSY, STREAM_DEADLINE, STREAM_DRAINING, STREAM_FAILED, STREAM_PROBE,
-                                       STREAM_SHUTTING_DOWN, chunk_outputs, error_outputs)
+                                       STREAM_PART_DIED, STREAM_SHUTTING_DOWN, chunk_outputs, error_outputs)
 from velocity.serving.settings import Settings
 from velocity.serving.stream_board import CANCELLED, ENDED, StreamBoard
 from velocity.tts.chunking import FRAMES_PER_SECOND, FrameChunker
@@ -34,6 +34,7 @@ log = logging.getLogger("velocity.llm")
 Send = Callable[[object, "dict | None", bool], None]       # (sender, outputs or None: only the flag, final)
 TICK = 0.02                    # seconds between the monitor's looks at the board
 ASK = 0.1                      # seconds between its questions to Triton whether a client left
+TELL_S = 0.5                   # seconds the streams get to end with a part's death before the watchdog is told
 HOLD_LIMIT = 60.0              # seconds a finished stream waits for the vocoder at most (a vocoder that died)
 
 
@@ -198,6 +199,7 @@ class Streams:
         self.backlog_frames = settings.backlog_frames()
         self.live: dict[int, Stream] = {}
         self.drain = Drain(settings.run_dir)
+        self._failing, self._told = 0.0, False   # another part died: when the streams were ended; the watchdog told
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.voicer = ThreadPoolExecutor(1, thread_name_prefix="llm-voicing")   # voice carry-over's samples
         self._stop = threading.Event()
@@ -300,6 +302,7 @@ class Streams:
             if now < next_gauges:
                 continue
             next_gauges = now + 0.25
+            self._tell_failure()
             if self.drain.poll():
                 if self.drain.expired():
                     for stream in list(self.live.values()):
@@ -324,6 +327,19 @@ class Streams:
             if self.lender is not None and self.lender.lent_steps > seen_lent:
                 m["lent"].increment(self.lender.lent_steps - seen_lent)
                 seen_lent = self.lender.lent_steps
+
+    def _tell_failure(self) -> None:
+        """Another part died (the watchdog's `failed`): end every stream with an error naming it,
+        and once they have all ended, tell the watchdog (which then kills the server)."""
+        if self._told or not failed_part(self.settings.run_dir):
+            return
+        if not self._failing:
+            self._failing = time.monotonic()
+            for stream in list(self.live.values()):
+                stream.stop(STREAM_PART_DIED, "failed")
+        if not self.live or time.monotonic() - self._failing > TELL_S:
+            self._told = True
+            self.drain.told()
 
     def close(self) -> None:
         """Stop: the engine aborts what is in flight, every stream ends, queued responses go out."""

@@ -9,9 +9,11 @@ outside, every POLL_S seconds:
   its own process group, whose `triton_python_backend_stub` processes are the models' stubs,
   each named by its instance (`llm_0_0`) on its command line;
 - once Triton is ready the stubs are known; a stub that is gone, or Triton itself, is a part
-  failure: counted (`velocity_part_failures_total{part}`), logged, and the whole group is
-  killed (SIGKILL), so every live stream ends with an error at once (UNAVAILABLE on gRPC;
-  the gateway's clients see their responses fail), and serve.sh starts the server again;
+  failure: counted (`velocity_part_failures_total{part}`), logged; when it is not on every
+  stream's path (UNNAMED), the llm first ends its streams with an error naming the part (`failed` and `told.<pid>` in the run dir, at
+  most TELL_S: velocity.serving.drain); then the whole group is killed (SIGKILL), so every
+  stream left ends with an error at once (UNAVAILABLE on gRPC; the gateways name the part from
+  readiness's reason), and serve.sh starts the server again;
 - until the new server is ready, readiness is false (`failed` names the part); liveness turns
   false only when the server has not been ready for `live_grace_s` (a server that cannot come
   back: Kubernetes then restarts the container).
@@ -32,6 +34,10 @@ from pathlib import Path
 log = logging.getLogger("velocity.watchdog")
 
 POLL_S = 0.2
+TELL_S = 1.0                    # seconds the llm gets to end its streams naming a dead part, before the kill
+# parts on every `tts` stream's path: their death leaves no one to name it on Triton's own protocols
+# (a dead vocoder's "not healthy" comes after seconds), so the kill comes at once
+UNNAMED = ("tritonserver", "llm", "vocoder")
 DIED = "process died"           # in readiness's reason after a failure (the gateways pass it on to clients)
 STUB = "triton_python_backend_stub"
 INSTANCE = re.compile(r"^([A-Za-z0-9_.-]+?)_\d+_\d+$")      # llm_0_0 -> llm
@@ -152,12 +158,24 @@ class Watchdog:
                 self.down_since = time.monotonic()
         what = "tritonserver" if part == "tritonserver" else f"the {part} model's process"
         log.error("watchdog: %s (pid %d) died: every live stream ends now and the server restarts", what, pid)
+        if part not in UNNAMED:
+            self.tell(part)
         if self._pid is not None and part != "tritonserver":
             try:
                 os.killpg(self._pid, signal.SIGKILL)
             except OSError:
                 pass
         self._stubs = {}
+
+    def tell(self, part: str) -> None:
+        """Let the llm end its streams with an error naming the part (velocity.serving.drain), for
+        at most TELL_S; a dead llm tells no one, and without one no `told` comes."""
+        (self.run_dir / "failed.tmp").write_text(part)
+        (self.run_dir / "failed.tmp").replace(self.run_dir / "failed")
+        end = time.monotonic() + TELL_S
+        while time.monotonic() < end and not any(self.run_dir.glob("told.*")):
+            time.sleep(0.05)
+        time.sleep(0.1)                           # the vocoder sends the errors the llm's last chunks carry
 
     def status(self, what: str) -> tuple[bool, str]:
         """(healthy, why) for "ready" or "live", from the last look."""
