@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import logging
+import math
+import mmap
 
 import torch
 from torch import nn
@@ -19,9 +21,18 @@ def bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dtype) -> in
     return 2 * len(layers) * block_size * a.num_kv_heads * a.head_dim * torch.empty(0, dtype=dtype).element_size()
 
 
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Zeros in host memory that the OS provides page by page as they are first written (an
+    anonymous mapping): a KV budget then costs resident memory as its blocks are used, not up
+    front (torch.zeros writes every page)."""
+    n = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    return torch.frombuffer(mmap.mmap(-1, max(n, 1)), dtype=dtype, count=math.prod(shape)).view(shape)
+
+
 class CacheEngine:
     """Allocates [N + 1, block_size, Hkv, D] key and value tensors per layer and binds them
-    to the model's attention modules. Block N is scratch: padded batch rows write there."""
+    to the model's attention modules. Block N is scratch: padded batch rows write there. On the
+    CPU they are lazy_zeros: resident as blocks are written."""
 
     def __init__(self, model: nn.Module, num_blocks: int, num_cpu_blocks: int, block_size: int,
                  device: torch.device, dtype: torch.dtype) -> None:
@@ -32,8 +43,9 @@ class CacheEngine:
         shape = (num_blocks + 1, block_size, a.num_kv_heads, a.head_dim)
         cpu_shape = (num_cpu_blocks, block_size, a.num_kv_heads, a.head_dim)
         pin = device.type == "cuda"
-        self.gpu = [(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
-                    for _ in self.layers]
+        zeros = (lambda: lazy_zeros(shape, dtype)) if device.type == "cpu" else (
+            lambda: torch.zeros(shape, device=device, dtype=dtype))
+        self.gpu = [(zeros(), zeros()) for _ in self.layers]
         self.cpu = [(torch.zeros(cpu_shape, dtype=dtype, pin_memory=pin), torch.zeros(cpu_shape, dtype=dtype, pin_memory=pin))
                     for _ in self.layers] if num_cpu_blocks else []
         for layer, (k, v) in zip(self.layers, self.gpu):
