@@ -6,12 +6,12 @@
     .venv/bin/python benchmarks/bench_ab.py --arms triton@1,triton@32 --requests 4 --rounds 4
 
 Separate sweeps minutes apart compare the machine's moods as much as the settings (CPU steal
-here moves speeds 2x within minutes). This runs the arms in short rounds, alternating their order
+here moves speeds by a factor within minutes). This runs the arms in short rounds, alternating their order
 (ABBA), and reports each arm's pooled figures and the median of the per-round ratios to the first
 arm. Arms: `triton` (the server as it runs), `triton-nolend` (the server with the llm kept on its
 own threads: this script holds a vocoder busy mark on the server's core board,
 velocity.serving.core_board), `other` (a second server, --other-url: another build or other
-settings, e.g. VELOCITY_RESPONSE_THREAD=0), `baseline` (a server this script starts from git
+settings, e.g. VELOCITY_LEND_VOCODER_CORES=0), `baseline` (a server this script starts from git
 revision --baseline-rev, with this machine's VELOCITY_* settings and --weights), `triton-refine` (the same server, the requests with
 REFINE_TEXT: the text head refines each sentence first) and `in-process` (the same requests through velocity
 and the decoder in this process, no Triton; needs --weights). Server arms also report the
@@ -206,7 +206,7 @@ def main() -> None:
                 Sampler(lambda: rss_bytes([pid]) / 2**20 if pid else None) as rss:
             out = run_level(url, texts, conc[arm], n[arm], values | refine, bar, murl)
         out["vocoder_backlog_chunks"], out["vocoder_rss_mib"] = backlog.result(), rss.result()
-        time.sleep(0.6)                                                 # the llm exports its counters 4x a second
+        time.sleep(0.6)                                                 # the llm exports its counters four times a second
         after = engine_counters(murl)
         if before and after and after[0] > before[0]:
             out["engine_step_ms"] = 1e3 * (after[1] - before[1]) / (after[0] - before[0])

@@ -43,9 +43,10 @@ def frames_for(text: str) -> int:
     return max(24, min(300, round(3.1 * len(text))))
 
 
-def memory_mib() -> float:
+def memory_mib(field: str = "VmRSS") -> float:
+    """This process's resident memory (VmRSS), or its peak (VmHWM), in MiB."""
     for line in open("/proc/self/status"):
-        if line.startswith("VmRSS"):
+        if line.startswith(field):
             return int(line.split()[1]) / 1024
     return 0.0
 
@@ -89,6 +90,7 @@ def velocity_child(args: argparse.Namespace, work: dict) -> dict:
     res["all"] = run(work["texts"])
     res["memory_after_all_mib"] = memory_mib()
     res["one_text"] = run(work["texts"][:1])
+    res["memory_peak_mib"] = memory_mib("VmHWM")
     return res
 
 
@@ -130,7 +132,8 @@ def summarize(res: dict, useful_s: float) -> dict:
                          "first_audio_all_s": med(lambda r: r["all"]["first_audio_s"]),
                          "first_audio_one_s": med(lambda r: r["one_text"]["first_audio_s"]),
                          "memory_after_load_mib": med(lambda r: r["memory_after_load_mib"]),
-                         "memory_after_all_mib": med(lambda r: r["memory_after_all_mib"])}
+                         "memory_after_all_mib": med(lambda r: r["memory_after_all_mib"]),
+                         "memory_peak_mib": med(lambda r: r["memory_peak_mib"])}
     ref = out["reference"]
     for name, m in out.items():
         if name != "reference":
@@ -140,7 +143,8 @@ def summarize(res: dict, useful_s: float) -> dict:
                                  "first_audio_earlier_all": ref["first_audio_all_s"] / m["first_audio_all_s"],
                                  "first_audio_earlier_one": ref["first_audio_one_s"] / m["first_audio_one_s"],
                                  # after the 16 texts, when every weight has been read in both
-                                 "memory_minus_reference_mib": m["memory_after_all_mib"] - ref["memory_after_batch_mib"]}
+                                 "memory_minus_reference_mib": m["memory_after_all_mib"] - ref["memory_after_batch_mib"],
+                                 "peak_memory_minus_reference_mib": m["memory_peak_mib"] - ref["memory_peak_after_batch_mib"]}
     return out
 
 

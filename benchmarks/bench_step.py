@@ -16,8 +16,7 @@ temporary worktree, this script run with it first on the path), in alternating r
 and reports per batch size the median ratio of the baseline's step time to this checkout's; --baseline-dir DIR does the same
 with a folder holding a `velocity` package (a copy without git, e.g. on a device machine);
 --baseline-quantize Q compares this checkout with --quantize against itself with Q, and
---baseline-decode-steps K with --decode-steps against itself with K (multi-step decoding: a step
-of K frames counts as K, every figure is per frame), --baseline-config NAME=VALUE with its
+--baseline-config NAME=VALUE with its
 --config against itself with those EngineConfig settings (one lever's share: graph_sampler=0,
 gpu_kernels=0). The weight
 bytes a step reads and, on CPU, the bound they set (bytes / read bandwidth measured in the run)
@@ -94,9 +93,9 @@ def profile_steps(eng, n: int, sync) -> dict:
 
 
 def measure(weights: str, device: str, batches: list[int], steps: int, quantize: str = "none",
-            decode_steps: int = 1, profile: int = 0, config: dict | None = None) -> dict:
+            profile: int = 0, config: dict | None = None) -> dict:
     """{batch: {"step_ms", "model_ms", "sampler_ms"}, "weight_bytes": n}: medians over the steps of
-    `steps` decoded frames, per frame (a multi-step step of K frames divided by K); with `profile`,
+    `steps` decoded frames, per frame; with `profile`,
     each batch's "profile" over that many more steps, without the timers (profile_steps)."""
     import torch
 
@@ -107,8 +106,6 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
     from velocity.tts.speaker import random_speaker
 
     kw = {"quantize": quantize} if quantize != "none" else {}   # (a baseline from before it has none)
-    if decode_steps != 1:
-        kw["decode_steps"] = decode_steps
     kw.update(config or {})
     eng = LLMEngine(EngineConfig(model=weights, device=device, max_num_seqs=max(batches), **kw))
     w = eng.worker
@@ -142,21 +139,20 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
     for b in batches:
         ids = [f"b{b}-{i}" for i in range(b)]
         for i, rid in enumerate(ids):
-            p = chattts_params(seed=i, max_new_tokens=steps + profile * decode_steps + 20 + 2 * decode_steps)
+            p = chattts_params(seed=i, max_new_tokens=steps + profile + 22)
             p.ignore_eos = True
             eng.add_request(rid, list(range(5, 45)), p, speaker=spk)
         frames = 0
         while frames < 20:                      # prefill, then decodes with a full history
             frames += len(eng.step()[0].new_token_ids)
         rows = []
-        while frames < 20 + steps:              # the same frames (and so contexts) whatever the step's length
+        while frames < 20 + steps:
             spent.update(model=0.0, sampler=0.0)
             t = time.perf_counter()
-            outs = eng.step()
+            eng.step()
             sync()
-            k = len(outs[0].new_token_ids)             # frames this step decoded for each sequence
-            frames += k
-            rows.append(((time.perf_counter() - t) / k, spent["model"] / k, spent["sampler"] / k))
+            frames += 1
+            rows.append((time.perf_counter() - t, spent["model"], spent["sampler"]))
         out[b] = {k: 1e3 * statistics.median(r[j] for r in rows)
                   for j, k in enumerate(("step_ms", "model_ms", "sampler_ms"))}
         log.info("batch %d: step %.2f ms (model %.2f, sampler %.2f)", b, *out[b].values())
@@ -190,13 +186,12 @@ def parse_config(items: list[str]) -> dict:
     return out
 
 
-def child(args: argparse.Namespace, tree: str | None, quantize: str, decode_steps: int,
-          config: list[str] = ()) -> dict:
+def child(args: argparse.Namespace, tree: str | None, quantize: str, config: list[str] = ()) -> dict:
     """One round in a fresh process, importing velocity from `tree` if given (this script and the
     harness stay this checkout's: a baseline may predate them)."""
     cmd = [sys.executable, __file__, "--child", "--weights", args.weights, "--device", args.device,
            "--batches", args.batches, "--steps", str(args.steps), "--quantize", quantize,
-           "--decode-steps", str(decode_steps), "--profile", str(args.profile)]
+           "--profile", str(args.profile)]
     cmd += [a for c in config for a in ("--config", c)]
     run = subprocess.run(cmd + (["--tree", tree] if tree else []), capture_output=True, text=True)
     if run.returncode != 0:
@@ -243,11 +238,9 @@ def main() -> None:
     base.add_argument("--baseline-rev", help="git revision to compare against")
     base.add_argument("--baseline-dir", help="folder holding the velocity package to compare against")
     base.add_argument("--baseline-quantize", choices=("none", "int8"), help="this checkout, another VELOCITY_QUANTIZE")
-    base.add_argument("--baseline-decode-steps", type=int, help="this checkout, another VELOCITY_DECODE_STEPS")
     base.add_argument("--baseline-config", action="append", metavar="NAME=VALUE",
                       help="this checkout with these EngineConfig settings (repeatable), e.g. graph_sampler=0")
     ap.add_argument("--quantize", choices=("none", "int8"), default="none", help="this arm's VELOCITY_QUANTIZE")
-    ap.add_argument("--decode-steps", type=int, default=1, help="this arm's VELOCITY_DECODE_STEPS")
     ap.add_argument("--config", action="append", default=[], metavar="NAME=VALUE",
                     help="this arm's EngineConfig settings (repeatable)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
@@ -262,14 +255,13 @@ def main() -> None:
         if args.tree:                           # the baseline's velocity (none is imported yet)
             assert "velocity" not in sys.modules
             sys.path.insert(0, args.tree)
-        print(json.dumps(measure(args.weights, args.device, batches, args.steps, args.quantize, args.decode_steps,
+        print(json.dumps(measure(args.weights, args.device, batches, args.steps, args.quantize,
                                  args.profile, parse_config(args.config))))
         return
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from tqdm.auto import tqdm
     checkpoint = args.weights or args.size
     quant = {"this": args.quantize, "baseline": args.baseline_quantize or args.quantize}   # a revision: the same settings
-    ksteps = {"this": args.decode_steps, "baseline": args.baseline_decode_steps or args.decode_steps}
     labels = {"this": revision() or "this"}
     with tempfile.TemporaryDirectory() as tmp, \
             (baseline_tree(args.baseline_rev) if args.baseline_rev else contextlib.nullcontext()) as wt:
@@ -283,26 +275,24 @@ def main() -> None:
             if not (Path(args.baseline_dir) / "velocity" / "__init__.py").is_file():
                 raise SystemExit(f"--baseline-dir {args.baseline_dir}: no velocity package in it")
             trees["baseline"], labels["baseline"] = str(Path(args.baseline_dir).resolve()), Path(args.baseline_dir).name
-        elif args.baseline_quantize or args.baseline_decode_steps or args.baseline_config:
+        elif args.baseline_quantize or args.baseline_config:
             trees["baseline"], labels["baseline"] = None, labels["this"]
         configs = {"this": args.config, "baseline": args.baseline_config or args.config}
         parse_config(configs["this"] + configs["baseline"])          # a typo stops here, not in a child
         for a in trees:
             if quant[a] != "none":
                 labels[a] += f" {quant[a]}"
-            if ksteps[a] != 1:
-                labels[a] += f" {ksteps[a]} frames/step"
             if configs[a]:
                 labels[a] += " " + " ".join(configs[a])
         arms = ["baseline", "this"] if "baseline" in trees else ["this"]
         rounds = args.rounds if len(arms) > 1 else 1
         with tqdm(total=rounds * len(arms), desc="rounds") as bar:
-            runs = by_arm(paired_rounds(arms, rounds, lambda a: child(args, trees[a], quant[a], ksteps[a],
-                                                                         configs[a]), bar))
+            runs = by_arm(paired_rounds(arms, rounds, lambda a: child(args, trees[a], quant[a], configs[a]),
+                                        bar))
     res = {"hardware": hardware(),
            "device": args.device, "checkpoint": checkpoint, "batches": batches, "steps": args.steps,
            "rounds": len(runs["this"]), "quantize": {a: quant[a] for a in runs},
-           "decode_steps": {a: ksteps[a] for a in runs}, "config": {a: configs[a] for a in runs},
+           "config": {a: configs[a] for a in runs},
            "labels": labels, "arms": {}, "rounds_raw": {a: [{str(b): v for b, v in x.items()} for x in runs[a]]
                                                        for a in runs}}
     if args.device == "cpu":

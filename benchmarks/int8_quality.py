@@ -7,7 +7,7 @@ float32's, and the share that keeps its own choice when the input embeddings mov
 (float rounding does that much). Speed: a 20-layer stack of the ChatTTS GPT's linear shapes at 1
 and 32 rows, 2 threads, the schemes in alternating rounds. Schemes:
 - float32 (oneDNN-prepacked, what velocity runs without int8);
-- int8, one scale per call (`quantized::linear_dynamic`, 7 bits: velocity's int8 before 2026-11-24);
+- int8, one scale per call (`quantized::linear_dynamic`, 7 bits: velocity's first int8);
 - int8, one scale per row (velocity.model.int8_linear, 8 bits with VNNI, else 7; both measured);
 - int8 weights only (activations stay float; speed from torch's `_weight_int8pack_mm` on bfloat16
   input, the fastest weight-only kernel torch has on CPU).

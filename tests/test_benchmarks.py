@@ -141,11 +141,11 @@ def test_bench_step_profile_counts_every_frame_and_the_host_time(tmp_path):
 
     ck = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_step.py"), "--child", "--weights", str(ck),
-                          "--device", "cpu", "--batches", "2", "--steps", "4", "--profile", "3",
-                          "--decode-steps", "2"], capture_output=True, text=True, timeout=300)
+                          "--device", "cpu", "--batches", "2", "--steps", "4", "--profile", "3"],
+                         capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     pr = json.loads(run.stdout.splitlines()[-1])["2"]["profile"]
-    assert pr["frames"] == 3 * 2                  # 2 frames a step: the summary counts frames, not steps
+    assert pr["frames"] == 3                      # one frame a step
     assert pr["kernels"] == 0 and pr["gpu_busy_ms"] == 0 and pr["runtime_calls"] == {}
     assert pr["host_gap_ms"] == pr["wall_ms"] > 0
     names = [name for name, _ in pr["top_host_ops"]]

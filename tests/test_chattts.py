@@ -204,36 +204,6 @@ def test_broken_folders_name_the_file_and_tensor(ckpt, tmp_path, damage, match):
         make_llm(out)
 
 
-@pytest.mark.parametrize("kv", [dict(), dict(num_kv_blocks=24, preemption_mode="recompute"),
-                                dict(num_kv_blocks=24, preemption_mode="swap")])
-def test_multi_step_decoding_gives_the_frames_and_hidden_states_of_single_steps(eager_end, prompts, speakers, kv):
-    """decode_steps=4: every frame, finish reason and hidden state of one frame a step, bit for
-    bit (seeded sampling, repetition penalty, min_new_tokens, end codes that come early, and a
-    KV cache small enough to preempt), in fewer engine steps."""
-    import numpy as np
-
-    params = [sampled(seed=i, min_new_tokens=2 * i, ignore_eos=i % 3 != 1) for i in range(len(prompts))]
-    for p in params:
-        p.max_new_tokens = 40
-    runs = {}
-    for k in (1, 4):
-        llm = make_llm(eager_end, decode_steps=k, **kv)
-        calls = []
-        step = llm.engine.step
-        llm.engine.step = lambda **a: calls.append(1) or step(**a)
-        outs = llm.generate(prompts, params, speakers=speakers, return_hidden=True)
-        runs[k] = (outs, len(calls), llm.engine.scheduler.num_preemptions)
-        assert llm.engine.block_manager.num_used_blocks == 0
-    (one, steps1, pre1), (multi, steps4, pre4) = runs[1], runs[4]
-    assert {o.finish_reason for o in one} == {"stop", "length"}
-    assert (pre1 > 0) == bool(kv) and pre4 == pre1
-    for a, b in zip(one, multi):
-        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
-        assert np.array_equal(a.hidden, b.hidden)
-    # with preemption, requests wait to come back and steps are single while they do
-    assert steps4 < (steps1 if kv else steps1 / 2), (steps1, steps4)
-
-
 @pytest.mark.parametrize("cpu_kernel", [True, False])
 def test_decode_inputs_updated_from_the_last_step_equal_inputs_built_again(eager_end, prompts, speakers, cpu_kernel):
     """ModelRunner.next_decode (positions + 1, new blocks written in, rows leaving) gives the

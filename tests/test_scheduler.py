@@ -137,36 +137,3 @@ def test_a_paused_sequence_sits_out_keeps_its_blocks_and_is_never_preempted():
     c.paused = True                                   # a paused waiting sequence is not admitted
     s.finish(a, "stop")
     assert [q.request_id for q in step(s).seqs] == ["b"] and c.status is SequenceStatus.WAITING
-
-
-def test_continue_decodes_goes_on_only_where_a_new_schedule_would_change_nothing():
-    """Multi-step decoding: the step's running sequences take their next slots, unless a request
-    waits (schedule() would admit it), blocks would run short (it would preempt), or one ended."""
-    s, bm = make(num_blocks=8, block_size=2)
-    a, b = add(s, "a", 2, 0), add(s, "b", 2, 1)
-    out = step(s)
-    more = s.continue_decodes(out)
-    assert more.seqs == [a, b] and len(a.block_table) == 2          # each took its next block
-    for q in more.seqs:
-        q.num_computed_tokens = len(q)
-        q.append(7)
-    s.finish(b, "stop")
-    assert s.continue_decodes(more).seqs == [a]                      # an ended sequence drops out
-    c = add(s, "c", 2, 2)
-    c.paused = True
-    assert s.continue_decodes(more).seqs == [a]                      # a paused request waits for nothing
-    a.num_computed_tokens = len(a)
-    a.append(7)
-    c.paused = False
-    assert s.continue_decodes(more).is_empty                         # c waits: schedule() takes it
-    assert [q.request_id for q in step(s).seqs] == ["a", "c"]
-
-    s, bm = make(num_blocks=2, block_size=2)
-    a = add(s, "a", 2, 0)
-    out = step(s)                                                    # 3 tokens: the next takes block 2
-    for _ in range(2):                                               # block 2, then its second slot
-        out = s.continue_decodes(out)
-        assert out.seqs == [a]
-        a.num_computed_tokens = len(a)
-        a.append(7)
-    assert bm.num_free_blocks == 0 and s.continue_decodes(out).is_empty     # schedule() preempts

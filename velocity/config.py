@@ -28,7 +28,6 @@ class EngineConfig:
     gpu_kernels: bool = True              # CUDA: the decoder layer on the Triton kernels (velocity.model.gpu_kernels)
     graph_sampler: bool = True            # CUDA graphs on the GPU kernels: ChatTTS's sampler inside the decode graphs
     enable_prefix_caching: bool = True
-    decode_steps: int = 1                 # frames an engine step decodes while nothing else needs it
 
     def token_budget(self, max_model_len: int) -> int:
         """Tokens one step may hold: max_num_batched_tokens (default 4096), raised to max_model_len
@@ -40,8 +39,6 @@ class EngineConfig:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
-        if self.decode_steps < 1:
-            raise ValueError(f"decode_steps must be >= 1, got {self.decode_steps}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.preemption_mode not in ("recompute", "swap"):

@@ -106,10 +106,6 @@ class AsyncLLMEngine:
                     self._emit(self.engine.abort(rid))
                 return False
 
-    def _pending(self) -> bool:
-        """A command waits (a new request, an abort, a pause): a multi-step decode ends for it."""
-        return not self._commands.empty()
-
     def _emit(self, out: RequestOutput | None) -> None:
         if out is None:
             return
@@ -132,7 +128,7 @@ class AsyncLLMEngine:
             try:
                 if self.before_step is not None:
                     self.before_step()
-                outputs = self.engine.step(interrupted=self._pending)
+                outputs = self.engine.step()
             except Exception:  # a bug in scheduling: fail everyone rather than hang them
                 logger.exception("engine loop failed; aborting all requests")
                 outputs = [self.engine.abort(r) for r in list(self.engine.requests)]

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,13 +37,6 @@ class RequestOutput:
     def token_ids(self) -> list[Token]:
         """Everything generated up to this output."""
         return self.generated[:self.num_tokens]
-
-    def then(self, later: RequestOutput) -> RequestOutput:
-        """This output and a later one of the same request (the next frame of a step), as one."""
-        later.new_token_ids = self.new_token_ids + later.new_token_ids
-        if self.new_hidden is not None and later.new_hidden is not None:
-            later.new_hidden = np.concatenate([self.new_hidden, later.new_hidden])
-        return later
 
 
 @dataclass
@@ -123,26 +115,12 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def step(self, interrupted: Callable[[], bool] | None = None) -> list[RequestOutput]:
-        """Run one scheduled batch; one output per request. A batch of decodes alone goes on for
-        up to config.decode_steps frames (multi-step decoding: the frames of one output), while
-        no request waits, no block runs short and `interrupted()` (the async engine: commands
-        are pending) is false. Every frame is computed and sampled as in single steps."""
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled batch; one output per request."""
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
-        steps = self.config.decode_steps
-        if sched.swap_in or sched.swap_out or any(s.num_new_tokens != 1 for s in sched.seqs):
-            steps = 1
-        outputs: dict[str, RequestOutput] = {}
-        for k in range(steps):
-            if k and (interrupted is not None and interrupted()
-                      or (sched := self.scheduler.continue_decodes(sched)).is_empty):
-                break
-            for out in self._run(sched):
-                earlier = outputs.get(out.request_id)
-                outputs[out.request_id] = out if earlier is None else earlier.then(out)
-        return list(outputs.values())
+        return self._run(sched)
 
     def _run(self, sched: SchedulerOutput) -> list[RequestOutput]:
         """Compute and sample one token for each of the batch's sequences; stop those that end."""

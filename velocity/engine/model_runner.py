@@ -50,7 +50,7 @@ def graph_context_blocks(max_blocks: int, block_size: int, smallest_tokens: int 
     """Context widths (in blocks) to capture: 64, 128, 256, ... tokens, then max_blocks.
 
     A decode graph attends over its whole captured width (a masked dense attention), so one
-    graph per width keeps the work within 2x of the batch's longest context instead of
+    graph per width keeps the work within twice the batch's longest context instead of
     always paying for max_model_len.
     """
     widths, tokens = [], smallest_tokens

@@ -102,20 +102,6 @@ class Scheduler:
         self.running += paused
         return out
 
-    def continue_decodes(self, out: SchedulerOutput) -> SchedulerOutput:
-        """One more decode of a decode-only step's sequences (multi-step decoding), without
-        scheduling again: those still running and not paused, each given its next slot. Empty
-        when the step must end: blocks run short (schedule() preempts), or a request waits to
-        join or to be swapped in: schedule() would take them now, and so the batches stay those
-        of single steps."""
-        seqs = [s for s in out.seqs if not s.is_finished and not s.paused]
-        queued = any(not s.paused for q in (self.waiting, self.swapped) for s in q)     # as schedule() sees them
-        if queued or self.bm.blocks_to_append(seqs) > self.bm.num_free_blocks:
-            return SchedulerOutput()
-        for seq in seqs:
-            self.bm.append_slot(seq)
-        return SchedulerOutput(seqs=seqs)
-
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.num_preemptions += 1
         out.preempted.append(seq)

@@ -101,11 +101,9 @@ class ResidualFSQ(nn.Module):
     summed, projected out (decode); project in, then quantize level by level (encode).
 
     Residual level r is scaled by (L - 1) ** -r (0.25 for L = 5), as vector-quantize-pytorch did
-    from residual FSQ's first version (2023-11-03) to 1.25.x. 1.26.0 (2025-11-21, commit f570433)
-    changed it to L ** -r (0.2). The release's weights predate that: ChatTTS was published on
-    2024-05-28 (vector-quantize-pytorch 1.14.24 of 2024-05-16 was current; its requirements
-    never pinned a version), its DVAE last changed when it moved to safetensors (2024-10-16),
-    and its last commit is of 2025-05-23. So 0.25, and the conformance venv pins 1.14.24."""
+    from residual FSQ's first version to 1.25.x; 1.26.0 changed it to L ** -r (0.2). The
+    release's weights were trained before that change (docs/conformance.md, "The DVAE's
+    residual scale", has the history), so 0.25, and the conformance venv pins 1.14.24."""
 
     def __init__(self, dim: int, levels: tuple[int, ...], residuals: int) -> None:
         super().__init__()

@@ -10,17 +10,16 @@ is therefore the same, bit for bit, alone or beside any other rows.
 Why per row: on a real pretrained model (SmolLM2-135M, tests/test_int8_quality.py) one scale
 for the whole input, as `quantized::linear_dynamic` uses, let outlier channels crush every
 other value. Perplexity on real text went from 25.2 to 57.1. Per row it is 25.9 with 8-bit rows.
-Weight-only int8 would be 25.2, but it runs 1.5x slower at one row and slower than float32 from
-8 rows (docs/benchmarks.md "int8 on CPU").
+Weight-only int8 would be 25.2, but it runs slower than these at one row and slower than float32
+from 8 rows (docs/benchmarks.md "int8 on CPU").
 
 Rows get 8 bits where fbgemm accumulates in 32 bits (AVX-512 VNNI). Without VNNI, pairs of
 products are summed in 16 bits and could saturate, so rows get 7 bits there (fbgemm's
 reduce_range).
 
-Measured on the 2-core CI machine (a 20-layer ChatTTS-size stack, docs/benchmarks.md "int8 on
-CPU"): about 3x faster than the oneDNN-prepacked float32 linears at one row. torchao's
-Int8WeightOnly and Int8DynamicActivationInt8Weight were slower than float32 in eager mode here
-(no x86 kernels in its wheel), and still 2.7x slower than fbgemm under torch.compile.
+Against the oneDNN-prepacked float32 linears, and against torchao's Int8WeightOnly and
+Int8DynamicActivationInt8Weight (no x86 kernels in its wheel; slower than fbgemm even under
+torch.compile): docs/benchmarks.md "int8 on CPU".
 
 This changes the output (quantization error), so it is opt-in (VELOCITY_QUANTIZE=int8).
 """

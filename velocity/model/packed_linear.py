@@ -1,9 +1,9 @@
 """CPU linears on weights prepacked for oneDNN.
 
 A decode step multiplies a few rows (one per running sequence) by every weight. MKL's sgemm
-behind nn.Linear costs about the same for 1 or 2 rows but 2.5-3.5x that for 8-32 rows on
-these cores; oneDNN with the weight reordered once into its blocked layout does 8 concurrent
-sequences 1.8x faster than nn.Linear and one sequence no slower (docs/benchmarks/history.md,
+behind nn.Linear costs about the same for 1 or 2 rows but several times that for 8-32 rows;
+oneDNN with the weight reordered once into its blocked layout does several concurrent
+sequences faster than nn.Linear and one sequence no slower (docs/benchmarks/history.md,
 "Prepacked CPU weights"). Same float32 arithmetic, another summation order: outputs differ
 from nn.Linear's by float rounding, as nn.Linear's own differ between batch sizes.
 """

@@ -58,22 +58,16 @@ class Settings:
     # where a batch costs what its chunks do one by one and only delays the most urgent)
     vocoder_batch: int = 0                   # VELOCITY_VOCODER_BATCH
     pack_cpu_weights: int = 1                # VELOCITY_PACK_CPU_WEIGHTS: 1: oneDNN-prepacked llm and vocoder weights on CPU
-    # int8: the llm's transformer layers on int8 weights and per-token int8 activations (CPU): about
-    # 2.6x faster decode steps, +2.8% perplexity on a real model, and the output is no longer the
-    # reference's (docs/benchmarks.md "int8 on CPU")
+    # int8: the llm's transformer layers on int8 weights and per-token int8 activations (CPU):
+    # faster decode steps, a little more perplexity on a real model, and the output is no longer
+    # the reference's (docs/benchmarks.md "int8 on CPU")
     quantize: str = "none"                   # VELOCITY_QUANTIZE: none or int8
-    # int8: the vocoder's ConvNeXt linears on int8 weights (CPU): about 3x faster decoding, about
-    # 40 dB SER against the float32 decode of the same frames
+    # int8: the vocoder's ConvNeXt linears on int8 weights (CPU): faster decoding, not the float32
+    # decode's audio (docs/benchmarks.md "int8 on CPU" has both)
     vocoder_quantize: str = "none"           # VELOCITY_VOCODER_QUANTIZE: none or int8
     cpu_kernel: int = 1                      # VELOCITY_CPU_KERNEL: 1: the C++ CPU kernels (attention, sort)
     gpu_kernels: int = 1                     # VELOCITY_GPU_KERNELS: 1: the decoder layer on the Triton kernels (CUDA)
     graph_sampler: int = 1                   # VELOCITY_GRAPH_SAMPLER: 1: ChatTTS's sampler inside the decode graphs (CUDA)
-    # frames an engine step decodes while no request waits to join (multi-step decoding; the same
-    # frames either way): on 2 CPU cores 4 gave no more throughput than 1 (docs/benchmarks.md)
-    decode_steps: int = 1                    # VELOCITY_DECODE_STEPS
-    # 1: the llm's responses go out from a thread of their own; 0: from the engine loop between
-    # steps (as before 2026-11-23), kept for A/B runs (docs/benchmarks.md)
-    response_thread: int = 1                 # VELOCITY_RESPONSE_THREAD
     log_level: str = "INFO"                  # VELOCITY_LOG_LEVEL: velocity's lines in the server log
     # the OpenAI-compatible gateway (velocity-tts-gateway)
     gateway_api_keys: str = ""               # VELOCITY_GATEWAY_API_KEYS: comma-separated keys ("": open)
@@ -147,7 +141,7 @@ class Settings:
         return EngineConfig(model=self.weights, device=self.device, dtype=self.dtype, kv_cache_bytes=self.kv_cache_bytes,
                             gpu_memory_utilization=self.gpu_memory_utilization, max_num_seqs=self.max_num_seqs,
                             pack_cpu_weights=bool(self.pack_cpu_weights), cpu_kernel=bool(self.cpu_kernel),
-                            gpu_kernels=bool(self.gpu_kernels), graph_sampler=bool(self.graph_sampler), quantize=self.quantize, decode_steps=self.decode_steps)
+                            gpu_kernels=bool(self.gpu_kernels), graph_sampler=bool(self.graph_sampler), quantize=self.quantize)
 
     def backlog_frames(self) -> int:
         """VELOCITY_BACKLOG_SECONDS in frames (0: no bound), raised to one largest chunk and its

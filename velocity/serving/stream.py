@@ -235,12 +235,8 @@ class Streams:
             stream.end(STREAM_FAILED)
 
     def respond(self, stream: Stream, outputs: dict | None, final: bool = False) -> None:
-        """Queue a response of the stream (None: only the final flag) for the response thread
-        (VELOCITY_RESPONSE_THREAD=0: send it now, on the calling thread, for A/B runs)."""
-        if self.settings.response_thread:
-            self.outbox.put((stream, outputs, final))
-        else:
-            self._send(stream, outputs, final)
+        """Queue a response of the stream (None: only the final flag) for the response thread."""
+        self.outbox.put((stream, outputs, final))
 
     def _send(self, stream: Stream, outputs: dict | None, final: bool) -> None:
         try:

@@ -58,9 +58,9 @@ class AudioDecoder:
 
     def quantize(self, mode: str, pack: bool = True) -> int:
         """mode "int8": the ConvNeXt linears on int8 (quantize_int8); "none": with `pack`, on
-        oneDNN-prepacked float32 weights where the device allows (CPU, float32: a decode of 28-240
-        frames 1.15-1.5x faster than on MKL's; the same arithmetic in another order, about 120 dB
-        from the plain decode). Returns how many linears changed."""
+        oneDNN-prepacked float32 weights where the device allows (CPU, float32: faster than on
+        MKL's, docs/benchmarks.md; the same arithmetic in another order, about 120 dB from the
+        plain decode). Returns how many linears changed."""
         if mode not in ("none", "int8"):
             raise ValueError(f"the vocoder's quantize (VELOCITY_VOCODER_QUANTIZE) must be none or int8, got {mode!r}")
         if mode == "int8":
@@ -75,8 +75,8 @@ class AudioDecoder:
 
     def quantize_int8(self) -> int:
         """The ConvNeXt blocks' linears (most of the decoders' work) on int8 weights with per-row int8
-        activations (velocity.model.int8_linear): about 3x faster on CPU, about 40 dB SER against
-        the float32 decode (docs/benchmarks.md "int8 on CPU"). Returns how many."""
+        activations (velocity.model.int8_linear): faster on CPU, and its audio against the float32
+        decode's is in docs/benchmarks.md "int8 on CPU". Returns how many."""
         from velocity.model.convnext import ConvNeXtBlock
         from velocity.model.int8_linear import quantize_linears, require_int8
         p = next(self.vocos.parameters())

@@ -7,12 +7,9 @@ commas; every other character but ASCII letters, CJK ideographs, `，。、,.` a
 (`?` and apostrophes too); a Chinese character the tokenizer lacks is replaced by one it has
 (velocity.tts.homophones). Control tokens pass through.
 
-Not wetext (WeTextProcessing's grammars), measured 2026-11-23 with wetext 0.1.8 on the 48
-cases of tests/test_frontend.py: it matched 35 (ours: 48). Besides punctuation, which is the
-reference's rules' job, its misses include wrong readings of money with cents ("$12.50" ->
-"twelve point five dollars"; also "￥100元" -> "十元零元") and of thousands ("1,234" ->
-"thousand two hundred and thirty four"), and an AssertionError on text with control tokens
-("Slow [speed_2] down [oral_3] [break_4]")."""
+Not wetext (WeTextProcessing's grammars): on the cases of tests/test_frontend.py it read money
+with cents, thousands and text with control tokens wrongly (docs/benchmarks/history.md, "wetext
+against our normaliser")."""
 from __future__ import annotations
 
 import re
