@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from velocity.serving.inputs import array_inputs, make_inputs  # noqa: F401 (re-exported)
-from velocity.gateway.upstream import Chunk, Retry
+from velocity.serving.tts_responses import Chunk, Retry
 
 RETRY_PAUSE = 0.5     # seconds: a balancer that checks every 300 ms has seen a drain by then
 

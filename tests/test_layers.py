@@ -1,6 +1,7 @@
 """The house's layers: an import only points down (docs/architecture.md).
 
-    0  velocity.config, velocity.sampling_params, velocity.release   plain data, no torch models
+    0  velocity.config, velocity.sampling_params, velocity.release   plain data, no torch models;
+       velocity.device                                              which torch device and dtype
     1  velocity.model     the networks and their loaders
     2  velocity.engine    sequences, blocks, scheduling, workers, sampling; velocity.llm over it
     3  velocity.tts       text front end, speakers, streaming decode, pipeline; velocity.demo
@@ -15,7 +16,8 @@ import sys
 
 from triton_server import ROOT
 
-RANKS = {"velocity.config": 0, "velocity.sampling_params": 0, "velocity.release": 0, "velocity.model": 1,
+RANKS = {"velocity.config": 0, "velocity.sampling_params": 0, "velocity.release": 0, "velocity.device": 0,
+         "velocity.model": 1,
          "velocity.engine": 2, "velocity.llm": 2, "velocity.tts": 3, "velocity.demo": 3, "velocity.serving": 4,
          "velocity.gateway": 5}
 

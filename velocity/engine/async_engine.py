@@ -28,6 +28,9 @@ class AsyncLLMEngine:
     def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None,
                  before_step: Callable[[], None] | None = None) -> None:
         self.engine = engine or LLMEngine(config)
+        self.model = self.engine.model             # the model the engine runs
+        self.validate = self.engine.validate       # a request's check, from any thread (reads only)
+        self.stats = self.engine.stats             # the engine's counts, from any thread (reads only)
         self.before_step = before_step
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._callbacks: dict[str, Callback] = {}

@@ -112,6 +112,16 @@ class LLMEngine:
         if (seq := self.requests.get(request_id)) is not None:
             seq.paused = paused
 
+    @property
+    def model(self):
+        """The model the engine runs (its config, speaker check, code counts)."""
+        return self.worker.model
+
+    @property
+    def device(self):
+        """The torch device it runs on."""
+        return self.worker.device
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 

@@ -17,27 +17,10 @@ from velocity.model.packed_linear import can_pack, pack_linears
 from velocity.engine.graph_sampler import GraphSampler
 from velocity.engine.sampler import Sampler, to_device
 from velocity.engine.cache_engine import CacheEngine, bytes_per_block
+from velocity.device import resolve_device, resolve_dtype
 from velocity.engine.model_runner import ModelRunner, sampling_batch
 
 logger = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but CUDA is not available; use device='cpu' or 'auto'")
-    return dev
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return DTYPES[name]
-
 
 class Worker:
     """Model + KV cache + runner + sampler on one device."""

@@ -44,7 +44,7 @@ from velocity.gateway.sentences import SentencePipe, split_long
 from velocity.gateway.speech_socket import PATH, SpeechSocket
 from velocity.gateway.upstream import ApiError, Gateway
 from velocity.serving.inputs import INPUTS, JSON
-from velocity.tts.normalizer import CONTROL
+from velocity.tts.control import CONTROL
 
 log = logging.getLogger("velocity.gateway")
 MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "chattts")   # listed; any model name with "tts" is taken

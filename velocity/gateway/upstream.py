@@ -6,15 +6,12 @@ import json
 import logging
 import re
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-
-import numpy as np
 
 from velocity.gateway.health_reason import HealthReason
 from velocity.serving.inputs import INPUTS
+from velocity.serving.tts_responses import RETRYABLE, Chunk, Retry  # noqa: F401 (the gateway's names)
 from velocity.serving.watchdog import DIED
 
-RETRYABLE = ("server busy", "shutting down")
 # the body field behind each `tts` input: the request table's, and those the gateway makes of others
 FIELD_OF = {"TEXT": "input", "VOICE": "voice", "SPEAKER": "voice", "PROMPT": "speed",
             "REFINE_PROMPT": "instructions"} | {i.name: i.api_field for i in INPUTS if i.api_field}
@@ -22,46 +19,6 @@ DEADLINE = "deadline exceeded"
 NOT_HEALTHY = "is not healthy"          # Triton's "Stub process 'vocoder_0_0' is not healthy"
 RECONNECT_MS = 1000           # the longest pause between the gateway's tries to reach a Triton that is down
 log = logging.getLogger("velocity.gateway")
-
-
-@dataclass(frozen=True, slots=True)
-class Retry:
-    """When a request is sent again, for the gateway's async streams and the client's sync ones:
-    only when it failed before its first chunk with a retryable error (busy, draining,
-    unreachable), up to `retries` times, after a pause that grows by `pause` seconds a try
-    (behind a balancer: time for it to see a drain). After the first chunk, never: the client
-    already has audio."""
-    retries: int = 0
-    pause: float = 0.0
-
-    def again(self, attempt: int, started: bool, message: str, unreachable: bool = False) -> bool:
-        return (not started and attempt < self.retries
-                and (unreachable or any(m in message for m in RETRYABLE)))
-
-    def wait(self, attempt: int) -> float:
-        """Seconds to pause before try attempt + 1."""
-        return self.pause * (attempt + 1)
-
-
-@dataclass(slots=True)
-class Chunk:
-    """One chunk of a `tts` stream: its audio, the sentence it belongs to, the samples of the
-    stream's audio before it, and on a sentence's first chunk the text that sentence speaks."""
-    audio: np.ndarray
-    sentence: int = 0
-    offset: int = 0
-    text: str = ""
-
-    @classmethod
-    def of(cls, result, wav: np.ndarray) -> "Chunk":
-        """From a `tts` response (tritonclient's InferResult) and its WAVEFORM."""
-        def one(name: str):
-            v = result.as_numpy(name)
-            return None if v is None or v.size == 0 else v.reshape(-1)[0]
-
-        text = one("SENTENCE_TEXT")
-        return cls(wav.reshape(-1), int(one("SENTENCE_INDEX") or 0), int(one("SAMPLE_OFFSET") or 0),
-                   text.decode("utf-8", "replace") if isinstance(text, bytes) else "")
 
 
 class ApiError(Exception):

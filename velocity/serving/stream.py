@@ -194,7 +194,7 @@ class Streams:
                  board: StreamBoard | None = None) -> None:
         self.engine, self.settings, self.metrics, self.send, self.lender = engine, settings, metrics, send, lender
         self.board = board
-        model = engine.engine.worker.model
+        model = engine.model
         self.end_code, self.num_vq = model.num_audio_tokens - 1, model.num_vq
         self.backlog_frames = settings.backlog_frames()
         self.live: dict[int, Stream] = {}
@@ -305,7 +305,7 @@ class Streams:
                         stream.stop(STREAM_SHUTTING_DOWN, "shutdown")
                 if not self.live:
                     self.drain.done()
-            st, m = self.engine.engine.stats(), self.metrics
+            st, m = self.engine.stats(), self.metrics
             m["running"].set(st.running)
             m["waiting"].set(st.waiting + st.swapped)
             m["kv_used"].set(st.kv_blocks_used)

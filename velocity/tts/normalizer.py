@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import cn2an
 from num2words import num2words
 
-CONTROL = re.compile(r"\[(?:uv_break|v_break|lbreak|laugh|speed_\d|oral_\d|laugh_\d|break_\d)\]")
+from velocity.tts.control import CONTROL  # noqa: E402 (re-exported: the front end's names)
 BRACKETED = re.compile(r"\[[^\[\]\s]{1,32}\]")
 CJK = re.compile(r"[\u4e00-\u9fff]")
 

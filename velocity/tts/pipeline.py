@@ -62,7 +62,7 @@ class TTSPipeline:
         engine_kwargs go to EngineConfig (quantize="int8" for the GPT's)."""
         self.frontend, self.frontend_folder = TextFrontend(folder), folder
         self.engine = LLMEngine(EngineConfig(model=str(folder), device=device, **engine_kwargs))
-        dev = self.engine.worker.device
+        dev = self.engine.device
         self.decoder = AudioDecoder(load_dvae(folder, dev), load_vocos(folder, dev), load_decoder(folder, dev))
         self.decoder.quantize(vocoder_quantize, pack=self.engine.config.pack_cpu_weights)
         self.sample_rate = self.decoder.sample_rate                 # Vocos's: 24000 for the release
@@ -82,7 +82,7 @@ class TTSPipeline:
 
     def speaker_vector(self, speaker: str | int | None) -> torch.Tensor | None:
         """A release speaker string, a seed for a random speaker, or None for no speaker."""
-        dim = self.engine.worker.model.config.hidden_size
+        dim = self.engine.model.config.hidden_size
         if speaker is None:
             return None
         if isinstance(speaker, int):
@@ -93,7 +93,7 @@ class TTSPipeline:
         """A voice sample (its string, or codes [num_vq, T]) -> the frames that follow each prompt."""
         if sample is None:
             return []
-        model = self.engine.worker.model
+        model = self.engine.model
         codes = decode_sample(sample, model.num_vq, model.num_audio_tokens - 1, self.engine.max_model_len) \
             if isinstance(sample, str) else np.asarray(sample)
         return sample_frames(codes)
@@ -127,8 +127,8 @@ class TTSPipeline:
             raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
         spk = self.speaker_vector(speaker)
         if spk is not None:                    # checked once, reused by every sentence
-            spk = self.engine.worker.model.check_speaker(spk)
-        end_code = self.engine.worker.model.num_audio_tokens - 1
+            spk = self.engine.model.check_speaker(spk)
+        end_code = self.engine.model.num_audio_tokens - 1
         frames = self.sample_frames(sample)
         left = self.decoder.exact_context
         todo, live, texts_live = list(range(len(texts))), {}, set()   # live: request id -> (its text, sentence)

@@ -48,7 +48,7 @@ class TritonPythonModel:
         import torch
 
         from velocity import AsyncLLMEngine
-        from velocity.engine.worker import resolve_device
+        from velocity.device import resolve_device
         from velocity.tts.frontend import TextFrontend
 
         self.settings = s = Settings.from_env()
@@ -112,7 +112,7 @@ class TritonPythonModel:
 
         inputs = llm_inputs(get, self.settings.max_new_tokens, self.streams.num_vq)
         sentences, spk, params = inputs.sentences, inputs.speaker, inputs.params
-        engine = self.engine.engine
+        engine = self.engine
         for i, ids in enumerate(sentences):
             try:
                 engine.validate(ids, params)
@@ -130,7 +130,7 @@ class TritonPythonModel:
         speaker = None
         if spk is not None:
             try:               # checked and normalised once: every sentence reuses it
-                speaker = engine.worker.model.check_speaker(torch.from_numpy(spk))
+                speaker = engine.model.check_speaker(torch.from_numpy(spk))
             except ValueError as e:
                 raise ValueError(f"SPEAKER_VECTOR: {e}") from e
         carry = None if inputs.carry_prompts is None else self.carrier().plan(inputs.carry_prompts)

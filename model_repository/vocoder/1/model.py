@@ -60,7 +60,7 @@ def same_shape(job: Job) -> tuple | None:
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        from velocity.engine.worker import resolve_device
+        from velocity.device import resolve_device
         from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
         from velocity.tts.audio_decoder import AudioDecoder, default_decode_batch
 
