@@ -96,7 +96,7 @@ def test_sampling_keeps_the_references_candidates_exactly():
     as the reference's processing of the same logits and histories (sampling.npz)."""
     from velocity.engine.sequence import Sequence
     from velocity.sampling_params import SamplingParams
-    from velocity.engine.model_runner import sampling_batch
+    from velocity.engine.sampling_rows import sampling_batch
     from velocity.engine.sampler import Sampler
 
     ref = np.load(FIXTURES / "sampling.npz")

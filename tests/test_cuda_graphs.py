@@ -7,7 +7,7 @@ import torch
 
 from llama_ref import assert_same, hf_greedy, make_llama, prompts
 from velocity import LLM, SamplingParams
-from velocity.engine.model_runner import graph_batch_sizes, graph_context_blocks
+from velocity.engine.graph_shapes import graph_batch_sizes, graph_context_blocks
 
 needs_cuda = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")]
@@ -136,7 +136,7 @@ def test_sampling_inputs_reach_a_busy_gpu_unchanged():
     (sampler.to_device). With the GPU held busy while batch after batch is made, each batch's
     tensors on the GPU equal the host's (no pinned buffer reused before its copy ran), and the
     exponential noise likewise."""
-    from velocity.engine.model_runner import sampling_batch
+    from velocity.engine.sampling_rows import sampling_batch
     from velocity.engine.sampler import exponential_noise, to_device
     from velocity.engine.sequence import Sequence
 

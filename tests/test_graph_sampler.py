@@ -9,7 +9,7 @@ import torch
 
 import velocity.engine.sampler as sampler_module
 from velocity.engine.graph_sampler import MAX_STOPS, GraphSampler, device_noise
-from velocity.engine.model_runner import sampling_batch
+from velocity.engine.sampling_rows import sampling_batch
 from velocity.engine.sampler import Sampler, exponential_noise
 from velocity.engine.sampling_rows import SamplingRows
 from velocity.engine.sequence import Sequence

@@ -49,7 +49,7 @@ def test_block_manager_and_scheduler_need_no_torch():
 
 
 def test_the_sampler_sees_tensors_not_sequences():
-    """The runner prepares the samplers' tensors (model_runner.sampling_batch, sampling_rows); the
+    """The runner prepares the samplers' tensors (sampling_rows: sampling_batch, SamplingRows); the
     samplers never import the sequence module."""
     code = ("import sys; import velocity.engine.sampler, velocity.engine.graph_sampler; "
             "print('velocity.engine.sequence' in sys.modules)")

@@ -9,7 +9,7 @@ from transformers.generation.logits_process import (RepetitionPenaltyLogitsProce
 
 from velocity.engine.sequence import Sequence
 from velocity.sampling_params import SamplingParams
-from velocity.engine.model_runner import sampling_batch
+from velocity.engine.sampling_rows import sampling_batch
 from velocity.engine.sampler import (CHATTTS_MIN_KEEP, M64, Sampler, candidates, chattts_candidates, noise_key,
                                      noise_keys)
 

@@ -8,7 +8,7 @@ from collections import defaultdict
 from velocity import AsyncLLMEngine
 from velocity.demo.checkpoint import write_checkpoint
 from velocity.serving.settings import Settings
-from velocity.serving.stream import Streams
+from velocity.serving.stream_host import Streams
 from velocity.tts.pipeline import chattts_params
 
 

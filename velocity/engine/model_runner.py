@@ -1,5 +1,6 @@
 """Turns a scheduled batch into tensors, runs the model (eager or CUDA-graph replay), returns the
-hidden states; and turns the batch's sampling parameters into the sampler's tensors."""
+hidden states. The samplers' tensors are velocity.engine.sampling_rows's; the graphs' shapes
+velocity.engine.graph_shapes's."""
 from __future__ import annotations
 
 import logging
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 
 from velocity.engine.graph_sampler import GraphSampler
-from velocity.engine.sampler import CHATTTS_MIN_KEEP, M64, SamplingBatch, noise_keys, random_key, to_device
+from velocity.engine.graph_shapes import graph_batch_sizes, graph_context_blocks
 from velocity.engine.sampling_rows import SamplingRows
 from velocity.engine.sequence import Sequence
 from velocity.model.attention import AttentionMetadata, build_attn_mask
@@ -30,110 +31,6 @@ class DecodeInputs:
     tables: torch.Tensor       # [B, W + room] block tables, padded with the scratch block
     lens: list[int]            # blocks in each row's table
     last: torch.Tensor         # [B] 0..B-1: each row's last token
-
-
-def graph_batch_sizes(max_num_seqs: int, fine: bool = False) -> list[int]:
-    """1, 2, 4, 8, 16, ... up to max_num_seqs (which is included). fine: vLLM's buckets, for one
-    graph a batch size: 1, 2, 4, then every 8 to 256 and every 16 beyond, so that a batch is
-    padded by at most 7 (15) rows, not up to twice its size."""
-    if fine:
-        steps = [1, 2, 4, *range(8, 257, 8), *range(272, max(max_num_seqs, 272) + 1, 16)]
-        return [b for b in steps if b < max_num_seqs] + [max_num_seqs]
-    sizes, b = [], 1
-    while b < max_num_seqs:
-        sizes.append(b)
-        b *= 2
-    return sizes + [max_num_seqs]
-
-
-def graph_context_blocks(max_blocks: int, block_size: int, smallest_tokens: int = 64) -> list[int]:
-    """Context widths (in blocks) to capture: 64, 128, 256, ... tokens, then max_blocks.
-
-    A decode graph attends over its whole captured width (a masked dense attention), so one
-    graph per width keeps the work within twice the batch's longest context instead of
-    always paying for max_model_len.
-    """
-    widths, tokens = [], smallest_tokens
-    while -(-tokens // block_size) < max_blocks:
-        widths.append(-(-tokens // block_size))
-        tokens *= 2
-    return sorted(set(widths)) + [max_blocks]
-
-
-def sampling_batch(seqs: list[Sequence], K: int, V: int, stop_ids: set[int], style: str = "transformers",
-                   window: int | None = None, device: torch.device | str = "cpu") -> SamplingBatch:
-    """The sampler's tensors for one head's rows: K codebooks of V tokens; stop_ids: the head's
-    stop tokens; window: the repetition window of requests that set none (the head's default)."""
-    chattts = style == "chattts"
-    rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
-    ps = [seqs[i].params for i in rows]
-    ks = [p.top_k if 0 < p.top_k < V else V for p in ps]
-    R = len(rows)
-    if chattts:
-        width = max(max(ks), CHATTTS_MIN_KEEP) if any(k < V for k in ks) else V
-    else:
-        width = max(ks, default=V)
-    seeds = [seqs[i].params.seed for i in rows]
-    keys = noise_keys(np.array([0 if x is None else x & M64 for x in seeds], dtype=np.uint64),
-                      np.array([len(seqs[i].output_token_ids) for i in rows], dtype=np.uint64))
-    for j, x in enumerate(seeds):
-        if x is None:
-            keys[j] = random_key()
-    # every number goes over in two host-to-device copies, one of integers and one of floats:
-    # ints = rows [R], top-k [R], then with penalties rows [P], once [P], histories [P, L, K];
-    # floats = temperatures and top-p (1 - top-p in ChatTTS style) [R, K + 1], then penalties [P]
-    ints: list = [np.array(rows, dtype=np.int64), np.array(ks, dtype=np.int64)]
-    floats: list = [np.array([[*p.temperatures(K), (1 - p.top_p) if chattts else p.top_p] for p in ps],
-                             dtype=np.float32).reshape(R * (K + 1))]
-    pen = [i for i, s in enumerate(seqs) if s.params.repetition_penalty != 1.0]
-    if pen:
-        hists, once = [], []
-        for i in pen:
-            s = seqs[i]
-            w = s.params.repetition_window or window
-            # audio frames: only generated frames count (the prompt is text)
-            if w is not None:
-                hists.append(s.output_array()[-w:])
-            elif K == 1:                                # text: the prompt counts too
-                hists.append(np.array(s.token_ids, dtype=np.int64)[:, None])
-            else:
-                hists.append(s.output_array())
-            once.append(w is None)   # transformers' rule: every earlier token penalised once
-        L = max(1, *map(len, hists))
-        ids = np.full((len(pen), L, K), V, dtype=np.int64)                       # padded with V
-        for j, h in enumerate(hists):
-            ids[j, :len(h)] = h[:, :K]
-        ints += [np.array(pen, dtype=np.int64), np.array(once, dtype=np.int64), ids.reshape(-1)]
-        floats.append(np.array([seqs[i].params.repetition_penalty for i in pen], dtype=np.float32))
-    ints_t = to_device(torch.from_numpy(np.concatenate(ints)), device)
-    floats_t = to_device(torch.from_numpy(np.concatenate(floats)), device)
-    filt = floats_t[:R * (K + 1)].view(R, K + 1)
-    batch = SamplingBatch(style, ints_t[:R], filt[:, :K], ints_t[R:2 * R], filt[:, K], width,
-                          any(k < V or p.top_p < 1 for p, k in zip(ps, ks)), keys)
-    if pen:
-        P = len(pen)
-        at = 2 * R
-        batch.penalty_rows = ints_t[at:at + P]
-        batch.penalty_once = ints_t[at + P:at + 2 * P].bool()
-        batch.penalty_ids = ints_t[at + 2 * P:].view(P, L, K).transpose(1, 2)          # [P, K, L]
-        batch.penalty = floats_t[R * (K + 1):]
-
-    def stops(s: Sequence) -> list[int]:
-        return [t for t in s.params.stops(stop_ids) if t < V]
-
-    def stop_mask(some: list[Sequence], first_too: bool) -> torch.Tensor | None:
-        masked = [(i, stops(s)) for i, s in enumerate(some) if len(s.output_token_ids) < s.params.min_new_tokens
-                  or (first_too and not s.output_token_ids and s.params.seed is None)]
-        if not any(stop for _, stop in masked):
-            return None
-        mask = torch.zeros(len(some), V, dtype=torch.bool)
-        for i, stop in masked:
-            mask[i, stop] = True
-        return to_device(mask, device)
-
-    batch.stop_mask = stop_mask(seqs, False)
-    batch.first_stop_mask = stop_mask([seqs[i] for i in rows], True) if chattts and rows else None
-    return batch
 
 
 class ModelRunner:

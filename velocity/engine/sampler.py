@@ -120,7 +120,7 @@ def chattts_candidates(x: torch.Tensor, ks: torch.Tensor, tails: torch.Tensor, c
 @dataclass(slots=True)
 class SamplingBatch:
     """What the sampler needs of one head's batch of B rows, prepared by the runner
-    (`model_runner.sampling_batch`): tensors and plain numbers, no sequences."""
+    (`sampling_rows.sampling_batch`): tensors and plain numbers, no sequences."""
     style: str                                 # "transformers" or "chattts" (see Sampler)
     rows: torch.Tensor                         # [R] the rows that sample; the others are greedy
     temperatures: torch.Tensor                 # [R, K]

@@ -18,7 +18,8 @@ from velocity.engine.graph_sampler import GraphSampler
 from velocity.engine.sampler import Sampler, to_device
 from velocity.engine.cache_engine import CacheEngine, bytes_per_block
 from velocity.device import resolve_device, resolve_dtype
-from velocity.engine.model_runner import ModelRunner, sampling_batch
+from velocity.engine.model_runner import ModelRunner
+from velocity.engine.sampling_rows import sampling_batch
 
 logger = logging.getLogger(__name__)
 

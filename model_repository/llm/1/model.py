@@ -19,7 +19,7 @@ from velocity.serving.protocol import error_outputs
 from velocity.serving.requests import decoder_input, flag_input, input_reader
 from velocity.serving.settings import Settings
 from velocity.serving.stub_exit import end_quickly
-from velocity.serving.stream import Streams
+from velocity.serving.stream_host import Streams
 from velocity.serving.stream_board import StreamBoard
 # torch and the engine are imported in initialize: Triton's auto-complete step also runs this file,
 # in a stub of its own, and needs none of them
