@@ -91,3 +91,20 @@ def llm_inputs(get, max_new_tokens: int, num_vq: int) -> LLMInputs:
         if out.carry_prompts is not None:
             raise ValueError("CARRY_IDS cannot be combined with REFINE_IDS")
     return out
+
+
+def check_prompts(inputs: LLMInputs, validate) -> None:
+    """Each sentence's prompt, its text-refine prompt and its voice carry-over prompt, checked as
+    the engine will check them (validate: the engine's): ValueError naming the input and the sentence."""
+    for i, ids in enumerate(inputs.sentences):
+        try:
+            validate(ids, inputs.params)
+            if inputs.refine is not None:
+                validate(inputs.refine_prompts[i], inputs.refine, head="text")
+        except ValueError as e:
+            raise ValueError(f"TOKEN_IDS, sentence {i}: {e}") from e
+    for i, ids in enumerate(inputs.carry_prompts or []):
+        try:                      # the sample's frames are added once made: checked here without them
+            validate(ids, inputs.params)
+        except ValueError as e:
+            raise ValueError(f"CARRY_IDS, sentence {i}: {e}") from e

@@ -90,3 +90,13 @@ def make_metrics(pb_utils, model: str, specs: dict) -> dict:
         else:
             out[key] = Serialized(family.Metric(labels={"model": model}, **({"buckets": extra} if extra else {})))
     return out
+
+
+def count_decode(m: dict, queued: list[float], deadlines: list[float], start: float, done: float) -> None:
+    """One vocoder call on the VOCODER metrics: chunks queued at `queued`, due at `deadlines`,
+    decoded from `start` to `done` (monotonic seconds)."""
+    m["chunks"].increment(len(queued))
+    m["calls"].increment(1)
+    m["queue"].increment(sum(start - q for q in queued))
+    m["decode"].increment(done - start)
+    m["late"].increment(sum(max(0.0, done - d) for d in deadlines))

@@ -158,3 +158,35 @@ def chunk_problem(c: ChunkIn, num_vq: int, num_codes: int, hidden_size: int) -> 
     if c.start < 0:
         return f"START must be >= 0 (frames before the chunk), got {c.start}"
     return None
+
+
+@dataclass(slots=True)
+class Job:
+    """One queued chunk request of the vocoder: the chunk, its response sender, when it was queued."""
+    chunk: ChunkIn
+    sender: object
+    queued: float
+    error: object = None              # a response that answers it without decoding
+
+
+def same_shape(job: Job) -> tuple | None:
+    """Jobs decodable in one call share this (path and shape); a refused job goes alone."""
+    return None if job.error is not None else (job.chunk.hidden is None, job.chunk.x.shape[1:])
+
+
+def vocoder_outputs(c: ChunkIn, audio: np.ndarray, samples_per_frame: int) -> dict[str, np.ndarray]:
+    """The vocoder's response tensors for one decoded chunk (its audio [b, samples])."""
+    return {"WAVEFORM": audio, "CHUNK_INDEX": c.index, "TEXT": np.array([[c.text]], object),
+            "SENTENCE_INDEX": np.array([[c.sentence]], np.int32),
+            "SAMPLE_OFFSET": np.array([[c.sample_offset(samples_per_frame)]], np.int64),
+            "SENTENCE_TEXT": np.array([[c.sentence_text]], object)}
+
+
+def chunk_refusal(c: ChunkIn, settings: Settings, num_vq: int, num_codes: int, hidden_size: int) -> tuple[str, str] | None:
+    """(message, TritonError code name) for a chunk the vocoder does not decode, or None: the
+    llm's error code (UNAVAILABLE to retry, else INTERNAL), or what is wrong with it (INVALID_ARG)."""
+    if c.number < 0:                      # the llm ended or refused the stream: its error code
+        msg, unavailable = stream_error(c.number, settings)
+        return msg, "UNAVAILABLE" if unavailable else "INTERNAL"
+    msg = chunk_problem(c, num_vq, num_codes, hidden_size)
+    return None if msg is None else (msg, "INVALID_ARG")

@@ -10,6 +10,7 @@ tests/test_streaming.py and stated in docs/benchmarks.md).
 """
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -18,6 +19,8 @@ import torch
 from velocity.model.dvae import DVAE
 from velocity.model.vocos import Vocos
 from velocity.tts.chunking import ChunkSchedule, CodeChunk, FrameChunker
+
+log = logging.getLogger("velocity.vocoder")
 
 DECODERS = ("hidden", "codes")     # the reference's use_decoder=True (its default) and use_decoder=False
 
@@ -55,6 +58,18 @@ class AudioDecoder:
         self.num_vq = dvae.cfg.groups * dvae.cfg.residuals        # codebooks per frame
         self.num_codes = math.prod(dvae.cfg.levels)              # codes per codebook: [0, num_codes)
         self.hidden_size = 2 * decoder.cfg.idim if decoder is not None else 0   # the Decoder's input
+
+    @classmethod
+    def load(cls, folder, device: torch.device = torch.device("cpu"), quantize: str = "none",
+             pack: bool = True) -> "AudioDecoder":
+        """The release folder's DVAE, Vocos and Decoder on `device`, their linears as quantize()
+        makes them (the default: prepacked float32 where the device allows)."""
+        from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
+
+        dec = cls(load_dvae(folder, device), load_vocos(folder, device), load_decoder(folder, device))
+        if n := dec.quantize(quantize, pack=pack):
+            log.info("decoders: %d ConvNeXt linears on %s weights", n, "int8" if quantize == "int8" else "prepacked")
+        return dec
 
     def quantize(self, mode: str, pack: bool = True) -> int:
         """mode "int8": the ConvNeXt linears on int8 (quantize_int8); "none": with `pack`, on

@@ -28,8 +28,7 @@ class VoiceCarrier:
     def load(cls, folder: str | Path, decoder: AudioDecoder | None = None) -> "VoiceCarrier":
         """The release's DVAE encoder side, and its decoders (given, or loaded here on the CPU)."""
         if decoder is None:
-            from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
-            decoder = AudioDecoder(load_dvae(folder), load_vocos(folder), load_decoder(folder))
+            decoder = AudioDecoder.load(folder, pack=False)
         return cls(decoder, VoiceEncoder(folder))
 
     @torch.inference_mode()

@@ -13,7 +13,6 @@ import torch
 from velocity.config import EngineConfig
 from velocity.engine.llm_engine import LLMEngine
 from velocity.sampling_params import SamplingParams, chattts_params, refine_params  # noqa: F401 (re-exported)
-from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.tts.frontend import DEFAULT_PROMPT, TextFrontend
 from velocity.tts.speaker import decode_sample, decode_speaker, random_speaker, sample_frames
 from velocity.tts.audio_decoder import DECODERS, AudioDecoder, default_decode_batch
@@ -63,8 +62,7 @@ class TTSPipeline:
         self.frontend, self.frontend_folder = TextFrontend(folder), folder
         self.engine = LLMEngine(EngineConfig(model=str(folder), device=device, **engine_kwargs))
         dev = self.engine.device
-        self.decoder = AudioDecoder(load_dvae(folder, dev), load_vocos(folder, dev), load_decoder(folder, dev))
-        self.decoder.quantize(vocoder_quantize, pack=self.engine.config.pack_cpu_weights)
+        self.decoder = AudioDecoder.load(folder, dev, vocoder_quantize, self.engine.config.pack_cpu_weights)
         self.sample_rate = self.decoder.sample_rate                 # Vocos's: 24000 for the release
         self.schedule, self.lookahead = schedule, lookahead
         self.decode_batch = decode_batch or default_decode_batch(dev)

@@ -1,6 +1,6 @@
 """Triton adapter: velocity's AsyncLLMEngine streaming ChatTTS audio in chunks.
 
-Parse and check each request, then hand it to velocity.serving.stream.Streams: its sentences
+Parse and check each request, then hand it to velocity.serving.stream_host.Streams: its sentences
 are spoken in order as one stream of chunks (the tensors of velocity.serving.protocol, with the
 GPT's hidden states on the Decoder path, DECODER "hidden", the default), answered by a response
 thread, not the engine loop. Every request ends with the final flag, errors too. A request of
@@ -108,29 +108,17 @@ class TritonPythonModel:
         as the engine will check them. get: its input reader."""
         import torch
 
-        from velocity.serving.llm_request import llm_inputs
+        from velocity.serving.llm_request import check_prompts, llm_inputs
 
         inputs = llm_inputs(get, self.settings.max_new_tokens, self.streams.num_vq)
         sentences, spk, params = inputs.sentences, inputs.speaker, inputs.params
-        engine = self.engine
-        for i, ids in enumerate(sentences):
-            try:
-                engine.validate(ids, params)
-                if inputs.refine is not None:
-                    engine.validate(inputs.refine_prompts[i], inputs.refine, head="text")
-            except ValueError as e:
-                raise ValueError(f"TOKEN_IDS, sentence {i}: {e}") from e
-        for i, ids in enumerate(inputs.carry_prompts or []):
-            try:                  # the sample's frames are added once made: checked here without them
-                engine.validate(ids, params)
-            except ValueError as e:
-                raise ValueError(f"CARRY_IDS, sentence {i}: {e}") from e
+        check_prompts(inputs, self.engine.validate)
         refine = None if inputs.refine is None else self.frontend.refine_plan(
             inputs.refine_prompts, inputs.refine, inputs.code_prefix, inputs.frames)
         speaker = None
         if spk is not None:
             try:               # checked and normalised once: every sentence reuses it
-                speaker = engine.model.check_speaker(torch.from_numpy(spk))
+                speaker = self.engine.model.check_speaker(torch.from_numpy(spk))
             except ValueError as e:
                 raise ValueError(f"SPEAKER_VECTOR: {e}") from e
         carry = None if inputs.carry_prompts is None else self.carrier().plan(inputs.carry_prompts)
