@@ -389,7 +389,7 @@ def test_gateway_metrics_count_requests_and_time_to_first_byte(gateway, openai_c
 def test_instructions_pass_through_only_as_control_tokens():
     """No server: OpenAI's `instructions` become text refine's prompt (and the speed) when they
     hold only ChatTTS's control tokens, and are ignored otherwise."""
-    from velocity.gateway.app import triton_values
+    from velocity.gateway.speech_request import triton_values
 
     def values(instructions: str) -> dict:
         body = {"model": "gpt-4o-mini-tts", "voice": "alloy", "input": "Hi.", "instructions": instructions}

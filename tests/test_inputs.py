@@ -117,7 +117,7 @@ def test_one_pass_reads_and_checks_everything():
 
 def test_the_gateway_takes_every_inputs_field():
     """Each input with an API field goes from the body to its input, type-checked."""
-    from velocity.gateway.app import triton_values
+    from velocity.gateway.speech_request import triton_values
     from velocity.gateway.upstream import ApiError
 
     base = {"model": "tts-1", "voice": "amber", "input": "Hi."}

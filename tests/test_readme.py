@@ -134,7 +134,7 @@ def test_the_metrics_table_is_the_metrics():
 # no entry fails too: add one saying where the feature would live.
 FEATURES = {
     r"named voices": ("velocity/tts/voices.py", r"class Voices\b"),
-    r"OpenAI": ("velocity/gateway/app.py", r'"/v1/audio/speech"'),
+    r"OpenAI": ("velocity/gateway/speech_api.py", r'"/v1/audio/speech"'),
     r"web page": ("velocity/gateway/page.html", r"<html"),
     r"Wyoming": ("velocity/gateway/wyoming_server.py", r"class SpeechHandler\b"),
     r"Kubernetes": ("deploy/kubernetes", r"kind: Deployment"),
