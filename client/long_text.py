@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -130,3 +131,35 @@ def speak_long(stream: Callable[[dict], Iterator[tuple[int, np.ndarray]]], value
     took = time.perf_counter() - t0
     return {"pieces": len(pieces), "audio_s": samples / rate, "seconds": took, "first_audio_s": first,
             "stall_s": stall}
+
+
+def run_long(args, url: str, values: dict, subtype: str) -> int:
+    """velocity-tts-client's long-text mode: a text over --max-chars as pieces in a pipeline over
+    gRPC streams into the WAV (soundfile `subtype`); the exit status."""
+    from client.triton import ServerError, stream_grpc
+    from velocity.gateway.sentences import split_long
+
+    if args.out == "-" or args.http or args.offline:
+        log.error("error: a text over --max-chars (%d) goes out in pieces over gRPC streams into a WAV file: "
+                  "give -o FILE, without --http or --offline (or raise --max-chars to the server's limit)",
+                  args.max_chars)
+        return 2
+    pieces = split_long(values["TEXT"], args.max_chars)
+    try:
+        got = speak_long(lambda v: stream_grpc(url, v, retries=args.retries, deadline=args.timeout), values, pieces,
+                         args.out, subtype, args.in_flight, args.resume)
+    except ServerError as e:
+        hint = f" (the server's limit is lower: pass --max-chars {m.group(1)})" if (
+            m := re.search(r"the limit is (\d+)", str(e))) else ""
+        log.error("error: %s%s; --resume continues from the last piece written", e, hint)
+        return 1
+    except ValueError as e:
+        log.error("error: %s", e)
+        return 2
+    except KeyboardInterrupt:
+        log.error("interrupted: the requests are cancelled; --resume continues from the last piece written")
+        return 130
+    log.info("%s: %.2f s of audio from %d pieces in %.1f s (%.2f audio s/s); first audio after %.3f s, stalls %.2f s",
+             args.out, got["audio_s"], got["pieces"], got["seconds"], got["audio_s"] / got["seconds"],
+             got["first_audio_s"] or float("nan"), got["stall_s"])
+    return 0

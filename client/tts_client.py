@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
-import struct
 import sys
 import time
 from collections.abc import Iterator
@@ -30,9 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from client.triton import ServerError, list_voices, offline_grpc, stream_grpc, stream_http
+from client.wav import SAMPLE_RATE, WAV_FORMATS, open_wav
 from velocity.tts.audio_file import looks_like_audio
 
-SAMPLE_RATE = 24000                 # the release's (the server's Vocos); the WAV's rate
 log = logging.getLogger("velocity-tts-client")
 
 
@@ -72,43 +70,6 @@ def stall(playable: list[tuple[float, float]]) -> float:
             waited += t - end
         end = (t if end is None else max(end, t)) + seconds
     return waited
-
-
-WAV_FORMATS = {"pcm16": "PCM_16", "float": "FLOAT"}      # --format -> soundfile subtype
-
-
-class WavStream:
-    """A WAV of unknown length written as it comes to a stream that cannot seek (stdout): its
-    header's sizes are 0xFFFFFFFF, as ffmpeg and sox write to a pipe (soundfile needs to seek)."""
-
-    def __init__(self, out, subtype: str) -> None:
-        self.out, self.subtype = out, subtype
-        bits, tag = (16, 1) if subtype == "PCM_16" else (32, 3)          # PCM or IEEE float
-        block = bits // 8
-        self.out.write(b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVEfmt "
-                       + struct.pack("<IHHIIHH", 16, tag, 1, SAMPLE_RATE, SAMPLE_RATE * block, block, bits)
-                       + b"data" + struct.pack("<I", 0xFFFFFFFF))
-
-    def write(self, audio: np.ndarray) -> None:
-        """The samples as soundfile writes them into a file (the same rounding)."""
-        import io
-
-        import soundfile as sf
-        buf = io.BytesIO()
-        sf.write(buf, audio, SAMPLE_RATE, subtype=self.subtype, format="RAW", endian="LITTLE")
-        self.out.write(buf.getvalue())
-
-    def flush(self) -> None:
-        self.out.flush()
-
-    def close(self) -> None:
-        self.flush()
-
-
-def open_wav(path: str, subtype: str):
-    """The WAV file at path, or a WavStream to stdout for "-"."""
-    import soundfile as sf
-    return WavStream(sys.stdout.buffer, subtype) if path == "-" else sf.SoundFile(path, "w", SAMPLE_RATE, 1, subtype)
 
 
 def synthesize(chunks: Iterator[tuple[int, np.ndarray]], wav_path: str | None = None,
@@ -277,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     values = {i.name: getattr(args, i.name) for i in INPUTS if i.cli_flag} | {"TEXT": text, "SPEAKER_SAMPLE": sample}
     url = args.url or ("localhost:8000" if args.http else "localhost:8001")
     if len(text) > args.max_chars or args.resume:
-        return long_form(args, url, values)
+        from client.long_text import run_long
+        return run_long(args, url, values, WAV_FORMATS[args.format])
     refined: list[str] = []
     source = stream_http(url, values) if args.http else offline_grpc(url, values) if args.offline else \
         stream_grpc(url, values, texts=refined, retries=args.retries, deadline=args.timeout)
@@ -300,37 +262,6 @@ def main(argv: list[str] | None = None) -> int:
         log.info("refined text: %s", " ".join(refined))
     log.info("%s: %.2f s of audio in %d chunk(s); first audio after %.3f s, total %.3f s, RTF %.3f",
              args.out, res.seconds, len(res.chunk_times), res.first_audio or float("nan"), res.total, res.rtf)
-    return 0
-
-
-def long_form(args: argparse.Namespace, url: str, values: dict) -> int:
-    """A text over --max-chars: pieces in a pipeline over gRPC streams (client/long_text.py)."""
-    from client.long_text import speak_long
-    from velocity.gateway.sentences import split_long
-
-    if args.out == "-" or args.http or args.offline:
-        log.error("error: a text over --max-chars (%d) goes out in pieces over gRPC streams into a WAV file: "
-                  "give -o FILE, without --http or --offline (or raise --max-chars to the server's limit)",
-                  args.max_chars)
-        return 2
-    pieces = split_long(values["TEXT"], args.max_chars)
-    try:
-        got = speak_long(lambda v: stream_grpc(url, v, retries=args.retries, deadline=args.timeout), values, pieces,
-                         args.out, WAV_FORMATS[args.format], args.in_flight, args.resume)
-    except ServerError as e:
-        hint = f" (the server's limit is lower: pass --max-chars {m.group(1)})" if (
-            m := re.search(r"the limit is (\d+)", str(e))) else ""
-        log.error("error: %s%s; --resume continues from the last piece written", e, hint)
-        return 1
-    except ValueError as e:
-        log.error("error: %s", e)
-        return 2
-    except KeyboardInterrupt:
-        log.error("interrupted: the requests are cancelled; --resume continues from the last piece written")
-        return 130
-    log.info("%s: %.2f s of audio from %d pieces in %.1f s (%.2f audio s/s); first audio after %.3f s, stalls %.2f s",
-             args.out, got["audio_s"], got["pieces"], got["seconds"], got["audio_s"] / got["seconds"],
-             got["first_audio_s"] or float("nan"), got["stall_s"])
     return 0
 
 

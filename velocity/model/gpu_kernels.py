@@ -1,21 +1,19 @@
-"""The decoder layer's GPU kernels in Triton: about nine launches a layer instead of about forty.
-
-- `add_rms_norm`: the residual add and RMSNorm in one pass (float32 inside, as transformers).
-- `rope_store`: RoPE on q and k, written back in place (q) and into the paged KV cache with v.
-- `paged_decode`: decode attention that reads the KV blocks in place through the block table, up
-  to each row's context length, in parts of SPLIT tokens and then a combine (flash-decoding), so
-  one CUDA graph per batch size serves every context length.
-- `silu_and_mul`: SiLU(gate) * up.
-
-Each rounds where the eager torch code rounds (to the model's dtype after every op that torch runs
-in it), so on float32 they differ from eager only in the order of sums. Triton is a GPU package
-(the `gpu` extra; the CUDA wheels of torch carry it): `load()` is None where it cannot be imported.
-Tests run the kernels on CUDA, or on the CPU under Triton's interpreter (TRITON_INTERPRET=1).
+"""The decoder layer's GPU kernels in Triton, about nine launches a layer instead of about forty:
+`add_rms_norm` (residual add and RMSNorm in one pass, float32 inside as transformers), `rope_store`
+(RoPE on q and k, q in place, k with v into the paged KV cache), `paged_decode` (decode attention
+reading the KV blocks in place through the block table, in parts of SPLIT tokens and a combine:
+flash-decoding, one CUDA graph per batch size for every context length) and `silu_and_mul`.
+Each rounds where the eager torch code rounds, so on float32 they differ from eager only in the
+order of sums. Triton is a GPU package (the `gpu` extra; CUDA wheels of torch carry it): `load()`
+is None where it cannot be imported. Tests run the kernels on CUDA, or on the CPU under Triton's
+interpreter (TRITON_INTERPRET=1).
 """
 from __future__ import annotations
 
 import logging
 import math
+import os
+import sys
 from types import ModuleType
 
 import torch
@@ -30,19 +28,16 @@ except ImportError:          # CPU wheels of torch: no Triton, and no need for i
 
 SPLIT = 256        # context tokens a decode program reads when a row's context is split
 BLOCK_N = 64       # keys a decode program reads per loop iteration
-MHA_ROWS = 64      # without GQA, from this many rows on: _decode_mha_kernel (faster there, slower below:
-                   # docs/benchmarks.md); the same kernel for every step of a batch size
+MHA_ROWS = 64      # without GQA, from this many rows on: _decode_mha_kernel (docs/benchmarks.md has why)
 
 
 def load() -> ModuleType | None:
     """This module when Triton can be imported, else None (the caller logs why it runs eager)."""
-    import sys
     return sys.modules[__name__] if triton is not None else None
 
 
 def self_check(device: torch.device, dtype: torch.dtype) -> str | None:
-    """Each kernel once on small inputs of the model's dtype (compiling them): None, or what failed
-    (the caller falls back to the eager layer and logs it)."""
+    """Each kernel once on small inputs (compiling them): None, or what failed (then: eager, logged)."""
     try:
         x = torch.randn(2, 128, device=device, dtype=dtype)
         out, _ = add_rms_norm(x, x, torch.ones(128, device=device, dtype=dtype), 1e-6)
@@ -63,7 +58,6 @@ def self_check(device: torch.device, dtype: torch.dtype) -> str | None:
 
 def interpreted() -> bool:
     """Triton runs its kernels on the CPU (TRITON_INTERPRET=1, Triton's own variable): for tests."""
-    import os
     return triton is not None and os.environ.get("TRITON_INTERPRET") == "1"
 
 
