@@ -5,7 +5,7 @@ The llm and the vocoder are separate Triton model processes on the same cores, e
 OpenMP pool. Two pools on the same cores stall each other at every barrier, so each process gets
 its own share (Settings.llm_threads / vocoder_threads). But the vocoder is idle most of the time
 (at one stream between its three or four chunks, at 32 streams about five sixths of the time), and
-an idle share is wasted: the llm decodes one stream faster with both (docs/benchmarks.md, "The
+an idle share is wasted: the llm decodes one stream faster with both (docs/benchmarks/history.md, "The
 core board, and decoding in the llm's process").
 
 A CoreBoard is a small memory-mapped file, one per Triton server: each vocoder instance claims a
