@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from velocity.serving.inputs import array_inputs, make_inputs  # noqa: F401 (re-exported)
-from velocity.serving.tts_responses import Chunk, Retry
+from velocity.serving.input_table import array_inputs, make_inputs  # noqa: F401 (re-exported)
+from velocity.serving.tts_responses import AudioChunk, Retry
 
 RETRY_PAUSE = 0.5     # seconds: a balancer that checks every 300 ms has seen a drain by then
 
@@ -87,7 +87,7 @@ def _stream_grpc(url: str, values: dict, timeout: float, check: bool, texts: lis
                     texts.append(refined.reshape(-1)[0].decode())
                 index = int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0])
                 if marks is not None:
-                    c = Chunk.of(result, wav)             # as the gateway reads a chunk
+                    c = AudioChunk.of(result, wav)             # as the gateway reads a chunk
                     marks.append((index, c.sentence, c.offset, c.text))
                 yield index, wav.reshape(-1)
             if ended:

@@ -1,4 +1,4 @@
-"""Write what the request table (velocity/serving/inputs.py) defines into the files that cannot
+"""Write what the request table (velocity/serving/input_table.py) defines into the files that cannot
 import it: the `tts` ensemble's inputs and their map into text_frontend
 (model_repository/tts/config.pbtxt: an ensemble has no auto-complete), and the inputs table of
 docs/api.md. text_frontend and tts_offline declare theirs at load (auto_complete_config).
@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from velocity.serving.inputs import INPUTS, triton_inputs  # noqa: E402
+from velocity.serving.input_table import INPUTS, triton_inputs  # noqa: E402
 
 CONFIG = ROOT / "model_repository" / "tts" / "config.pbtxt"
 API = ROOT / "docs" / "api.md"

@@ -1,4 +1,4 @@
-"""The request table (velocity/serving/inputs.py) and what is derived from it, without a server:
+"""The request table (velocity/serving/input_table.py) and what is derived from it, without a server:
 the parser's checks, the files scripts/gen_inputs.py writes, the gateway's body fields and the
 client's options. That the running models declare the table's inputs is in test_tts_server.py."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from triton_server import ROOT
 from velocity.sampling_params import SamplingParams, chattts_params, refine_params
-from velocity.serving.inputs import BY_NAME, INPUTS, JSON, NUMPY, read_inputs, triton_inputs
+from velocity.serving.input_table import BY_NAME, INPUTS, JSON, NUMPY, read_inputs, triton_inputs
 from velocity.serving.settings import Settings
 
 SETTINGS = Settings(max_new_tokens=300, max_text_chars=50)
@@ -40,7 +40,7 @@ def test_the_tts_config_and_the_api_page_are_written_from_the_table():
 
 def test_a_changed_row_makes_the_files_stale(monkeypatch):
     """The check above can fail: a new input shows up in both files' differences."""
-    import velocity.serving.inputs as inputs
+    import velocity.serving.input_table as inputs
 
     mod = gen_inputs()
     extra = inputs.Input("LOUDNESS", "FP32", "an example input", 1.0, lo=0)
@@ -140,7 +140,7 @@ def test_the_gateway_takes_every_inputs_field():
 def test_the_client_has_an_option_for_each_input():
     """velocity-tts-client's options come from the table: each sends its input, unset ones nothing."""
     from client.tts_client import parse_args
-    from velocity.serving.inputs import INPUTS
+    from velocity.serving.input_table import INPUTS
 
     sample = {"BYTES": "x", "INT32": "3", "INT64": "5", "FP32": "0.5"}
     for i in INPUTS:

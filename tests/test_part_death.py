@@ -179,7 +179,7 @@ def offline(s: TritonServer) -> Client:
     def run(first) -> None:
         import tritonclient.http as httpclient
 
-        from velocity.serving.inputs import make_inputs
+        from velocity.serving.input_table import make_inputs
         c = httpclient.InferenceServerClient(s.http_url.removeprefix("http://"), network_timeout=120)
         threading.Timer(0.5, first).start()
         c.infer("tts_offline", make_inputs(httpclient, {"TEXT": LONG, "MAX_NEW_TOKENS": 2000}))
@@ -238,7 +238,7 @@ def kill_and_recover(s: TritonServer, part: str, clients: list[Client]) -> None:
 def offline_speaks(s: TritonServer) -> bool:
     import tritonclient.http as httpclient
 
-    from velocity.serving.inputs import make_inputs
+    from velocity.serving.input_table import make_inputs
     c = httpclient.InferenceServerClient(s.http_url.removeprefix("http://"), network_timeout=60)
     return c.infer("tts_offline", make_inputs(httpclient, {"TEXT": "Whole.", "MAX_NEW_TOKENS": 30})
                    ).as_numpy("WAVEFORM").size > 0

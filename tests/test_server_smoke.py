@@ -96,7 +96,7 @@ def test_threads_at_the_same_metrics_leave_the_server_up(smoke_server):
     holds one lock over every operation: four threads at the same metrics, and the server lives."""
     import tritonclient.http as httpclient
 
-    from velocity.serving.inputs import array_inputs
+    from velocity.serving.input_table import array_inputs
     c = httpclient.InferenceServerClient(smoke_server.http_url)
     for _ in range(3):
         res = c.infer("metrics_threads", array_inputs(httpclient, {"OPS": np.array([2000], dtype=np.int32)}))

@@ -269,9 +269,9 @@ def test_each_chunk_says_its_sentence_its_sample_offset_and_the_sentences_text(s
 
 def test_the_models_declare_the_request_tables_inputs(server):
     """text_frontend and tts_offline declare their inputs at load (auto_complete_config) from
-    velocity/serving/inputs.py; the ensemble's are written from it (test_inputs.py checks that).
+    velocity/serving/input_table.py; the ensemble's are written from it (test_inputs.py checks that).
     text_frontend has one more, CHECK_ONLY (tts_offline's check of a request)."""
-    from velocity.serving.inputs import triton_inputs
+    from velocity.serving.input_table import triton_inputs
 
     c = grpcclient.InferenceServerClient(server.grpc_url)
     for model in ("text_frontend", "tts_offline", "tts"):

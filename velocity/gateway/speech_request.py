@@ -1,12 +1,12 @@
 """A speech request's body, read as the OpenAI API and our extensions have it: the `tts` inputs it
-makes (triton_values, from the request table velocity.serving.inputs.INPUTS), its timeout, and
+makes (triton_values, from the request table velocity.serving.input_table.INPUTS), its timeout, and
 its sentence marks (Marks)."""
 import json
 import math
 
 from velocity.gateway.encode import FORMATS
 from velocity.gateway.upstream import ApiError
-from velocity.serving.inputs import INPUTS, JSON
+from velocity.serving.input_table import INPUTS, JSON
 from velocity.tts.control import CONTROL
 
 MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "chattts")   # listed; any model name with "tts" is taken

@@ -8,8 +8,8 @@ import re
 from collections.abc import AsyncIterator
 
 from velocity.gateway.health_reason import HealthReason
-from velocity.serving.inputs import INPUTS
-from velocity.serving.tts_responses import RETRYABLE, Chunk, Retry  # noqa: F401 (the gateway's names)
+from velocity.serving.input_table import INPUTS
+from velocity.serving.tts_responses import RETRYABLE, AudioChunk, Retry  # noqa: F401 (the gateway's names)
 from velocity.serving.watchdog import DIED
 
 # the body field behind each `tts` input: the request table's, and those the gateway makes of others
@@ -116,7 +116,7 @@ class Gateway:
         import tritonclient.grpc.aio as grpcclient
         from tritonclient.utils import InferenceServerException
 
-        from velocity.serving.inputs import make_inputs
+        from velocity.serving.input_table import make_inputs
 
         failed = []
         for url in self.urls:
@@ -161,8 +161,8 @@ class Gateway:
             self._names = {v["name"]: v["kind"] for v in (await self.voices())["voices"]}
         return self._names
 
-    async def chunks(self, values: dict, timeout: float | None = None) -> AsyncIterator[Chunk]:
-        """The request's audio chunks in order (Chunk); ApiError for an error before or during the stream.
+    async def chunks(self, values: dict, timeout: float | None = None) -> AsyncIterator[AudioChunk]:
+        """The request's audio chunks in order (AudioChunk); ApiError for an error before or during the stream.
         Leaving early (the client hung up) cancels the Triton stream, which stops the server's
         work on it within a second. timeout: seconds the request may take, sent as Triton's
         request timeout (the server ends it past that; a 504). Retryable errors before the first
@@ -182,7 +182,7 @@ class Gateway:
             return e
         return ApiError(503, f"{why} ({e.message})", code="server_unavailable")
 
-    async def _chunks(self, values: dict, timeout: float | None) -> AsyncIterator[Chunk]:
+    async def _chunks(self, values: dict, timeout: float | None) -> AsyncIterator[AudioChunk]:
         start, self._turn = self._turn, self._turn + 1
         for attempt in range(self.retry.retries + 1):
             url = self.urls[(start + attempt) % len(self.urls)]
@@ -199,18 +199,18 @@ class Gateway:
                 log.info("%s before the first chunk (%s): trying again on %s", url, e.message,
                          self.urls[(start + attempt + 1) % len(self.urls)])
 
-    async def _stream(self, url: str, values: dict, timeout: float | None = None) -> AsyncIterator[Chunk]:
+    async def _stream(self, url: str, values: dict, timeout: float | None = None) -> AsyncIterator[AudioChunk]:
         """One `tts` stream on one upstream, chunks in order."""
         import tritonclient.grpc.aio as grpcclient
 
-        from velocity.serving.inputs import make_inputs
+        from velocity.serving.input_table import make_inputs
 
         async def requests():
             yield {"model_name": "tts", "inputs": make_inputs(grpcclient, values), "enable_empty_final_response": True,
                    "timeout": None if timeout is None else max(1, round(timeout * 1e6))}
 
         stream = self.client_for(url).stream_infer(requests())
-        pending: dict[int, Chunk] = {}
+        pending: dict[int, AudioChunk] = {}
         nxt = 0
         try:
             async for result, error in stream:
@@ -218,7 +218,7 @@ class Gateway:
                     raise triton_error(str(error))
                 wav = result.as_numpy("WAVEFORM")
                 if wav is not None:
-                    pending[int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0])] = Chunk.of(result, wav)
+                    pending[int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0])] = AudioChunk.of(result, wav)
                     while nxt in pending:
                         yield pending.pop(nxt)
                         nxt += 1

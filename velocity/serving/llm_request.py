@@ -6,8 +6,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from velocity.sampling_params import SamplingParams
-from velocity.serving.inputs import REFINE_MAX_NEW_TOKENS
-from velocity.serving.requests import params_from_arrays
+from velocity.serving.input_table import REFINE_MAX_NEW_TOKENS
+from velocity.serving.passed_inputs import params_from_arrays
 from velocity.tts.speaker import sample_frames
 
 

@@ -93,8 +93,9 @@ def stream_error(code: int, settings: Settings) -> tuple[str, bool]:
 
 
 @dataclass(slots=True)
-class ChunkIn:
-    """A chunk as the vocoder reads it (copies: a request's tensors are freed after execute)."""
+class CodeChunkIn:
+    """A CodeChunk as the vocoder reads it off the llm's response (copies: a request's tensors are
+    freed after execute)."""
     index: np.ndarray                 # CHUNK_INDEX as sent (echoed back)
     codes: np.ndarray                 # [b, num_vq, T] int64
     hidden: np.ndarray | None         # [b, T, H] float32 for the Decoder path, else None
@@ -123,7 +124,7 @@ class ChunkIn:
         return self.codes if self.hidden is None else self.hidden
 
 
-def read_chunk(get) -> ChunkIn:
+def read_chunk(get) -> CodeChunkIn:
     """get(name) -> np.ndarray | None: the vocoder's inputs (all but CODES, CONTEXT, LENGTH and
     CHUNK_INDEX optional)."""
     def scalar(name: str, default: int = 0) -> int:
@@ -135,13 +136,13 @@ def read_chunk(get) -> ChunkIn:
         return b"" if v is None or v.size == 0 else bytes(v.reshape(-1)[0])
 
     hidden = get("HIDDEN")
-    return ChunkIn(get("CHUNK_INDEX").copy(), get("CODES").astype(np.int64),
+    return CodeChunkIn(get("CHUNK_INDEX").copy(), get("CODES").astype(np.int64),
                    None if hidden is None or hidden.size == 0 else hidden.astype(np.float32),
                    scalar("CONTEXT"), scalar("LENGTH"), bool(scalar("LAST")), scalar("START"),
                    text("TEXT"), scalar("STREAM"), scalar("SENTENCE"), scalar("LASTS"), text("SENTENCE_TEXT"))
 
 
-def chunk_problem(c: ChunkIn, num_vq: int, num_codes: int, hidden_size: int) -> str | None:
+def chunk_problem(c: CodeChunkIn, num_vq: int, num_codes: int, hidden_size: int) -> str | None:
     """Why the vocoder cannot decode this chunk (the message names the input and its range), or None."""
     codes, ctx, length = c.codes, c.context, c.length
     if codes.ndim != 3 or codes.shape[1] != num_vq:
@@ -163,7 +164,7 @@ def chunk_problem(c: ChunkIn, num_vq: int, num_codes: int, hidden_size: int) -> 
 @dataclass(slots=True)
 class Job:
     """One queued chunk request of the vocoder: the chunk, its response sender, when it was queued."""
-    chunk: ChunkIn
+    chunk: CodeChunkIn
     sender: object
     queued: float
     error: object = None              # a response that answers it without decoding
@@ -174,7 +175,7 @@ def same_shape(job: Job) -> tuple | None:
     return None if job.error is not None else (job.chunk.hidden is None, job.chunk.x.shape[1:])
 
 
-def vocoder_outputs(c: ChunkIn, audio: np.ndarray, samples_per_frame: int) -> dict[str, np.ndarray]:
+def vocoder_outputs(c: CodeChunkIn, audio: np.ndarray, samples_per_frame: int) -> dict[str, np.ndarray]:
     """The vocoder's response tensors for one decoded chunk (its audio [b, samples])."""
     return {"WAVEFORM": audio, "CHUNK_INDEX": c.index, "TEXT": np.array([[c.text]], object),
             "SENTENCE_INDEX": np.array([[c.sentence]], np.int32),
@@ -182,7 +183,7 @@ def vocoder_outputs(c: ChunkIn, audio: np.ndarray, samples_per_frame: int) -> di
             "SENTENCE_TEXT": np.array([[c.sentence_text]], object)}
 
 
-def chunk_refusal(c: ChunkIn, settings: Settings, num_vq: int, num_codes: int, hidden_size: int) -> tuple[str, str] | None:
+def chunk_refusal(c: CodeChunkIn, settings: Settings, num_vq: int, num_codes: int, hidden_size: int) -> tuple[str, str] | None:
     """(message, TritonError code name) for a chunk the vocoder does not decode, or None: the
     llm's error code (UNAVAILABLE to retry, else INTERNAL), or what is wrong with it (INVALID_ARG)."""
     if c.number < 0:                      # the llm ended or refused the stream: its error code

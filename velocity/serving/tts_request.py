@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from velocity.sampling_params import SamplingParams, chattts_params, refine_params
-from velocity.serving.inputs import read_inputs
-from velocity.serving.requests import input_reader
+from velocity.serving.input_table import read_inputs
+from velocity.serving.passed_inputs import input_reader
 from velocity.serving.settings import Settings
 from velocity.serving.stub_exit import end_quickly
 
@@ -56,7 +56,7 @@ class TTSFront:
 
 
 def parse_tts_request(get, front: TTSFront) -> TTSRequest:
-    """get(name) -> np.ndarray | None for the inputs of velocity.serving.inputs: TEXT, PROMPT, the
+    """get(name) -> np.ndarray | None for the inputs of velocity.serving.input_table: TEXT, PROMPT, the
     voice (SPEAKER, SPEAKER_SEED, SPEAKER_SAMPLE with SAMPLE_TEXT, or VOICE), DECODER, the sampling
     inputs and text refine's.
 

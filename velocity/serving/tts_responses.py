@@ -1,5 +1,5 @@
 """What a client of the `tts` model reads from its responses, for the gateways and the client
-alike: a chunk's audio and marks (Chunk), and when a failed request is sent again (Retry)."""
+alike: a chunk's audio and marks (AudioChunk), and when a failed request is sent again (Retry)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,7 +29,7 @@ class Retry:
 
 
 @dataclass(slots=True)
-class Chunk:
+class AudioChunk:
     """One chunk of a `tts` stream: its audio, the sentence it belongs to, the samples of the
     stream's audio before it, and on a sentence's first chunk the text that sentence speaks."""
     audio: np.ndarray
@@ -38,7 +38,7 @@ class Chunk:
     text: str = ""
 
     @classmethod
-    def of(cls, result, wav: np.ndarray) -> "Chunk":
+    def of(cls, result, wav: np.ndarray) -> "AudioChunk":
         """From a `tts` response (tritonclient's InferResult) and its WAVEFORM."""
         def one(name: str):
             v = result.as_numpy(name)

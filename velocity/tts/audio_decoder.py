@@ -40,7 +40,7 @@ def default_decode_batch(device: torch.device) -> int:
     return 32 if device.type == "cuda" else 1
 
 
-Chunk = tuple   # (x, context, length, last): x codes [b, num_vq, T] (integers) or hidden [b, T, H] (floats)
+VocoderInput = tuple   # (x, context, length, last): x codes [b, num_vq, T] (integers) or hidden [b, T, H] (floats)
 
 
 class AudioDecoder:
@@ -114,7 +114,7 @@ class AudioDecoder:
         """A whole utterance: codes [B, num_vq, T] or hidden [B, T, H] -> audio [B, T * 512 - 256]"""
         return self._audio(x)[:, :-(self.samples_per_frame // 2)]
 
-    def decode_chunks(self, chunks: list[Chunk], max_batch: int = 1) -> list[torch.Tensor]:
+    def decode_chunks(self, chunks: list[VocoderInput], max_batch: int = 1) -> list[torch.Tensor]:
         """[(x, context, length, last)] -> each chunk's audio [b, length * 512 (- 256 if last)], in
         order. Chunks of one kind and T are decoded together, up to max_batch chunks per call."""
         out: list[torch.Tensor | None] = [None] * len(chunks)

@@ -16,7 +16,7 @@ from velocity.sampling_params import SamplingParams
 from velocity.serving.core_board import CoreBoard, ThreadLender, board_path
 from velocity.serving.metrics import LLM, make_metrics
 from velocity.serving.protocol import error_outputs
-from velocity.serving.requests import decoder_input, flag_input, input_reader
+from velocity.serving.passed_inputs import decoder_input, flag_input, input_reader
 from velocity.serving.settings import Settings
 from velocity.serving.stub_exit import end_quickly
 from velocity.serving.stream_host import Streams

@@ -2,15 +2,15 @@
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from velocity.serving.inputs import triton_inputs
-from velocity.serving.requests import flag_input, input_reader, params_arrays
+from velocity.serving.input_table import triton_inputs
+from velocity.serving.passed_inputs import flag_input, input_reader, params_arrays
 from velocity.serving.tts_request import TTSFront, parse_triton_request, parse_tts_request
 
 
 class TritonPythonModel:
     @staticmethod
     def auto_complete_config(config):
-        """The inputs from the request table (velocity/serving/inputs.py)."""
+        """The inputs from the request table (velocity/serving/input_table.py)."""
         for spec in triton_inputs("text_frontend"):
             config.add_input(spec)
         # tts_offline's check: PROBLEM says what is wrong with the request ("" if nothing), as a

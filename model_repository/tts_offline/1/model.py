@@ -4,7 +4,7 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from velocity.serving.inputs import triton_inputs
+from velocity.serving.input_table import triton_inputs
 from velocity.serving.settings import Settings
 from velocity.serving.stub_exit import end_quickly
 
@@ -12,7 +12,7 @@ from velocity.serving.stub_exit import end_quickly
 class TritonPythonModel:
     @staticmethod
     def auto_complete_config(config):
-        """The inputs from the request table (velocity/serving/inputs.py)."""
+        """The inputs from the request table (velocity/serving/input_table.py)."""
         for spec in triton_inputs("tts_offline"):
             config.add_input(spec)
         return config

@@ -21,8 +21,8 @@ import triton_python_backend_utils as pb_utils
 from velocity.serving.chunk_queue import ChunkQueue
 from velocity.serving.core_board import CoreBoard, board_path
 from velocity.serving.metrics import VOCODER, count_decode, make_metrics
-from velocity.serving.protocol import STREAM_PROBE, ChunkIn, Job, chunk_refusal, read_chunk, same_shape, vocoder_outputs
-from velocity.serving.requests import input_reader
+from velocity.serving.protocol import STREAM_PROBE, CodeChunkIn, Job, chunk_refusal, read_chunk, same_shape, vocoder_outputs
+from velocity.serving.passed_inputs import input_reader
 from velocity.serving.settings import Settings
 from velocity.serving.stub_exit import end_quickly
 from velocity.serving.stream_board import CANCELLED, FAILED, StreamBoard
@@ -78,7 +78,7 @@ class TritonPythonModel:
         self.metrics["backlog"].set(len(self.queue))
         return None
 
-    def _refusal(self, c: ChunkIn):
+    def _refusal(self, c: CodeChunkIn):
         """The error response for a chunk that is not to be decoded, or None."""
         d = self.decoder
         if (why := chunk_refusal(c, self.settings, d.num_vq, d.num_codes, d.hidden_size)) is None:

@@ -6,7 +6,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from velocity.serving.drain import draining
-from velocity.serving.requests import input_reader, text_input
+from velocity.serving.passed_inputs import input_reader, text_input
 from velocity.serving.settings import Settings
 from velocity.serving.stub_exit import end_quickly
 
