@@ -10,10 +10,10 @@ outside, every POLL_S seconds:
   each named by its instance (`llm_0_0`) on its command line;
 - once Triton is ready the stubs are known; a stub that is gone, or Triton itself, is a part
   failure: counted (`velocity_part_failures_total{part}`), logged; when it is not on every
-  stream's path (UNNAMED), the llm first ends its streams with an error naming the part (`failed` and `told.<pid>` in the run dir, at
-  most TELL_S: velocity.serving.drain); then the whole group is killed (SIGKILL), so every
-  stream left ends with an error at once (UNAVAILABLE on gRPC; the gateways name the part from
-  readiness's reason), and serve.sh starts the server again;
+  stream's path (UNNAMED), the llm first ends its streams with an error naming the part
+  (`failed` and `told.<pid>` in the run dir, at most TELL_S: velocity.serving.drain); then the
+  whole group is killed (SIGKILL), so every stream left ends with an error at once (UNAVAILABLE
+  on gRPC; the gateways name the part from readiness's reason), and serve.sh starts it again;
 - until the new server is ready, readiness is false (`failed` names the part); liveness turns
   false only when the server has not been ready for `live_grace_s` (a server that cannot come
   back: Kubernetes then restarts the container).
