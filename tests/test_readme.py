@@ -114,7 +114,8 @@ def test_the_configuration_table_is_the_settings():
     from velocity.serving.settings import Settings
 
     rows = dict(re.findall(r"^\| `VELOCITY_([A-Z_]+)` \| ([^|]+) \|", DOCS["configuration.md"], re.M))
-    want = {f.name.upper(): str(f.default) for f in fields(Settings)}
+    want = {f.name.upper(): str(f.default).lower() if isinstance(f.default, bool) else str(f.default)
+            for f in fields(Settings)}
     got = {k: v.strip().strip("`").replace("(empty)", "") for k, v in rows.items()}
     assert got == want
 

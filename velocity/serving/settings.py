@@ -38,26 +38,25 @@ class Settings:
     voices: str = ""                         # VELOCITY_VOICES: a voices file or folder (default: <weights>/voices.json)
     default_voice: str = "amber"             # VELOCITY_DEFAULT_VOICE: for requests that name no voice ("": none)
     lexicon: str = ""                        # VELOCITY_LEXICON: a pronunciation lexicon (default: <weights>/lexicon.json)
-    # 1: a text of several sentences without a voice sample keeps its first sentence's voice, as the
+    # On: a text of several sentences without a voice sample keeps its first sentence's voice, as the
     # reference speaks it (velocity.tts.carry_over); the first sentence is generated twice, and the
     # first audio waits for it. A request's VOICE_CARRY_OVER overrides it.
-    voice_carry_over: int = 0                # VELOCITY_VOICE_CARRY_OVER
+    voice_carry_over: bool = False           # VELOCITY_VOICE_CARRY_OVER
     # Requests in flight in the llm (running, waiting, or between sentences); one more is refused
     # with UNAVAILABLE ("server busy") instead of queueing without bound. 0: no limit.
     max_concurrent_requests: int = 256       # VELOCITY_MAX_CONCURRENT_REQUESTS
     run_dir: str = ""                        # VELOCITY_RUN_DIR: set by serve.sh for the drain handshake
     # CPU threads per model process. The llm and the vocoder run at the same time in separate
     # processes; two full OpenMP pools on the same cores spin against each other.
-    # Default: the vocoder one thread, the llm the other cores (measured on 2 cores: 16 streams
-    # gave 0.93 audio s/s split this way against 0.84 with two full pools; docs/benchmarks.md).
+    # Default: the vocoder one thread, the llm the other cores.
     llm_threads: int = 0                     # VELOCITY_LLM_THREADS (0: all cores but the vocoder's)
     vocoder_threads: int = 1                 # VELOCITY_VOCODER_THREADS
-    # 1: the llm also takes the vocoder's threads while no vocoder decodes (velocity.serving.core_board)
-    lend_vocoder_cores: int = 1              # VELOCITY_LEND_VOCODER_CORES
+    # On: the llm also takes the vocoder's threads while no vocoder decodes (velocity.serving.core_board)
+    lend_vocoder_cores: bool = True          # VELOCITY_LEND_VOCODER_CORES
     # Queued chunks of one length the vocoder decodes in one call (0: 32 on a GPU, 1 on CPU,
     # where a batch costs what its chunks do one by one and only delays the most urgent)
     vocoder_batch: int = 0                   # VELOCITY_VOCODER_BATCH
-    pack_cpu_weights: int = 1                # VELOCITY_PACK_CPU_WEIGHTS: 1: oneDNN-prepacked llm and vocoder weights on CPU
+    pack_cpu_weights: bool = True            # VELOCITY_PACK_CPU_WEIGHTS: on: oneDNN-prepacked llm and vocoder weights on CPU
     # int8: the llm's transformer layers on int8 weights and per-token int8 activations (CPU):
     # faster decode steps, a little more perplexity on a real model, and the output is no longer
     # the reference's (docs/benchmarks.md "int8 on CPU")
@@ -65,9 +64,9 @@ class Settings:
     # int8: the vocoder's ConvNeXt linears on int8 weights (CPU): faster decoding, not the float32
     # decode's audio (docs/benchmarks.md "int8 on CPU" has both)
     vocoder_quantize: str = "none"           # VELOCITY_VOCODER_QUANTIZE: none or int8
-    cpu_kernel: int = 1                      # VELOCITY_CPU_KERNEL: 1: the C++ CPU kernels (attention, sort)
-    gpu_kernels: int = 1                     # VELOCITY_GPU_KERNELS: 1: the decoder layer on the Triton kernels (CUDA)
-    graph_sampler: int = 1                   # VELOCITY_GRAPH_SAMPLER: 1: ChatTTS's sampler inside the decode graphs (CUDA)
+    cpu_kernel: bool = True                  # VELOCITY_CPU_KERNEL: on: the C++ CPU kernels (attention, sort)
+    gpu_kernels: bool = True                 # VELOCITY_GPU_KERNELS: on: the decoder layer on the Triton kernels (CUDA)
+    graph_sampler: bool = True               # VELOCITY_GRAPH_SAMPLER: on: ChatTTS's sampler inside the decode graphs (CUDA)
     log_level: str = "INFO"                  # VELOCITY_LOG_LEVEL: velocity's lines in the server log
     # the OpenAI-compatible gateway (velocity-tts-gateway)
     gateway_api_keys: str = ""               # VELOCITY_GATEWAY_API_KEYS: comma-separated keys ("": open)
@@ -76,9 +75,9 @@ class Settings:
     gateway_cors_origins: str = ""           # VELOCITY_GATEWAY_CORS_ORIGINS: comma-separated ("": no CORS)
     # web pages (origins) besides the gateway's own that may open its WebSockets ("*": any)
     gateway_origins: str = ""                # VELOCITY_GATEWAY_ORIGINS: comma-separated
-    # An input over VELOCITY_MAX_TEXT_CHARS: 0 refuses it (400, as the server would); 1 speaks it
+    # An input over VELOCITY_MAX_TEXT_CHARS: off refuses it (400, as the server would); on speaks it
     # in pieces within the limit, cut at paragraphs and sentences, two generating at once, in order.
-    gateway_long_text: int = 0               # VELOCITY_GATEWAY_LONG_TEXT
+    gateway_long_text: bool = False          # VELOCITY_GATEWAY_LONG_TEXT
     gateway_long_text_max_chars: int = 100_000   # VELOCITY_GATEWAY_LONG_TEXT_MAX_CHARS: the whole of a long text
     # A client that takes nothing of its audio for this long is gone: its speech is stopped (its
     # unread audio past the sockets' buffers is a few sentences: see velocity.gateway.sentences)
@@ -104,7 +103,7 @@ class Settings:
             raw = os.environ.get(f"VELOCITY_{f.name.upper()}")
             if raw is not None:
                 try:
-                    setattr(s, f.name, type(getattr(s, f.name))(raw))
+                    setattr(s, f.name, parse(raw, type(getattr(s, f.name))))
                 except ValueError as e:
                     raise ValueError(f"VELOCITY_{f.name.upper()}={raw!r}: {e}") from e
         return s
@@ -140,8 +139,8 @@ class Settings:
         from velocity.config import EngineConfig
         return EngineConfig(model=self.weights, device=self.device, dtype=self.dtype, kv_cache_bytes=self.kv_cache_bytes,
                             gpu_memory_utilization=self.gpu_memory_utilization, max_num_seqs=self.max_num_seqs,
-                            pack_cpu_weights=bool(self.pack_cpu_weights), cpu_kernel=bool(self.cpu_kernel),
-                            gpu_kernels=bool(self.gpu_kernels), graph_sampler=bool(self.graph_sampler), quantize=self.quantize)
+                            pack_cpu_weights=self.pack_cpu_weights, cpu_kernel=self.cpu_kernel,
+                            gpu_kernels=self.gpu_kernels, graph_sampler=self.graph_sampler, quantize=self.quantize)
 
     def backlog_frames(self) -> int:
         """VELOCITY_BACKLOG_SECONDS in frames (0: no bound), raised to one largest chunk and its
@@ -155,3 +154,18 @@ class Settings:
     def schedule(self) -> ChunkSchedule:
         # A VELOCITY_CHUNK_REST above the default largest chunk means chunks of that size, no growth.
         return ChunkSchedule(self.chunk_first, self.chunk_rest, max(self.chunk_largest, self.chunk_rest))
+
+
+ON = ("1", "true", "yes", "on")
+OFF = ("0", "false", "no", "off")
+
+
+def parse(raw: str, kind: type) -> object:
+    """A variable's text as its setting's type; an on/off setting takes 1/0, true/false, yes/no or
+    on/off (bool("0") would be True)."""
+    if kind is not bool:
+        return kind(raw)
+    word = raw.strip().lower()
+    if word not in ON + OFF:
+        raise ValueError(f"an on/off setting takes {', '.join(ON)} or {', '.join(OFF)}")
+    return word in ON

@@ -84,7 +84,7 @@ def parse_tts_request(get, front: TTSFront) -> TTSRequest:
         req.code_prefix = frontend.code_prefix(vec.size > 0, prompt, sample_text)
     carry = v["VOICE_CARRY_OVER"]
     if carry is None:
-        carry = bool(front.settings.voice_carry_over)
+        carry = front.settings.voice_carry_over
     if carry and v["REFINE_TEXT"] and v["VOICE_CARRY_OVER"]:
         raise ValueError("VOICE_CARRY_OVER cannot be combined with REFINE_TEXT yet: send one of them")
     if carry and sample is None and req.refine is None and len(sentences) > 1:

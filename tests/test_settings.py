@@ -1,0 +1,40 @@
+"""Settings from the environment: each variable read as its setting's type, an on/off setting as
+a word (bool("0") would be True), and a value that is neither refused naming its variable."""
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pytest
+
+from velocity.serving.settings import Settings
+
+ON_OFF = [f.name for f in fields(Settings) if isinstance(f.default, bool)]
+
+
+def test_the_on_off_settings_are_bools():
+    assert set(ON_OFF) >= {"voice_carry_over", "lend_vocoder_cores", "pack_cpu_weights", "cpu_kernel",
+                           "gpu_kernels", "graph_sampler", "gateway_long_text"}
+
+
+@pytest.mark.parametrize("raw, want", [("0", False), ("1", True), ("false", False), ("TRUE", True),
+                                       (" off ", False), ("On", True), ("no", False), ("yes", True)])
+def test_an_on_off_setting_reads_its_words(monkeypatch, raw, want):
+    for name in ON_OFF:
+        monkeypatch.setenv(f"VELOCITY_{name.upper()}", raw)
+    s = Settings.from_env()
+    assert {name: getattr(s, name) for name in ON_OFF} == dict.fromkeys(ON_OFF, want)
+
+
+@pytest.mark.parametrize("name, raw", [("cpu_kernel", "maybe"), ("gateway_long_text", ""), ("max_num_seqs", "many")])
+def test_a_value_of_the_wrong_kind_names_its_variable(monkeypatch, name, raw):
+    monkeypatch.setenv(f"VELOCITY_{name.upper()}", raw)
+    with pytest.raises(ValueError, match=f"VELOCITY_{name.upper()}={raw!r}"):
+        Settings.from_env()
+
+
+def test_other_settings_keep_their_types(monkeypatch):
+    monkeypatch.setenv("VELOCITY_MAX_NUM_SEQS", "7")
+    monkeypatch.setenv("VELOCITY_BACKLOG_SECONDS", "2.5")
+    monkeypatch.setenv("VELOCITY_DEVICE", "cpu")
+    s = Settings.from_env()
+    assert (s.max_num_seqs, s.backlog_seconds, s.device) == (7, 2.5, "cpu")
