@@ -30,7 +30,7 @@ RUN python3 -m venv --system-site-packages .venv \
 COPY pyproject.toml README.md ./
 COPY velocity ./velocity
 COPY client ./client
-RUN .venv/bin/pip install --no-cache-dir ".[gpu]" "tritonclient[grpc,http]==2.51.0"
+RUN .venv/bin/pip install --no-cache-dir ".[engine,gpu,gateway,client]" "tritonclient[grpc,http]==2.51.0"
 COPY model_repository ./model_repository
 COPY scripts ./scripts
 

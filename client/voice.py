@@ -12,6 +12,12 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:                                   # the release's DVAE encoder runs here, on torch
+        import torch  # noqa: F401
+    except ImportError:
+        print("velocity-tts-voice encodes with the release's DVAE, which needs the engine: "
+              "pip install 'velocity-tts[engine]'", file=sys.stderr)
+        return 2
     from velocity.serving.settings import Settings
     from velocity.tts.speaker import encode_sample
     from velocity.tts.audio_file import SAMPLE_RATE, read_audio

