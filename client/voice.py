@@ -7,14 +7,13 @@ release's DVAE encoder; the same string as the reference's Chat.sample_audio_spe
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:                                   # the release's DVAE encoder runs here, on torch
-        import torch  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("torch") is None:    # the release's DVAE encoder runs here, on torch
         print("velocity-tts-voice encodes with the release's DVAE, which needs the engine: "
               "pip install 'velocity-tts[engine]'", file=sys.stderr)
         return 2

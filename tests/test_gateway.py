@@ -193,6 +193,23 @@ def test_models_voices_and_health(gateway, openai_client):
     assert urllib.request.urlopen(gateway + "/health", timeout=10).status == 200
 
 
+def test_the_api_page_shows_every_body_field_with_its_range_and_help(gateway):
+    """FastAPI's /docs (Swagger UI) over /openapi.json, whose speech body is the gateway's body
+    model: every field of the request table, with its help and its range (the server's limits)."""
+    from velocity.serving.input_table import INPUTS
+
+    with urllib.request.urlopen(gateway + "/docs", timeout=10) as r:
+        assert r.status == 200 and "/openapi.json" in r.read().decode()
+    spec = json.loads(urllib.request.urlopen(gateway + "/openapi.json", timeout=10).read())
+    body = spec["paths"]["/v1/audio/speech"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert set(body["required"]) == {"model", "input", "voice"}
+    for i in INPUTS:
+        if i.api_field:
+            assert body["properties"][i.api_field]["description"] == i.describe(), i.name
+    assert body["properties"]["max_new_tokens"]["anyOf"][0]["maximum"] == 200     # the server's VELOCITY_MAX_NEW_TOKENS
+    assert body["properties"]["response_format"]["enum"] == ["mp3", "opus", "aac", "flac", "wav", "pcm"]
+
+
 def test_the_readmes_gateway_examples(gateway, tmp_path):
     """The README's curl body and openai snippet, as written (the port and the file moved)."""
     import re
@@ -390,10 +407,13 @@ def test_instructions_pass_through_only_as_control_tokens():
     """No server: OpenAI's `instructions` become text refine's prompt (and the speed) when they
     hold only ChatTTS's control tokens, and are ignored otherwise."""
     from velocity.gateway.speech_request import triton_values
+    from velocity.gateway.speech_schema import speech_model
+
+    model = speech_model()
 
     def values(instructions: str) -> dict:
         body = {"model": "gpt-4o-mini-tts", "voice": "alloy", "input": "Hi.", "instructions": instructions}
-        return triton_values(body, {"amber": "speaker", "alloy": "alias"})[0]
+        return triton_values(model, body, {"amber": "speaker", "alloy": "alias"})[0]
 
     plain = values("")
     assert plain == {"TEXT": "Hi.", "PROMPT": "[speed_5]", "VOICE": "alloy"}

@@ -3,9 +3,9 @@ the parser's checks, the files scripts/gen_inputs.py writes, the gateway's body 
 client's options. That the running models declare the table's inputs is in test_tts_server.py."""
 from __future__ import annotations
 
-import json
-
+import functools
 import importlib.util
+import json
 import math
 
 import numpy as np
@@ -117,9 +117,12 @@ def test_one_pass_reads_and_checks_everything():
 
 def test_the_gateway_takes_every_inputs_field():
     """Each input with an API field goes from the body to its input, type-checked."""
-    from velocity.gateway.speech_request import triton_values
+    from velocity.gateway.speech_request import triton_values as values_of
+    from velocity.gateway.speech_schema import speech_model
     from velocity.gateway.upstream import ApiError
 
+    model = speech_model()
+    triton_values = functools.partial(values_of, model)
     base = {"model": "tts-1", "voice": "amber", "input": "Hi."}
     sample = {"BYTES": "[oral_2]", "BOOL": True, "INT32": 3, "INT64": 5, "FP32": 0.5}
     fields = [i for i in INPUTS if i.api_field]
@@ -135,6 +138,51 @@ def test_the_gateway_takes_every_inputs_field():
         if i.json:                                # the object itself, as its JSON text
             got = triton_values(base | {i.api_field: {"SQL": "sequel"}}, {"amber": "speaker"})[0]
             assert json.loads(got[i.name]) == {"SQL": "sequel"}
+
+
+def test_the_body_model_is_the_table():
+    """The gateway's body model (its validation and its OpenAPI page) has a field for each input
+    with a body field: its type, its range, and the table's help as its description."""
+    from velocity.gateway.speech_schema import OPENAI, speech_model
+
+    props = speech_model(SETTINGS).model_json_schema()["properties"]
+    fields = [i for i in INPUTS if i.api_field]
+    assert set(props) == set(OPENAI) | {i.api_field for i in fields}
+    json_type = {"BYTES": "string", "BOOL": "boolean", "INT32": "integer", "INT64": "integer", "FP32": "number"}
+    for i in fields:
+        p = props[i.api_field]
+        assert p["description"] == i.describe(), i.name
+        kinds = {t.get("type") for t in p["anyOf"]} - {"null"}
+        assert kinds == ({"object", "string"} if i.json else {json_type[i.dtype]}), (i.name, p)
+        t = next(t for t in p["anyOf"] if t.get("type") != "null")
+        if i.lo is not None:
+            assert t["exclusiveMinimum" if i.lo_open else "minimum"] == i.lo, (i.name, p)
+        hi = i.limit(i.hi, SETTINGS)
+        if hi is not None:
+            assert t["exclusiveMaximum" if i.hi_open else "maximum"] == hi, (i.name, p)
+    assert props["max_new_tokens"]["anyOf"][0]["maximum"] == SETTINGS.max_new_tokens     # the server's limit
+
+
+def test_a_new_input_reaches_the_body_model_with_no_other_line():
+    """An input added to the table is a body field: validated with its range, shown with its help."""
+    from velocity.gateway.speech_request import triton_values
+    from velocity.gateway.speech_schema import read_body, speech_model
+    from velocity.gateway.upstream import ApiError
+    from velocity.serving.input_table import Input
+
+    table = (*INPUTS, Input("PITCH", "FP32", "a new input: the voice's pitch", 1.0, lo=0.5, hi=2))
+    model = speech_model(SETTINGS, table)
+    assert model.model_json_schema()["properties"]["pitch"]["description"].startswith("a new input")
+    base = {"model": "tts-1", "voice": "amber", "input": "Hi."}
+    assert read_body(model, base | {"pitch": 1.5}, SETTINGS, table).pitch == 1.5
+    with pytest.raises(ApiError, match=r"pitch must be in \[0.5, 2\], got 3") as e:
+        read_body(model, base | {"pitch": 3}, SETTINGS, table)
+    assert e.value.param == "pitch"
+    with pytest.raises(ApiError, match="pitch must be float, got 'high'"):
+        read_body(model, base | {"pitch": "high"}, SETTINGS, table)
+    assert "pitch" not in speech_model(SETTINGS).model_fields            # the table's own model is unchanged
+    assert triton_values(speech_model(SETTINGS), base | {"pitch": 3}, {"amber": "speaker"})[0] == {
+        "TEXT": "Hi.", "PROMPT": "[speed_5]", "VOICE": "amber"}       # not in the table: an unknown field, ignored
 
 
 def test_the_client_has_an_option_for_each_input():

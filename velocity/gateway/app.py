@@ -8,14 +8,15 @@ WebSocket and ElevenLabs'), site (the web page, health and metrics), behind guar
 keys, the body limit, fair share), all sharing one state.AppState.
 
 Also `GET /v1/models`, `GET /v1/audio/voices` (the server's `voices` model), `GET /health`
-(200 only while Triton's `tts` is ready and its server is not draining) and the web page at `/`
-(page.html). Errors have OpenAI's shape, {"error": {"message", "type", "param", "code"}}: 400
-for what the request got wrong, 413 for a body over the limit (however it is sent), 415 for a
-body not sent as application/json, 503 with
-Retry-After when the server is busy, draining or unreachable (restarting after a failure), 504
-when the request's timeout passed. An error after the audio began ends the response abnormally
-(no last chunk of the chunked body; an `error` event first on SSE), so that a client can tell
-cut audio from whole.
+(200 only while Triton's `tts` is ready and its server is not draining), the web page at `/`
+(page.html) and the API's page at `/docs` (OpenAPI: the speech body's model, speech_schema).
+
+Errors have OpenAI's shape, {"error": {"message", "type", "param", "code"}}: 400 for what the
+request got wrong, 413 for a body over the limit (however it is sent), 415 for a body not sent
+as application/json, 503 with Retry-After when the server is busy, draining or unreachable
+(restarting after a failure), 504 when the request's timeout passed. An error after the audio
+began ends the response abnormally (no last chunk of the chunked body; an `error` event first on
+SSE), so that a client can tell cut audio from whole.
 
 The WebSockets refuse a page of another origin than the gateway's own (HTTP 403) unless
 VELOCITY_GATEWAY_ORIGINS (or VELOCITY_GATEWAY_CORS_ORIGINS) allows it.
@@ -36,6 +37,7 @@ from velocity.gateway.guard import Guard, api_keys, error_response
 from velocity.gateway.site import site_router
 from velocity.gateway.socket_api import socket_router
 from velocity.gateway.speech_api import speech_router
+from velocity.gateway.speech_schema import speech_model
 from velocity.gateway.state import AppState, GatewayMetrics
 from velocity.gateway.upstream import ApiError, Gateway
 
@@ -53,14 +55,16 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
     origins = {o.strip().rstrip("/") for o in f"{settings.gateway_origins},{settings.gateway_cors_origins}".split(",")
                if o.strip()}
     state = AppState(settings, Gateway(triton_url, retries, admission, settings.gateway_health_url), admission,
-                     GatewayMetrics(), origins, api_keys(settings))
+                     GatewayMetrics(), origins, api_keys(settings), speech_model(settings))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
         await state.gw.close()
 
-    app = FastAPI(title="velocity-tts", docs_url=None, redoc_url=None, lifespan=lifespan)
+    # /docs: the API's OpenAPI page (Swagger UI), every body field with its range and help
+    app = FastAPI(title="velocity-tts", description=__doc__.split("\n\n")[0], docs_url="/docs", redoc_url=None,
+                  lifespan=lifespan)
     app.add_middleware(Guard, keys=state.keys, admission=admission, limit=settings.gateway_max_body_bytes)
     # added after the guard, so outside it: preflights (no key) are answered by CORS
     if settings.gateway_cors_origins:

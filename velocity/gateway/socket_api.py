@@ -10,7 +10,6 @@ from fastapi import APIRouter, WebSocket
 
 from velocity.gateway import elevenlabs, fair
 from velocity.gateway.guard import api_key, error_response, origin_allowed
-from velocity.gateway.speech_request import triton_values
 from velocity.gateway.speech_socket import PATH, SpeechSocket
 from velocity.gateway.state import AppState
 from velocity.gateway.upstream import ApiError
@@ -57,7 +56,7 @@ def socket_router(state: AppState) -> APIRouter:
         try:
             await ws.accept()
             names = await gw.voice_names(fresh=True)
-            await SpeechSocket(ws, gw, lambda body: state.seeded(triton_values(body, names, settings)[0]),
+            await SpeechSocket(ws, gw, lambda body: state.speech_values(body, names)[0],
                                state.metrics.disconnects.inc, settings.gateway_send_timeout,
                                settings.gateway_idle_timeout).run()
         finally:
@@ -80,7 +79,7 @@ def socket_router(state: AppState) -> APIRouter:
 
         def values_of(text: str, speed: float) -> dict:
             body = {"model": "tts-1", "voice": voice_id, "input": text, "response_format": "pcm", "speed": speed}
-            return state.seeded(triton_values(body, names, settings)[0])
+            return state.speech_values(body, names)[0]
 
         try:
             rate = elevenlabs.output_rate(ws.query_params.get("output_format"))

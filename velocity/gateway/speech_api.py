@@ -21,8 +21,8 @@ from velocity.gateway import json_body
 from velocity.gateway.client_io import ClientGone, send_within
 from velocity.gateway.encode import FORMATS, Encoder
 from velocity.gateway.sentences import SentencePipe, split_long
-from velocity.gateway.speech_request import (MODELS, SAMPLE_RATE, TIMEOUT_HEADER, Marks, marks_asked, request_timeout,
-                                             triton_values)
+from velocity.gateway.speech_request import SAMPLE_RATE, TIMEOUT_HEADER, Marks, marks_asked, request_timeout
+from velocity.gateway.speech_schema import MODELS
 from velocity.gateway.state import AppState
 from velocity.gateway.upstream import ApiError, Gateway
 
@@ -133,7 +133,13 @@ def speech_router(state: AppState) -> APIRouter:
                 raise ClientLeft
         return task.result()
 
-    @router.post("/v1/audio/speech")
+    # the body is read here, bounded (read_body, json_body), and validated by its model: the
+    # OpenAPI page takes the model's schema from here
+    body_schema = {"content": {"application/json": {"schema": state.body_model.model_json_schema()}}, "required": True}
+
+    @router.post("/v1/audio/speech", openapi_extra={"requestBody": body_schema},
+                 responses={200: {"description": "the audio, streamed as it is made",
+                                  "content": {t: {} for t in dict.fromkeys(FORMATS.values())}}})
     async def speech(request: Request):
         kind = request.headers.get("content-type", "")
         if kind.split(";")[0].strip().lower() != "application/json":
@@ -151,10 +157,9 @@ def speech_router(state: AppState) -> APIRouter:
         label = fmt if isinstance(fmt, str) and fmt in FORMATS else "other"
         t0 = time.perf_counter()
         try:
-            values, fmt, stream_format = triton_values(body, names, settings)
-            values = state.seeded(values)
-            want_marks = marks_asked(body, stream_format)
-            timeout = request_timeout(body, request.headers.get(TIMEOUT_HEADER))
+            values, req = state.speech_values(body, names)
+            fmt, stream_format, want_marks = req.response_format, req.stream_format, marks_asked(req)
+            timeout = request_timeout(req, request.headers.get(TIMEOUT_HEADER))
             if settings.gateway_long_text and len(values["TEXT"]) > settings.max_text_chars:
                 if len(values["TEXT"]) > settings.gateway_long_text_max_chars:
                     raise ApiError(400, f"input has {len(values['TEXT'])} characters; a long text may have "

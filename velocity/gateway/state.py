@@ -1,8 +1,10 @@
 """What the gateway's routers share: its settings, the Triton side, the caps, its metrics, the
-pages that may open a socket and the API keys (AppState, made once by create_app)."""
+pages that may open a socket, the API keys and the speech body's model (AppState, made once by
+create_app)."""
 from dataclasses import dataclass
 
 from velocity.gateway import fair
+from velocity.gateway.speech_request import triton_values
 from velocity.gateway.upstream import Gateway
 
 
@@ -36,9 +38,12 @@ class AppState:
     metrics: GatewayMetrics
     origins: set[str]                 # VELOCITY_GATEWAY_ORIGINS and _CORS_ORIGINS
     keys: set[str]                    # the API keys (none: open)
+    body_model: type                  # the speech body's Pydantic model (speech_schema.speech_model)
 
-    def seeded(self, values: dict) -> dict:
-        """VELOCITY_GATEWAY_DEFAULT_SEED for a request that names no seed."""
+    def speech_values(self, body: dict, voices: dict[str, str]) -> tuple[dict, object]:
+        """A speech body -> (its `tts` inputs, the body as its model): speech_request.triton_values,
+        with VELOCITY_GATEWAY_DEFAULT_SEED for a request that names no seed."""
+        values, req = triton_values(self.body_model, body, voices, self.settings)
         if self.settings.gateway_default_seed >= 0 and values.get("SEED") is None:
-            return values | {"SEED": self.settings.gateway_default_seed}
-        return values
+            values |= {"SEED": self.settings.gateway_default_seed}
+        return values, req
