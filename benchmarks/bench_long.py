@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness import ROOT, bench_texts, finish, median_ratio, medians, paired_rounds, save  # noqa: E402
 from client.long_text import speak_long  # noqa: E402
 from client.triton import stream_grpc  # noqa: E402
-from velocity.gateway.sentences import split_long  # noqa: E402
+from velocity.tts.text_pieces import split_long  # noqa: E402
 
 log = logging.getLogger("bench_long")
 

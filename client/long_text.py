@@ -1,7 +1,7 @@
 """A text over the server's limit (a book, a long article) as a pipeline of requests.
 
 The text is cut at paragraphs, then at sentences, into pieces of at most `limit` characters
-(velocity.gateway.sentences.split_long, which the gateway's long texts use too); `speak_long` keeps `in_flight` of them generating at once and writes their
+(velocity.tts.text_pieces.split_long, which the gateway's long texts use too); `speak_long` keeps `in_flight` of them generating at once and writes their
 audio to the WAV in order as it comes, with a progress bar (sentences and audio seconds). A
 progress file beside the WAV (`<out>.progress.json`) records the pieces written; `resume`
 continues from there after an interruption, with the same text and settings.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from velocity.gateway.sentences import sentences_in
+from velocity.tts.text_pieces import sentences_in
 
 log = logging.getLogger("velocity-tts-client")
 _END = object()
@@ -137,7 +137,7 @@ def run_long(args, url: str, values: dict, subtype: str) -> int:
     """velocity-tts-client's long-text mode: a text over --max-chars as pieces in a pipeline over
     gRPC streams into the WAV (soundfile `subtype`); the exit status."""
     from client.triton import ServerError, stream_grpc
-    from velocity.gateway.sentences import split_long
+    from velocity.tts.text_pieces import split_long
 
     if args.out == "-" or args.http or args.offline:
         log.error("error: a text over --max-chars (%d) goes out in pieces over gRPC streams into a WAV file: "

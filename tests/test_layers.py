@@ -55,3 +55,15 @@ def test_the_sampler_sees_tensors_not_sequences():
             "print('velocity.engine.sequence' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_client_reaches_no_gateway():
+    """client/ talks to Triton; what it shares with the gateway (the request table, the sentence
+    rule, the response types) lives below both, in velocity.serving and velocity.tts."""
+    bad = []
+    for path in sorted((ROOT / "client").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            bad += [f"{path.relative_to(ROOT)} imports {n}" for n in names if n.startswith("velocity.gateway")]
+    assert not bad, bad

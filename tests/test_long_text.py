@@ -12,7 +12,7 @@ from client.long_text import Progress, speak_long
 from client.triton import ServerError, stream_grpc
 from client.tts_client import main as client_main
 from triton_server import assert_same_audio
-from velocity.gateway.sentences import split_long
+from velocity.tts.text_pieces import split_long
 
 BOOK = "\n\n".join(f"Paragraph {p} begins here. It has a second sentence, and that is all." for p in range(5))
 

@@ -17,7 +17,7 @@ from client.triton import stream_grpc
 from triton_server import (LONG_TEXT, ROOT, assert_same_pcm, assert_work_stops, free_port, listening, settle,
                            wait_for)
 from velocity.gateway.encode import pcm16
-from velocity.gateway.sentences import split_complete
+from velocity.tts.text_pieces import split_complete
 
 pytestmark = pytest.mark.server
 SEED = 3

@@ -1,78 +1,23 @@
-"""Text spoken a piece at a time: the sentence rule that Wyoming's streamed synthesize, the
-WebSockets and long texts share (`split_complete`, and `SentenceBuffer` for text as it is
-written; `split_long`: pieces within the server's text limit, cut at paragraphs and then
-sentences), and the pipe that speaks pieces in order with several generating at once
+"""Text spoken a piece at a time: `SentenceBuffer` for text as it is written (Wyoming's streamed
+synthesize and the WebSockets; the sentence rule is velocity.tts.text_pieces', which long texts
+share), and the pipe that speaks pieces in order with several generating at once
 (`SentencePipe`)."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import re
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from velocity.gateway.upstream import ApiError
+from velocity.tts.text_pieces import cut_at_word, split_complete
 
 log = logging.getLogger("velocity.gateway")
-# a sentence is complete when its end mark is followed by space (so "3.14" waits for more text);
-# the full-width marks of Chinese and Japanese end one at once
-SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|(?<=[。！？])")
-PARAGRAPH = re.compile(r"\n\s*\n")
 _END = object()
 MAX_PENDING_CHARS = 500        # streamed text with no sentence end past this is spoken, cut at a word
 MAX_QUEUED = 64                # sentences one stream may hold waiting to be spoken (about a page)
-
-
-def split_long(text: str, limit: int) -> list[str]:
-    """Pieces of at most `limit` characters, in order: whole paragraphs where they fit, else their
-    sentences packed together; a sentence longer than the limit is cut at its last space or comma
-    before it (at the limit if it has none)."""
-    pieces: list[str] = []
-    for para in (p.strip() for p in PARAGRAPH.split(text)):
-        if not para:
-            continue
-        if len(para) <= limit:
-            pieces.append(para)
-            continue
-        cur = ""
-        for sent in (s.strip() for s in SENTENCE_END.split(para)):
-            while len(sent) > limit:
-                head, sent = cut_at_word(sent, limit)
-                if cur:
-                    pieces.append(cur)
-                    cur = ""
-                pieces.append(head)
-            if not sent:
-                continue
-            if cur and len(cur) + 1 + len(sent) > limit:
-                pieces.append(cur)
-                cur = ""
-            cur = f"{cur} {sent}" if cur else sent
-        if cur:
-            pieces.append(cur)
-    return pieces
-
-
-def cut_at_word(text: str, limit: int) -> tuple[str, str]:
-    """(the head of text, at most `limit` characters, cut after its last space or comma; at the
-    limit where it has none, the rest)."""
-    head = text[:limit]
-    cut = max(head.rfind(" "), head.rfind(","), head.rfind("，"), head.rfind("、"))
-    cut = cut + 1 if cut > 0 else limit
-    return text[:cut].strip(), text[cut:].lstrip()
-
-
-def sentences_in(piece: str) -> int:
-    """The sentences in a piece of text (at least one), by the same rule."""
-    return max(1, len([s for s in SENTENCE_END.split(piece) if s.strip()]))
-
-
-def split_complete(text: str) -> tuple[list[str], str]:
-    """Streamed text -> (its complete sentences, the rest still being written)."""
-    parts = SENTENCE_END.split(text)
-    return [p.strip() for p in parts[:-1] if p.strip()], parts[-1]
 
 
 class SentenceBuffer:
