@@ -3,6 +3,7 @@ figure through it, and what it writes names the hardware."""
 from __future__ import annotations
 
 import json
+import os
 import re
 
 from triton_server import ROOT
@@ -151,3 +152,26 @@ def test_bench_step_profile_counts_every_frame_and_the_host_time(tmp_path):
     names = [name for name, _ in pr["top_host_ops"]]
     assert len(names) == 8 and all(ms >= 0 for _, ms in pr["top_host_ops"])
     assert any(n.startswith(("aten::", "mkldnn::")) for n in names), names
+
+
+def test_bench_first_audio_splits_the_first_audio_at_the_chunk_it_waits_for(tmp_path):
+    """bench_first_audio, in process (no server), on the tiny checkpoint: the first chunk waits for
+    exactly its frames and its lookahead (the prefill makes the first frame, a decode step each of
+    the others), and its parts add up to the first audio, none below zero."""
+    import subprocess
+    import sys
+
+    from velocity.demo.checkpoint import write_checkpoint
+
+    ck = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
+    env = {**os.environ, "VELOCITY_CHUNK_FIRST": "6", "VELOCITY_LOOKAHEAD": "5"}
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_first_audio.py"), "--weights", str(ck),
+                          "--no-triton", "--rounds", "1", "--first", "3", "--out", str(tmp_path / "fa")],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    res = json.loads((tmp_path / "fa.json").read_text())
+    assert (tmp_path / "fa.png").stat().st_size > 0
+    for arm, first in (("in-process, first 6", 6), ("in-process, first 3", 3)):
+        r = res["rounds"][0][arm]
+        assert r["decode_steps"] == first + 5 - 1, (arm, r)
+        assert all(v >= 0 for v in r["parts_s"].values()) and abs(sum(r["parts_s"].values()) - r["first_audio_s"]) < 1e-6
