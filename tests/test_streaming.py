@@ -275,3 +275,67 @@ def test_prepacked_decoders_are_the_float32_decode_to_its_rounding(tmp_path, fra
         a, b = ref.decode(x)[0], p.decode(x)[0]
         assert a.shape == b.shape and not torch.equal(a, b)
         assert ser_db(a, b) > 100, ser_db(a, b)
+
+
+def chunked_and_stateful(decoder, frames, schedule, lookahead, step, hidden=None, utterances=1):
+    """The same chunks (a FrameChunker's, frames a few at a time, `utterances` sentences of the
+    frames in turn) through the chunked decode and the stateful one: (chunked audio, stateful
+    audio, the chunked decode's frames per audio frame, the stateful decoder)."""
+    from velocity.tts.stateful_decoder import StatefulDecoder
+
+    sd, st = StreamingDecoder(decoder, schedule, lookahead=lookahead), StatefulDecoder(decoder)
+    a, b, fed = [], [], 0
+    per = len(frames) // utterances
+    for u in range(utterances):
+        part = range(u * per, (u + 1) * per)
+        for i in range(part.start, part.stop, step):
+            j = min(i + step, part.stop)
+            chunks = sd.cut(frames[i:j], final=j == part.stop, hidden=None if hidden is None else hidden[i:j].numpy())
+            a += [x[0] for x in decoder.decode_cut(chunks)]
+            b += [st.decode_cut(c)[0] for c in chunks]
+            fed += sum(len(c.codes) for c in chunks)
+            if chunks and chunks[-1].last:
+                assert st.utt is None                      # an utterance's state ends with its last chunk
+    return torch.cat(a), torch.cat(b), fed / (per * utterances), st
+
+
+@pytest.mark.parametrize("path", ["codes", "hidden"])
+@pytest.mark.parametrize("schedule,lookahead,step,n", [(ChunkSchedule(12, 36, 144), 16, 5, T),   # the server's
+                                                       (ChunkSchedule(4, 8), 6, 3, T),
+                                                       (ChunkSchedule(12, 36), 52, 7, T),         # exact
+                                                       (ChunkSchedule(1, 1), 2, 1, 60)])
+def test_the_stateful_decode_is_the_chunked_decode_with_each_frame_once(decoder, frames, hidden, path, schedule,
+                                                                       lookahead, step, n):
+    """Issue #48, item 1: each layer keeps its input's tail per stream and computes a position
+    once its input reaches past it (again only where a chunk's audio reads past its lookahead).
+    Its audio is the chunked decode's (left context whole): float rounding only, 100 dB SER as
+    above. It computes fewer positions (each layer weighted by its cost) than the chunked decode
+    feeds frames."""
+    a, b, fed, st = chunked_and_stateful(decoder, frames[:n], schedule, lookahead, step,
+                                         hidden[:n] if path == "hidden" else None)
+    assert a.shape == b.shape == (n * 512 - 256,)
+    assert ser_db(a, b) > 100, ser_db(a, b)
+    assert 1 <= st.cost_ratio() < fed, (st.cost_ratio(), fed)
+    if lookahead >= decoder.exact_context:
+        # nothing speculative: each position once, but for the utterance's tail, which a chunk cut
+        # before the chunker knew its end (lookahead short of 52) computed, and the last again
+        assert max(st.computed) <= 2 * n + 2 * decoder.exact_context, st.computed
+
+
+def test_the_stateful_decode_starts_each_utterance_afresh(decoder, frames, hidden):
+    """A stream of three sentences: each its own utterance (its last chunk half a frame shorter),
+    as the chunked decode decodes them."""
+    a, b, _, _ = chunked_and_stateful(decoder, frames, ChunkSchedule(12, 36, 144), 16, 5, hidden, utterances=3)
+    assert a.shape == b.shape == (T * 512 - 3 * 256,)
+    assert ser_db(a, b) > 100, ser_db(a, b)
+
+
+def test_a_chunk_out_of_order_is_refused(decoder, frames):
+    from velocity.tts.stateful_decoder import StatefulDecoder
+
+    sd, st = StreamingDecoder(decoder, ChunkSchedule(12, 36), lookahead=16), StatefulDecoder(decoder)
+    first, second = sd.cut(frames[:70])
+    st.decode_cut(first)
+    with pytest.raises(ValueError, match="out of order"):
+        st.decode_cut(first)
+    assert st.decode_cut(second).shape == (1, 36 * 512)

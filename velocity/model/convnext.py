@@ -26,6 +26,10 @@ class ConvNeXtBlock(nn.Module):
         return self.dwconv.dilation[0] * (self.dwconv.kernel_size[0] // 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.dwconv(x).transpose(1, 2)                       # [B, T, C]
+        return self.mix(x, self.dwconv(x))
+
+    def mix(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """After the depthwise conv: x [B, C, T] the input, y [B, C, T] its conv -> the block's output."""
+        y = y.transpose(1, 2)                                    # [B, T, C]
         y = self.pwconv2(F.gelu(self.pwconv1(self.norm(y))))
         return x + (getattr(self, self.scale_name) * y).transpose(1, 2)

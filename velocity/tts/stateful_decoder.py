@@ -1,0 +1,231 @@
+"""A stream's chunks through the decoders with each frame's layers computed once (issue #48, item 1).
+
+The chunked decode (AudioDecoder.decode_cut) decodes a chunk of frames [start, end) from the
+frames [start - left, end + lookahead): each chunk computes its left context again, in every
+layer. Here each layer keeps, per stream, the tail of its input that its next outputs need, and
+computes an output position once its input reaches far enough right: `reach` positions past it.
+What a chunk's audio needs beyond that frontier (the outputs that read past the lookahead) is
+computed as the chunked decode computes it, with the input ending at the lookahead (zeros past
+it, each layer's padding), and computed again, from the layer's kept input, once later frames
+arrive. The ISTFT is an overlap-add over the frames a chunk's samples need, divided by the
+window's squared sum as torch.istft divides.
+
+So a chunk's audio is the chunked decode's with its left context whole (left >= the decoders'
+exact context): equal up to float rounding. Positions are mel frames (two per GPT frame).
+`counts` says how many positions each layer computed, against those a whole decode computes.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from velocity.model.convnext import ConvNeXtBlock
+from velocity.model.dvae import DVAE
+from velocity.model.vocos import Vocos
+from velocity.tts.audio_decoder import AudioDecoder, chunk_input
+from velocity.tts.chunking import CodeChunk
+
+
+@dataclass(slots=True)
+class Layer:
+    """One layer over mel positions: run(window [1, C, n + 2 * reach]) -> [1, C', n]."""
+    reach: int
+    run: Callable[[torch.Tensor], torch.Tensor]
+    cost: int                                     # multiply-adds a position (its weights' size)
+
+
+def conv_layer(conv: torch.nn.Conv1d, after: Callable | None = None, before: torch.nn.Module | None = None) -> Layer:
+    """A Conv1d padded by its reach, run on a window without padding; `before` and `after` are
+    position-wise (a 1x1 conv, an activation, a norm)."""
+    d, k = conv.dilation[0], conv.kernel_size[0]
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        if before is not None:
+            x = before(x)
+        y = F.conv1d(x, conv.weight, conv.bias, dilation=d, groups=conv.groups)
+        return after(y) if after is not None else y
+
+    cost = conv.weight.numel() + (sum(p.numel() for p in before.parameters()) if before is not None else 0)
+    return Layer(d * (k // 2), run, cost)
+
+
+def block_layer(block: ConvNeXtBlock) -> Layer:
+    """A ConvNeXt block: its depthwise conv on the window, the rest on the centre positions."""
+    r = block.reach
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        conv = block.dwconv
+        y = F.conv1d(x, conv.weight, conv.bias, dilation=conv.dilation[0], groups=conv.groups)
+        return block.mix(x[:, :, r:x.shape[-1] - r], y)
+
+    return Layer(r, run, sum(p.numel() for p in block.parameters()))
+
+
+def layers_of(m: DVAE, vocos: Vocos) -> list[Layer]:
+    """The DVAE's (or Decoder's) convolution stack, its out_conv, and Vocos' backbone and head."""
+    stack, b = m.decoder, vocos.backbone
+
+    def norm(x: torch.Tensor) -> torch.Tensor:
+        return b.norm(x.transpose(1, 2)).transpose(1, 2)
+
+    def head(x: torch.Tensor) -> torch.Tensor:                # -> [1, n_fft + 2, n]
+        return vocos.head.out(b.final_layer_norm(x.transpose(1, 2))).transpose(1, 2)
+
+    head_layer = Layer(0, head, vocos.head.out.weight.numel())
+    return [conv_layer(stack.conv_in[0], after=stack.conv_in[1]), conv_layer(stack.conv_in[2]),
+            *[block_layer(blk) for blk in stack.decoder_block],
+            conv_layer(m.out_conv, before=stack.conv_out, after=lambda y: y * m.coef),
+            conv_layer(b.embed, after=norm), *[block_layer(blk) for blk in b.convnext], head_layer]
+
+
+@dataclass
+class LayerState:
+    """A layer's kept input, positions [start, start + kept.shape[-1]), all final; and its outputs'
+    final frontier."""
+    kept: torch.Tensor | None = None
+    start: int = 0
+    out_final: int = 0
+
+
+@dataclass
+class Utterance:
+    """One utterance's state: each layer's, the spectrum frames the next chunk's samples need, and
+    the GPT frames received so far."""
+    layers: list[LayerState]
+    frames: int = 0                                # GPT frames received
+    emitted: int = 0                               # GPT frames whose audio is out
+    spec: torch.Tensor | None = None               # final spectrum frames [1, bins, k] from spec_start
+    spec_start: int = 0
+    counts: list[int] = field(default_factory=list)   # positions computed, per layer
+
+
+class StatefulDecoder:
+    """decode(chunk) -> its audio [1, samples], for one stream's chunks in order (a FrameChunker's:
+    left context whole, any lookahead); each utterance (sentence) has its own state, freed at its
+    last chunk. counts() totals the positions each layer computed."""
+
+    def __init__(self, decoder: AudioDecoder) -> None:
+        self.decoder = decoder
+        self.hop, self.n_fft = decoder.vocos.cfg.hop_length, decoder.vocos.cfg.n_fft
+        self.window = decoder.vocos.window
+        self.layers = {False: layers_of(decoder.dvae, decoder.vocos)}
+        if decoder.decoder is not None:
+            self.layers[True] = layers_of(decoder.decoder, decoder.vocos)
+        # per layer: the reach of the layers after it (what its outputs must cover past the samples')
+        self.after = {k: [sum(layer.reach for layer in v[i + 1:]) for i in range(len(v))] for k, v in self.layers.items()}
+        self.utt: Utterance | None = None
+        self.computed = [0] * len(self.layers[False])        # all utterances' positions, per layer
+        self.final_positions = 0                             # mel positions of the audio out
+        self.position = 0                                    # GPT frames of the stream's audio out
+
+    def cost_ratio(self) -> float:
+        """Positions computed per audio position, each layer weighted by its cost (1: each once;
+        the chunked decode: (left + length + lookahead) / length)."""
+        costs = [layer.cost for layer in self.layers[False]]
+        return sum(c * n for c, n in zip(costs, self.computed)) / (sum(costs) * max(1, self.final_positions))
+
+    def decode_cut(self, chunk: CodeChunk) -> torch.Tensor:
+        """decode() of a FrameChunker's chunk: its audio [1, samples]."""
+        return self.decode(chunk_input(chunk), chunk.context, chunk.length, chunk.last, chunk.start)
+
+    @torch.inference_mode()
+    def decode(self, x: torch.Tensor, context: int, length: int, last: bool, at: int | None = None) -> torch.Tensor:
+        """The next chunk of the stream, as AudioDecoder.decode_chunks takes one: x the frames
+        [start - context, end + lookahead) (codes [1, num_vq, T] or hidden states [1, T, H]), of
+        which `length` after the context are its own -> their audio [1, length * 512 (- 256 if
+        last)]. Only the frames after those already seen are read. at: the chunk's first frame in
+        the stream (CodeChunk.start), checked against the frames decoded so far."""
+        if at is not None and at != self.position:
+            raise ValueError(f"a chunk out of order: it starts at frame {at}, the stream's audio is at {self.position} "
+                             "(a stream's chunks, each once, in order)")
+        hidden = x.is_floating_point()
+        layers = self.layers[hidden]
+        if self.utt is None:
+            self.utt = Utterance([LayerState() for _ in layers])
+        u = self.utt
+        start = u.emitted                                    # the chunk's first frame in its utterance
+        hi = start + x.shape[1 if hidden else 2] - context   # its frames reach this far
+        if context > start or hi < u.frames:
+            raise ValueError(f"a chunk out of order: context {context} at frame {start}, frames to {hi} "
+                             f"after {u.frames} (a stream's chunks, each once, in order)")
+        new = hi - u.frames                                  # frames not seen before
+        feats = self._features(x[:, -new:] if hidden else x[:, :, -new:], hidden) if new else None
+        u.frames = hi
+        end = start + length
+        cut = 2 * hi                                         # mel positions known (the input ends here)
+        final, spec, frontier = feats, None, cut             # this layer's input: new final part, speculative part
+        after = self.after[hidden]
+        for i, (layer, st) in enumerate(zip(layers, u.layers)):
+            # the outputs this chunk's samples need: the ISTFT's frames to 2 past its end, and each
+            # later layer's reach; the final ones, which later chunks need, whatever they are
+            done = cut if last else max(st.out_final, min(cut, frontier - layer.reach))
+            want = max(done, min(cut, 2 * end + 2 + after[i]))
+            final, spec, frontier = self._layer(layer, st, final, spec, done, want, cut, i)
+        audio = self._istft(u, final, spec, frontier, cut, 2 * start, 2 * end, last)
+        u.emitted = end
+        self.final_positions += 2 * length
+        self.position += length
+        if last:
+            self.utt = None
+        return audio
+
+    def _features(self, x: torch.Tensor, hidden: bool) -> torch.Tensor:
+        """GPT frames -> the first layer's input, 2 mel positions a frame (position-wise)."""
+        m = self.decoder.decoder if hidden else self.decoder.dvae
+        dev = next(m.parameters()).device
+        if hidden:
+            x = x.to(dev, next(m.parameters()).dtype).transpose(1, 2)
+        else:
+            x = m.embed(x.to(dev))
+        B, C, T = x.shape
+        return x.view(B, 2, C // 2, T).permute(0, 2, 3, 1).reshape(B, C // 2, 2 * T)
+
+    def _layer(self, layer: Layer, st: LayerState, final, spec, done: int, want: int, cut: int, i: int):
+        """Feed one layer `final` (its input's new final positions) and `spec` (the speculative ones
+        after them); it computes its outputs [out_final, want), of which [out_final, done) are
+        final. Its input ends at `cut` (zeros past it, as the chunked decode pads)."""
+        r = layer.reach
+        if final is not None and (st.kept is None or final.shape[-1]):
+            st.kept = final if st.kept is None else torch.cat([st.kept, final], dim=-1)
+        lo, hi = st.out_final - r, min(cut, want + r)        # the input positions the outputs read
+        parts = [st.kept[:, :, max(lo, 0) - st.start:]]
+        if spec is not None and spec.shape[-1]:
+            parts.append(spec)
+        window = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+        window = window[:, :, :hi - max(lo, 0)]
+        window = F.pad(window, (max(0, -lo), want + r - hi))  # zeros before the utterance and past the cut
+        out = layer.run(window)                              # positions [out_final, want)
+        self.computed[i] += out.shape[-1]
+        new_final, new_spec = out[:, :, :done - st.out_final], out[:, :, done - st.out_final:]
+        st.out_final = done
+        keep = max(0, done - r - st.start)                   # the next window starts at done - r
+        st.kept, st.start = st.kept[:, :, keep:], st.start + keep
+        return new_final, new_spec, done
+
+    def _istft(self, u: Utterance, final, spec, frontier: int, cut: int, s0: int, s1: int, last: bool) -> torch.Tensor:
+        """The samples of mel positions [s0, s1) (half a frame fewer at the utterance's end) from
+        the spectrum frames around them: overlap-add of the windowed inverse FFTs, over the window's
+        squared sum, as torch.istft(center=True)."""
+        x = final if u.spec is None else torch.cat([u.spec, final], dim=-1)
+        frames = torch.cat([x, spec], dim=-1) if spec is not None and spec.shape[-1] else x
+        first = u.spec_start                                 # frames[..., 0] is this spectrum frame
+        hop, n_fft, pad = self.hop, self.n_fft, self.n_fft // 2
+        fa, fb = max(0, s0 - 1), min(cut, s1 + 2)            # the frames the samples [s0, s1) * hop need
+        mag, phase = frames[:, :, fa - first:fb - first].float().chunk(2, dim=1)
+        spec_c = torch.polar(torch.exp(mag).clamp(max=1e2), phase)            # [1, bins, n]
+        win = self.window
+        y = torch.fft.irfft(spec_c, n=n_fft, dim=1) * win[None, :, None]      # [1, n_fft, n]
+        n = fb - fa
+        size = (n - 1) * hop + n_fft
+        ola = F.fold(y, (1, size), (1, n_fft), stride=(1, hop))[:, 0, 0]      # [1, size]
+        env = F.fold(win.pow(2)[None, :, None].expand(1, n_fft, n), (1, size), (1, n_fft), stride=(1, hop))[:, 0, 0]
+        origin = fa * hop - pad                              # the sample ola[0] is
+        a = s0 * hop - origin
+        b = s1 * hop - origin - (hop if last else 0)
+        audio = ola[:, a:b] / env[:, a:b]
+        keep = min(max(0, s1 - 1 - first), x.shape[-1])     # from the next chunk's first needed frame
+        u.spec, u.spec_start = x[:, :, keep:], first + keep
+        return audio
