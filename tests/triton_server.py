@@ -84,6 +84,8 @@ def assert_work_stops(server: TritonServer, left_at: float, within: float = 2.0)
     chunks = server.metric("velocity_vocoder_chunks_total")
     time.sleep(0.6)
     assert server.metric("velocity_vocoder_chunks_total") == chunks, "the vocoder went on decoding"
+    # its stateful decoder freed (CPU, VELOCITY_VOCODER_STATEFUL): at the cancel the vocoder saw
+    assert server.metric("velocity_vocoder_stream_decoders") == 0, "the vocoder holds the decoder of a stream that left"
 
 
 def llm_inputs(url: str, values: dict) -> list:

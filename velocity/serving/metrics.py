@@ -51,6 +51,12 @@ VOCODER = {
     "backlog": ("velocity_vocoder_backlog_chunks", "Chunks the llm sent that wait in the vocoder's queue", "GAUGE", None),
     "dropped": ("velocity_vocoder_dropped_chunks_total", "Chunks not decoded because their client had left",
                 "COUNTER", None),
+    "frames": ("velocity_vocoder_frames_total", "GPT frames the decoders computed: each chunk's context and "
+               "lookahead included, or the stateful decoders' positions (each layer by its cost) over two",
+               "COUNTER", None),
+    "audio_frames": ("velocity_vocoder_audio_frames_total", "GPT frames of audio the vocoder produced", "COUNTER", None),
+    "stream_decoders": ("velocity_vocoder_stream_decoders", "Streams whose stateful decoder the vocoder holds",
+                        "GAUGE", None),
 }
 _FAMILIES: list = []      # a MetricFamily must outlive its metrics
 _LOCK = threading.Lock()  # one metric operation at a time, in this process (see the module)
@@ -92,9 +98,12 @@ def make_metrics(pb_utils, model: str, specs: dict) -> dict:
     return out
 
 
-def count_decode(m: dict, queued: list[float], deadlines: list[float], start: float, done: float) -> None:
+def count_decode(m: dict, queued: list[float], deadlines: list[float], start: float, done: float,
+                 frames: float = 0, audio_frames: int = 0) -> None:
     """One vocoder call on the VOCODER metrics: chunks queued at `queued`, due at `deadlines`,
-    decoded from `start` to `done` (monotonic seconds)."""
+    decoded from `start` to `done` (monotonic seconds), `frames` computed for `audio_frames`."""
+    m["frames"].increment(frames)
+    m["audio_frames"].increment(audio_frames)
     m["chunks"].increment(len(queued))
     m["calls"].increment(1)
     m["queue"].increment(sum(start - q for q in queued))

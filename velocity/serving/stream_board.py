@@ -96,6 +96,11 @@ class StreamBoard:
         slot = self._slot(ref)
         return slot is not None and bool(self.state[slot])
 
+    def gone(self, ref: int) -> bool:
+        """The stream is over however it ended: marked, closed by the llm, or its slot reused."""
+        slot = self._slot(ref)
+        return slot is None or bool(self.state[slot]) or not self.used[slot]
+
     def decoded_to(self, ref: int, frame: int) -> None:
         """The stream's audio is decoded up to `frame` (chunks come in order; max() keeps it so)."""
         if (slot := self._slot(ref)) is not None and frame > self.decoded[slot]:

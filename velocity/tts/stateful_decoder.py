@@ -28,6 +28,8 @@ from velocity.model.vocos import Vocos
 from velocity.tts.audio_decoder import AudioDecoder, chunk_input
 from velocity.tts.chunking import CodeChunk
 
+BUCKET = 8           # a layer's outputs are computed in multiples of this many positions
+
 
 @dataclass(slots=True)
 class Layer:
@@ -107,25 +109,37 @@ class StatefulDecoder:
     left context whole, any lookahead); each utterance (sentence) has its own state, freed at its
     last chunk. counts() totals the positions each layer computed."""
 
-    def __init__(self, decoder: AudioDecoder) -> None:
-        self.decoder = decoder
-        self.hop, self.n_fft = decoder.vocos.cfg.hop_length, decoder.vocos.cfg.n_fft
-        self.window = decoder.vocos.window
-        self.layers = {False: layers_of(decoder.dvae, decoder.vocos)}
-        if decoder.decoder is not None:
-            self.layers[True] = layers_of(decoder.decoder, decoder.vocos)
-        # per layer: the reach of the layers after it (what its outputs must cover past the samples')
-        self.after = {k: [sum(layer.reach for layer in v[i + 1:]) for i in range(len(v))] for k, v in self.layers.items()}
+    def __init__(self, decoder: AudioDecoder | "StatefulDecoder", position: int = 0) -> None:
+        """decoder: the decoders, or another StatefulDecoder whose layers this one shares (a
+        stream's next utterance, another stream). position: the stream's frames before its first
+        chunk."""
+        if isinstance(decoder, StatefulDecoder):
+            self.decoder, self.layers, self.after = decoder.decoder, decoder.layers, decoder.after
+        else:
+            self.decoder = decoder
+            self.layers = {False: layers_of(decoder.dvae, decoder.vocos)}
+            if decoder.decoder is not None:
+                self.layers[True] = layers_of(decoder.decoder, decoder.vocos)
+            # per layer: the reach of the layers after it (what its outputs must cover past the samples')
+            self.after = {k: [sum(layer.reach for layer in v[i + 1:]) for i in range(len(v))]
+                          for k, v in self.layers.items()}
+        vocos = self.decoder.vocos
+        self.hop, self.n_fft, self.window = vocos.cfg.hop_length, vocos.cfg.n_fft, vocos.window
         self.utt: Utterance | None = None
         self.computed = [0] * len(self.layers[False])        # all utterances' positions, per layer
         self.final_positions = 0                             # mel positions of the audio out
-        self.position = 0                                    # GPT frames of the stream's audio out
+        self.position = position                             # GPT frames of the stream's audio out
 
     def cost_ratio(self) -> float:
         """Positions computed per audio position, each layer weighted by its cost (1: each once;
         the chunked decode: (left + length + lookahead) / length)."""
+        return self.weighted() / max(1, self.final_positions)
+
+    def weighted(self) -> float:
+        """The positions computed so far, each layer weighted by its share of the cost (a whole
+        decode of n mel positions: n)."""
         costs = [layer.cost for layer in self.layers[False]]
-        return sum(c * n for c, n in zip(costs, self.computed)) / (sum(costs) * max(1, self.final_positions))
+        return sum(c * n for c, n in zip(costs, self.computed)) / sum(costs)
 
     def decode_cut(self, chunk: CodeChunk) -> torch.Tensor:
         """decode() of a FrameChunker's chunk: its audio [1, samples]."""
@@ -196,9 +210,13 @@ class StatefulDecoder:
             parts.append(spec)
         window = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
         window = window[:, :, :hi - max(lo, 0)]
-        window = F.pad(window, (max(0, -lo), want + r - hi))  # zeros before the utterance and past the cut
-        out = layer.run(window)                              # positions [out_final, want)
-        self.computed[i] += out.shape[-1]
+        n = want - st.out_final                              # the outputs wanted: [out_final, want)
+        # zeros before the utterance and past the cut; then to a multiple of BUCKET outputs, whose
+        # extra ones (of zeros only) are dropped: fewer shapes, fewer cached kernels and buffers
+        extra = -n % BUCKET
+        window = F.pad(window, (max(0, -lo), want + r - hi + extra))
+        out = layer.run(window)[:, :, :n]
+        self.computed[i] += n + extra                       # what it computed, the extra ones too
         new_final, new_spec = out[:, :, :done - st.out_final], out[:, :, done - st.out_final:]
         st.out_final = done
         keep = max(0, done - r - st.start)                   # the next window starts at done - r

@@ -1,15 +1,15 @@
-"""Triton adapter: one chunk -> its audio (velocity.tts.audio_decoder.AudioDecoder). Stateless.
+"""Triton adapter: one chunk -> its audio (velocity.tts.audio_decoder.AudioDecoder; on CPU a
+stream's chunks through its own stateful decoder, velocity.serving.vocoder_streams).
 
-A chunk with HIDDEN (the GPT's hidden states, the default Decoder path) is decoded by the
-Decoder, one without by the DVAE from its CODES; then Vocos. LAST marks an utterance's last
-chunk, whose audio is half a frame (256 samples) shorter, as the reference's whole decode.
+A chunk with HIDDEN (the GPT's hidden states) goes through the Decoder, one without through the
+DVAE from its CODES; then Vocos. LAST: an utterance's last chunk, half a frame (256 samples) shorter.
 
 execute() only queues: a decode thread takes a stream's first chunk first, then the earliest
 deadline (velocity.serving.chunk_queue), with other queued chunks of the same shape up to
 VELOCITY_VOCODER_BATCH, and answers each when decoded (one response with the final flag).
-Decoupled, so that a probe of the llm, or a chunk of a stream whose client has left, gets the
-final flag alone; the stream board carries a client's cancel, each stream's decoded frames and a
-chunk that failed to decode back to the llm (docs/architecture.md, "A client that leaves").
+Decoupled: a probe of the llm, or a chunk of a stream whose client left, gets the final flag
+alone; the stream board carries a client's cancel, each stream's decoded frames and a failed
+chunk back to the llm (docs/architecture.md, "A client that leaves").
 """
 import contextlib
 import logging
@@ -21,7 +21,7 @@ import triton_python_backend_utils as pb_utils
 from velocity.serving.chunk_queue import ChunkQueue
 from velocity.serving.core_board import CoreBoard, board_path
 from velocity.serving.metrics import VOCODER, count_decode, make_metrics
-from velocity.serving.protocol import STREAM_PROBE, CodeChunkIn, Job, chunk_refusal, read_chunk, same_shape, vocoder_outputs
+from velocity.serving.protocol import STREAM_PROBE, CodeChunkIn, Job, chunk_refusal, read_chunk, vocoder_outputs
 from velocity.serving.passed_inputs import input_reader
 from velocity.serving.settings import Settings
 from velocity.serving.stub_exit import end_quickly
@@ -36,6 +36,7 @@ log = logging.getLogger("velocity.vocoder")
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         from velocity.device import resolve_device
+        from velocity.serving.vocoder_streams import StreamDecoders
         from velocity.tts.audio_decoder import AudioDecoder, default_decode_batch
 
         self.settings = s = Settings.from_env()
@@ -57,6 +58,8 @@ class TritonPythonModel:
         # a chunk is due once the audio before it (START frames) has played
         self.queue = ChunkQueue(lambda start: start / self.decoder.frames_per_second)
         self.metrics = make_metrics(pb_utils, "vocoder", VOCODER)
+        self.streams = StreamDecoders(self.decoder, s.max_concurrent_requests or 1024, s.vocoder_stateful
+                                      and dev.type == "cpu", self.metrics["stream_decoders"].set)
         self.thread = threading.Thread(target=self._decode_loop, name="vocoder-decode", daemon=True)
         self.thread.start()
 
@@ -65,6 +68,7 @@ class TritonPythonModel:
             chunk, sender = read_chunk(input_reader(r, pb_utils)), r.get_response_sender()
             if chunk.stream and r.is_cancelled():           # the client left: tell the llm
                 self.board.mark(chunk.stream, CANCELLED)
+                self.streams.drop(chunk.stream)
                 self.metrics["dropped"].increment(int(chunk.number >= 0))
                 sender.send(flags=FINAL)
                 continue
@@ -86,7 +90,7 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(why[0], getattr(pb_utils.TritonError, why[1])))
 
     def _decode_loop(self) -> None:
-        while batch := self.queue.get_due(self.batch, key=same_shape):
+        while batch := self.queue.get_due(self.batch, key=self.streams.batch_key):
             self.metrics["backlog"].set(len(self.queue))
             keep = []
             for deadline, job in batch:
@@ -99,6 +103,7 @@ class TritonPythonModel:
                 jobs = [job for _, job in keep]
                 for job, response in zip(jobs, self._decode(jobs, [deadline for deadline, _ in keep])):
                     self._answer(job, response)
+            self.streams.sweep(self.board.gone)   # the decoders of streams that are over (left, failed, ended)
 
     def _answer(self, job: Job, response) -> None:
         """The job's response with the final flag (None: the final flag alone)."""
@@ -110,15 +115,12 @@ class TritonPythonModel:
     def _decode(self, jobs: list[Job], deadlines: list[float]) -> list:
         """Responses for jobs of one shape (decoded in one call), or for one refused job (None: the
         final flag alone, for a chunk of a stream marked FAILED)."""
-        import torch
-
         if jobs[0].error is not None:
             return [jobs[0].error]
         start = time.monotonic()
         try:
             with self.cores.busy() if self.cores is not None else contextlib.nullcontext():
-                audio = self.decoder.decode_chunks([(torch.from_numpy(j.chunk.x).to(self.device), j.chunk.context,
-                                                     j.chunk.length, j.chunk.last) for j in jobs], len(jobs))
+                audio, frames = self.streams.decode_chunks([j.chunk for j in jobs], self.device)
             audio = [a.float().cpu().numpy() for a in audio]                             # [b, samples] each
         except Exception as e:
             if len(jobs) > 1:             # a failed batch (e.g. out of GPU memory): each chunk on its own
@@ -130,7 +132,8 @@ class TritonPythonModel:
             Err = pb_utils.TritonError
             return [pb_utils.InferenceResponse(error=Err(
                 f"vocoder failed on chunk {jobs[0].chunk.number}: {e}", Err.INTERNAL))]
-        count_decode(self.metrics, [j.queued for j in jobs], deadlines, start, time.monotonic())
+        count_decode(self.metrics, [j.queued for j in jobs], deadlines, start, time.monotonic(), frames,
+                     sum(j.chunk.length * j.chunk.x.shape[0] for j in jobs))
         for j in jobs:
             self.board.decoded_to(j.chunk.stream, j.chunk.start + j.chunk.length)
         spf = self.decoder.samples_per_frame

@@ -1,0 +1,100 @@
+"""The vocoder's stateful decoders, one per stream (velocity.serving.vocoder_streams): each
+stream's chunks as the chunked decode gives them, interleaved with other streams'; a decoder
+freed at its utterance's last chunk, when its stream is over (the board's sweep), on a failed
+chunk, and past the limit; and, through the server, none held once the work is done. Freed on
+a client's cancel: tests/triton_server.assert_work_stops, which every hang-up test runs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from velocity.demo.checkpoint import write_checkpoint
+from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
+from velocity.serving.protocol import CodeChunkIn
+from velocity.serving.vocoder_streams import StreamDecoders
+from velocity.tts.audio_decoder import AudioDecoder, StreamingDecoder
+from velocity.tts.chunking import ChunkSchedule
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory):
+    ckpt = write_checkpoint(tmp_path_factory.mktemp("vs") / "tiny", "tiny", seed=2)
+    return AudioDecoder(load_dvae(ckpt), load_vocos(ckpt), load_decoder(ckpt))
+
+
+def stream_chunks(decoder, seed: int, n: int = 90, ref: int = 1) -> list[CodeChunkIn]:
+    """One stream's chunks (two sentences of n / 2 frames, the server's kind of schedule) as the
+    vocoder reads them."""
+    g = torch.Generator().manual_seed(seed)
+    frames = [tuple(torch.randint(0, 625, (4,), generator=g).tolist()) for _ in range(n)]
+    sd = StreamingDecoder(decoder, ChunkSchedule(4, 8, 32), lookahead=4)
+    cut = [c for h in (frames[:n // 2], frames[n // 2:]) for c in sd.cut(h, final=True)]
+    return [CodeChunkIn(np.array([[c.index]]), np.array(c.codes, np.int64).T[None], None, c.context, c.length, c.last,
+                        c.start, stream=ref) for c in cut]
+
+
+def chunked(decoder, chunks) -> list[np.ndarray]:
+    return [a.numpy() for a in StreamDecoders(decoder, 4, on=False).decode_chunks(chunks, torch.device("cpu"))[0]]
+
+
+def test_streams_interleaved_decode_as_the_chunked_decode(decoder):
+    held = []
+    sd = StreamDecoders(decoder, 4, held=held.append)
+    a, b = stream_chunks(decoder, 0, ref=11), stream_chunks(decoder, 1, ref=22)
+    got: dict[int, list] = {11: [], 22: []}
+    frames = audio = 0
+    for pair in zip(a, b):                                   # one chunk of each in turn
+        out, cost = sd.decode_chunks(list(pair), torch.device("cpu"))
+        for c, x in zip(pair, out):
+            got[c.stream].append(x.numpy())
+        frames, audio = frames + cost, audio + sum(c.length for c in pair)
+    assert max(held) == 2 and held[-1] == 0 and not sd.held          # each freed at its last chunk
+    for ref, chunks in ((11, a), (22, b)):
+        want = np.concatenate(chunked(decoder, chunks), axis=-1)
+        mine = np.concatenate(got[ref], axis=-1)
+        assert mine.shape == want.shape
+        err = np.sum((mine - want) ** 2) / np.sum(want ** 2)
+        assert 10 * np.log10(1 / max(err, 1e-30)) > 100                # float rounding, as tests/test_streaming.py
+    fed = sum(c.x.shape[-1] for c in a + b)                          # what the chunked decode computes
+    assert audio <= frames < fed
+
+
+def test_a_decoder_is_dropped_when_its_stream_is_over_fails_or_is_the_oldest(decoder):
+    sd = StreamDecoders(decoder, 2)
+    a, b, c = (stream_chunks(decoder, i, ref=i + 1) for i in range(3))
+    sd.decode_chunks([a[0], b[0]], torch.device("cpu"))
+    assert set(sd.held) == {1, 2}
+    assert sd.sweep(lambda ref: ref == 1) == 1 and set(sd.held) == {2}         # stream 1 is over
+    with pytest.raises(ValueError, match="out of order"):
+        sd.decode_chunks([b[2]], torch.device("cpu"))                          # a chunk skipped: it fails
+    assert not sd.held                                                          # and its decoder goes
+    sd.decode_chunks([a[0], b[0]], torch.device("cpu"))
+    sd.decode_chunks([c[0]], torch.device("cpu"))                               # past the limit of 2
+    assert set(sd.held) == {2, 3}                                               # the oldest dropped
+    sd.drop(2)
+    assert set(sd.held) == {3}
+
+
+def test_a_chunk_without_a_stream_takes_the_chunked_decode(decoder):
+    sd = StreamDecoders(decoder, 2)
+    chunks = stream_chunks(decoder, 0, ref=0)[:3]
+    out, frames = sd.decode_chunks(chunks, torch.device("cpu"))
+    assert not sd.held and frames == sum(c.x.shape[-1] for c in chunks)
+    for x, want in zip(out, chunked(decoder, chunks)):
+        np.testing.assert_array_equal(x.numpy(), want)
+
+
+@pytest.mark.server
+def test_the_server_holds_no_decoder_once_its_streams_are_done(tts_server):
+    """Through Triton: a request of three sentences; afterwards no decoder is held, and the
+    frame counters hold its audio (each sentence half a frame short) and what decoding it cost."""
+    from client.triton import stream_grpc
+
+    f0, a0 = (tts_server.metric(f"velocity_vocoder_{m}_total") for m in ("frames", "audio_frames"))
+    audio = [a for _, a in stream_grpc(tts_server.grpc_url, {"TEXT": "One sentence. Another one here. And a third.",
+                                                             "SEED": 5})]
+    assert audio and tts_server.metric("velocity_vocoder_stream_decoders") == 0
+    frames, made = (tts_server.metric(f"velocity_vocoder_{m}_total") - v for m, v in (("frames", f0), ("audio_frames", a0)))
+    assert made * 512 - 3 * 256 == sum(a.shape[-1] for a in audio)
+    assert frames >= made, (frames, made)

@@ -1,0 +1,105 @@
+"""The vocoder's stateful decoders, one per stream (velocity.tts.stateful_decoder): a stream's
+chunk goes through its own, which keeps each layer's input tail between the stream's chunks, so
+that no chunk decodes its left context again (only the tail that read past the last chunk's
+lookahead).
+
+A stream's decoder lives for one utterance (sentence): made at its first chunk, freed at its
+last (`last`), and dropped when the stream is over otherwise: its client left, a chunk failed,
+the llm ended or closed it (`sweep`, on the stream board). At most `limit` are held: past it the
+oldest is dropped (its stream's next chunk is then refused as out of order, and the stream ends
+with that error). Chunks without a stream (a direct caller of the vocoder) and the GPU, which
+batches chunks across streams instead, take the chunked decode. Free of Triton.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+
+import torch
+
+from velocity.serving.protocol import Job, same_shape
+from velocity.tts.audio_decoder import AudioDecoder
+from velocity.tts.stateful_decoder import StatefulDecoder
+
+log = logging.getLogger("velocity.vocoder")
+
+
+class StreamDecoders:
+    """stream reference -> its utterance's StatefulDecoder (`on`: else every chunk takes the
+    chunked decode). decode runs on the vocoder's decode thread; drop and sweep may run beside it."""
+
+    def __init__(self, decoder: AudioDecoder, limit: int, on: bool = True,
+                 held: Callable[[int], None] = lambda n: None) -> None:
+        """held(n): told how many decoders are held whenever that changes (a gauge's set)."""
+        self.decoder, self.on, self.tell = decoder, on, held
+        self.shared = StatefulDecoder(decoder) if on else None   # the layers every stream's decoder shares
+        self.limit = max(1, limit)
+        self.held: OrderedDict[int, StatefulDecoder] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def decode(self, stream: int, x: torch.Tensor, context: int, length: int, last: bool, start: int
+               ) -> tuple[torch.Tensor, float]:
+        """The stream's chunk (x [1, ...] as decode_chunks takes it; `start`: its first frame in the
+        stream) -> (its audio [1, samples], the GPT frames the decode cost: positions computed,
+        each layer weighted by its cost, over two). ValueError for a chunk out of order."""
+        with self.lock:
+            dec = self.held.get(stream)
+            if dec is None:
+                while len(self.held) >= self.limit:
+                    old, _ = self.held.popitem(last=False)
+                    log.warning("vocoder: over %d stream decoders held: stream %d's dropped", self.limit, old)
+                dec = self.held[stream] = StatefulDecoder(self.shared, position=start)
+                self.tell(len(self.held))
+        before = dec.weighted()
+        try:
+            audio = dec.decode(x, context, length, last, at=start)
+        except Exception:
+            self.drop(stream)
+            raise
+        if last:
+            self.drop(stream)
+        return audio, (dec.weighted() - before) / 2
+
+    def batch_key(self, job: Job) -> tuple | None:
+        """What queued jobs decoded in one call share (protocol.same_shape); a stream's chunk goes
+        alone when on, so that the queue hands each stream's chunks over in order."""
+        return None if self.on and job.chunk.stream else same_shape(job)
+
+    def drop(self, stream: int) -> None:
+        with self.lock:
+            if self.held.pop(stream, None) is not None:
+                self.tell(len(self.held))
+
+    def sweep(self, gone: Callable[[int], bool]) -> int:
+        """Drop the decoders of streams that are over (gone(stream): the stream board's); returns
+        how many are held."""
+        with self.lock:
+            if over := [s for s in self.held if gone(s)]:
+                for stream in over:
+                    del self.held[stream]
+                self.tell(len(self.held))
+            return len(self.held)
+
+
+    def decode_chunks(self, chunks: list, device: torch.device) -> tuple[list[torch.Tensor], float]:
+        """Each chunk's audio [b, samples] (chunks: velocity.serving.protocol.CodeChunkIn) and the
+        GPT frames the decode cost: a stream's chunk through its own stateful decoder (when on),
+        the others together through the chunked decode, which costs each one its frames."""
+        xs = [torch.from_numpy(c.x).to(device) for c in chunks]
+        out: list[torch.Tensor | None] = [None] * len(chunks)
+        frames = 0.0
+        if self.on:
+            for i, (c, x) in enumerate(zip(chunks, xs)):
+                if c.stream and x.shape[0] == 1:
+                    out[i], cost = self.decode(c.stream, x, c.context, c.length, c.last, c.start)
+                    frames += cost
+        rest = [i for i, a in enumerate(out) if a is None]
+        if rest:
+            audio = self.decoder.decode_chunks([(xs[i], chunks[i].context, chunks[i].length, chunks[i].last)
+                                                for i in rest], len(rest))
+            for i, a in zip(rest, audio):
+                out[i] = a
+                frames += xs[i].shape[0] * xs[i].shape[2 if chunks[i].hidden is None else 1]
+        return out, frames
