@@ -127,3 +127,16 @@ def http_client(smoke_server: TritonServer):
     c = httpclient.InferenceServerClient(smoke_server.http_url)
     yield c
     c.close()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """tests/test_installs.py's pip installs start now, beside the tests before it, when it runs."""
+    for module in {item.module for item in session.items if item.module.__name__ == "test_installs"}:
+        module.Installs.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    import sys
+
+    if (module := sys.modules.get("test_installs")) is not None:
+        module.Installs.remove()

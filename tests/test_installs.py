@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import urllib.request
 from pathlib import Path
 
@@ -20,29 +21,53 @@ SHIPPED = ("pyproject.toml", "README.md", "velocity", "client")
 pytestmark = pytest.mark.server
 
 
+class Installs:
+    """The two installs, started once: at the end of collection when a test of this module is
+    selected (conftest.pytest_collection_finish), so that pip runs beside the tests before these,
+    else by the fixture; removed at the session's end."""
+    root: Path | None = None
+    procs: dict[str, subprocess.Popen] = {}
+
+    @classmethod
+    def start(cls) -> None:
+        if cls.root is not None:
+            return
+        cls.root = d = Path(tempfile.mkdtemp(prefix="velocity-installs-"))
+        src = d / "src"
+        src.mkdir()
+        for name in SHIPPED:
+            if (ROOT / name).is_dir():
+                shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy(ROOT / name, src / name)
+        for extra in EXTRAS:
+            venv = d / extra
+            subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+            # the tests' pip installs into it (--python): the venv needs none of its own
+            cls.procs[extra] = subprocess.Popen(
+                [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                 "--no-compile", f"{src}[{extra}]"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    @classmethod
+    def wait(cls) -> dict[str, Path]:
+        cls.start()
+        for extra, p in cls.procs.items():
+            out, _ = p.communicate(timeout=400)
+            assert p.returncode == 0, f"pip install velocity-tts[{extra}]:\n{out}"
+        return {extra: cls.root / extra / "bin" for extra in EXTRAS}
+
+    @classmethod
+    def remove(cls) -> None:
+        for p in cls.procs.values():
+            p.kill()
+        if cls.root is not None:
+            shutil.rmtree(cls.root, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
-def venvs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def venvs() -> dict[str, Path]:
     """extra -> the bin/ of a fresh venv holding velocity-tts[extra], both installed at once."""
-    d = tmp_path_factory.mktemp("installs")
-    src = d / "src"
-    src.mkdir()
-    for name in SHIPPED:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(ROOT / name, src / name)
-    procs = {}
-    for extra in EXTRAS:
-        venv = d / extra
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
-        # the tests' pip installs into it (--python): the venv needs none of its own
-        procs[extra] = subprocess.Popen(
-            [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", "--no-compile",
-             f"{src}[{extra}]"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for extra, p in procs.items():
-        out, _ = p.communicate(timeout=400)
-        assert p.returncode == 0, f"pip install velocity-tts[{extra}]:\n{out}"
-    return {extra: d / extra / "bin" for extra in EXTRAS}
+    return Installs.wait()
 
 
 def run(bin_dir: Path, *args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -303,7 +303,7 @@ def chunked_and_stateful(decoder, frames, schedule, lookahead, step, hidden=None
 @pytest.mark.parametrize("schedule,lookahead,step,n", [(ChunkSchedule(12, 36, 144), 16, 5, T),   # the server's
                                                        (ChunkSchedule(4, 8), 6, 3, T),
                                                        (ChunkSchedule(12, 36), 52, 7, T),         # exact
-                                                       (ChunkSchedule(1, 1), 2, 1, 60)])
+                                                       (ChunkSchedule(1, 1), 2, 1, 24)])
 def test_the_stateful_decode_is_the_chunked_decode_with_each_frame_once(decoder, frames, hidden, path, schedule,
                                                                        lookahead, step, n):
     """Issue #48, item 1: each layer keeps its input's tail per stream and computes a position
