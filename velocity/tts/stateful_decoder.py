@@ -211,9 +211,9 @@ class StatefulDecoder:
         window = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
         window = window[:, :, :hi - max(lo, 0)]
         n = want - st.out_final                              # the outputs wanted: [out_final, want)
-        # zeros before the utterance and past the cut; then to a multiple of BUCKET outputs, whose
-        # extra ones (of zeros only) are dropped: fewer shapes, fewer cached kernels and buffers
-        extra = -n % BUCKET
+        # zeros before the utterance and past the cut; then, past 4 * BUCKET outputs, to a multiple
+        # of BUCKET, whose extra ones are dropped: fewer shapes, fewer cached kernels and buffers
+        extra = -n % BUCKET if n > 4 * BUCKET else 0
         window = F.pad(window, (max(0, -lo), want + r - hi + extra))
         out = layer.run(window)[:, :, :n]
         self.computed[i] += n + extra                       # what it computed, the extra ones too
