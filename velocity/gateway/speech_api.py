@@ -21,11 +21,11 @@ from velocity.gateway import json_body
 from velocity.gateway.client_io import ClientGone, send_within
 from velocity.gateway.encode import FORMATS, Encoder
 from velocity.gateway.sentences import SentencePipe
-from velocity.tts.text_pieces import split_long
 from velocity.gateway.speech_request import SAMPLE_RATE, TIMEOUT_HEADER, Marks, marks_asked, request_timeout
 from velocity.gateway.speech_schema import MODELS
 from velocity.gateway.state import AppState
 from velocity.gateway.upstream import ApiError, Gateway
+from velocity.tts.text_pieces import split_long
 
 log = logging.getLogger("velocity.gateway")
 

@@ -192,10 +192,14 @@ class DVAE(nn.Module):
         idx = [rvq.encode(part) for rvq, part in zip(self.vq_layer.quantizer.rvqs, x.chunk(G, dim=-1))]
         return torch.stack(idx, dim=2).flatten(2)[0].T                     # [T, G, R] -> [G*R, T]
 
-    @torch.inference_mode()
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """codes [B, G*R, T] (or hidden states [B, 2*idim, T]) -> the decoder's input [B, idim, 2T]:
+        position-wise, two mel frames a GPT frame."""
         if self.cfg.vq_dim:
             x = self.embed(x)                                            # codes -> [B, 1024, T]
         B, C, T = x.shape
-        x = x.view(B, 2, C // 2, T).permute(0, 2, 3, 1).reshape(B, C // 2, 2 * T)   # [B, idim, 2T]
-        return self.out_conv(self.decoder(x)) * self.coef                # [B, 100, 2T]
+        return x.view(B, 2, C // 2, T).permute(0, 2, 3, 1).reshape(B, C // 2, 2 * T)   # [B, idim, 2T]
+
+    @torch.inference_mode()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out_conv(self.decoder(self.features(x))) * self.coef     # [B, 100, 2T]

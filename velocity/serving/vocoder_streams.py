@@ -82,7 +82,6 @@ class StreamDecoders:
                 self.tell(len(self.held))
             return len(self.held)
 
-
     def decode_chunks(self, chunks: list, device: torch.device) -> tuple[list[torch.Tensor], float]:
         """Each chunk's audio [b, samples] (chunks: velocity.serving.protocol.CodeChunkIn) and the
         GPT frames the decode cost: a stream's chunk through its own stateful decoder (when on),

@@ -98,17 +98,21 @@ class AudioDecoder:
         require_int8(p.device, p.dtype, "the vocoder", "VELOCITY_VOCODER_QUANTIZE")
         return sum(quantize_linears(m, ConvNeXtBlock) for m in (self.dvae, self.decoder, self.vocos) if m is not None)
 
-    @torch.inference_mode()
-    def _audio(self, x: torch.Tensor) -> torch.Tensor:
-        """codes [B, num_vq, T] or hidden [B, T, H] -> audio [B, T * 512]"""
+    def model_input(self, x: torch.Tensor) -> tuple[DVAE, torch.Tensor]:
+        """codes [B, num_vq, T] or hidden [B, T, H] -> (the DVAE or the Decoder, x as it takes it:
+        [B, num_vq, T] or [B, H, T], on its device and in its dtype)."""
         dev = next(self.vocos.parameters()).device
         if x.is_floating_point():
             if self.decoder is None:
                 raise ValueError("hidden states given, but no Decoder is loaded")
-            mel = self.decoder(x.to(dev, next(self.decoder.parameters()).dtype).transpose(1, 2))
-        else:
-            mel = self.dvae(x.to(dev))
-        return self.vocos(mel)
+            return self.decoder, x.to(dev, next(self.decoder.parameters()).dtype).transpose(1, 2)
+        return self.dvae, x.to(dev)
+
+    @torch.inference_mode()
+    def _audio(self, x: torch.Tensor) -> torch.Tensor:
+        """codes [B, num_vq, T] or hidden [B, T, H] -> audio [B, T * 512]"""
+        m, x = self.model_input(x)
+        return self.vocos(m(x))
 
     def decode(self, x: torch.Tensor) -> torch.Tensor:
         """A whole utterance: codes [B, num_vq, T] or hidden [B, T, H] -> audio [B, T * 512 - 256]"""

@@ -12,12 +12,12 @@ window's squared sum as torch.istft divides.
 
 So a chunk's audio is the chunked decode's with its left context whole (left >= the decoders'
 exact context): equal up to float rounding. Positions are mel frames (two per GPT frame).
-`counts` says how many positions each layer computed, against those a whole decode computes.
+`computed` says how many positions each layer computed, against those a whole decode computes.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -101,20 +101,20 @@ class Utterance:
     emitted: int = 0                               # GPT frames whose audio is out
     spec: torch.Tensor | None = None               # final spectrum frames [1, bins, k] from spec_start
     spec_start: int = 0
-    counts: list[int] = field(default_factory=list)   # positions computed, per layer
 
 
 class StatefulDecoder:
     """decode(chunk) -> its audio [1, samples], for one stream's chunks in order (a FrameChunker's:
     left context whole, any lookahead); each utterance (sentence) has its own state, freed at its
-    last chunk. counts() totals the positions each layer computed."""
+    last chunk. `computed` totals the positions each layer computed."""
 
     def __init__(self, decoder: AudioDecoder | "StatefulDecoder", position: int = 0) -> None:
         """decoder: the decoders, or another StatefulDecoder whose layers this one shares (a
         stream's next utterance, another stream). position: the stream's frames before its first
         chunk."""
         if isinstance(decoder, StatefulDecoder):
-            self.decoder, self.layers, self.after = decoder.decoder, decoder.layers, decoder.after
+            self.decoder, self.layers = decoder.decoder, decoder.layers
+            self.after, self.costs = decoder.after, decoder.costs
         else:
             self.decoder = decoder
             self.layers = {False: layers_of(decoder.dvae, decoder.vocos)}
@@ -123,6 +123,7 @@ class StatefulDecoder:
             # per layer: the reach of the layers after it (what its outputs must cover past the samples')
             self.after = {k: [sum(layer.reach for layer in v[i + 1:]) for i in range(len(v))]
                           for k, v in self.layers.items()}
+            self.costs = [layer.cost for layer in self.layers[False]]     # each layer's share: weighted()
         vocos = self.decoder.vocos
         self.hop, self.n_fft, self.window = vocos.cfg.hop_length, vocos.cfg.n_fft, vocos.window
         self.utt: Utterance | None = None
@@ -138,8 +139,7 @@ class StatefulDecoder:
     def weighted(self) -> float:
         """The positions computed so far, each layer weighted by its share of the cost (a whole
         decode of n mel positions: n)."""
-        costs = [layer.cost for layer in self.layers[False]]
-        return sum(c * n for c, n in zip(costs, self.computed)) / sum(costs)
+        return sum(c * n for c, n in zip(self.costs, self.computed)) / sum(self.costs)
 
     def decode_cut(self, chunk: CodeChunk) -> torch.Tensor:
         """decode() of a FrameChunker's chunk: its audio [1, samples]."""
@@ -166,7 +166,10 @@ class StatefulDecoder:
             raise ValueError(f"a chunk out of order: context {context} at frame {start}, frames to {hi} "
                              f"after {u.frames} (a stream's chunks, each once, in order)")
         new = hi - u.frames                                  # frames not seen before
-        feats = self._features(x[:, -new:] if hidden else x[:, :, -new:], hidden) if new else None
+        feats = None
+        if new:                                              # the first layer's input, 2 mel positions a frame
+            m, tail = self.decoder.model_input(x[:, -new:] if hidden else x[:, :, -new:])
+            feats = m.features(tail)
         u.frames = hi
         end = start + length
         cut = 2 * hi                                         # mel positions known (the input ends here)
@@ -185,17 +188,6 @@ class StatefulDecoder:
         if last:
             self.utt = None
         return audio
-
-    def _features(self, x: torch.Tensor, hidden: bool) -> torch.Tensor:
-        """GPT frames -> the first layer's input, 2 mel positions a frame (position-wise)."""
-        m = self.decoder.decoder if hidden else self.decoder.dvae
-        dev = next(m.parameters()).device
-        if hidden:
-            x = x.to(dev, next(m.parameters()).dtype).transpose(1, 2)
-        else:
-            x = m.embed(x.to(dev))
-        B, C, T = x.shape
-        return x.view(B, 2, C // 2, T).permute(0, 2, 3, 1).reshape(B, C // 2, 2 * T)
 
     def _layer(self, layer: Layer, st: LayerState, final, spec, done: int, want: int, cut: int, i: int):
         """Feed one layer `final` (its input's new final positions) and `spec` (the speculative ones
