@@ -81,3 +81,40 @@ def test_bad_sample_strings_say_what_is_wrong(make, match):
 def test_sample_strings_round_trip():
     codes = np.random.default_rng(0).integers(0, 625, (4, 37))
     assert np.array_equal(decode_sample(encode_sample(codes), 4, 625, 100), codes)
+
+
+def test_no_string_outside_the_alphabet_reaches_the_decoder():
+    """pybase16384's decoder corrupts memory on some strings outside base16384's alphabet, and a
+    later call crashes the process (a client's SPEAKER could take text_frontend down). In a child
+    process, random strings of any characters: each one a SpeakerError, and the process lives.
+    Before the alphabet check, the decoder crashed the process within these 60,000 strings."""
+    import subprocess
+    import sys
+
+    code = """
+import random, sys
+from velocity.tts.speaker import SpeakerError, decode_speaker
+for seed in (1, 3):
+    r = random.Random(seed)
+    for _ in range(30_000):
+        s = "".join(chr(r.choice([r.randint(0x4E00, 0x8DFF), r.randint(0, 0x10FFFF)])) for _ in range(r.randint(1, 40)))
+        s = s.encode("utf-8", "surrogatepass").decode("utf-8", "ignore")
+        try:
+            decode_speaker(s)
+        except SpeakerError:
+            pass
+print("alive")
+"""
+    from triton_server import ROOT
+
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "alive", (run.returncode, run.stderr[-2000:])
+
+
+def test_a_character_outside_the_alphabet_is_named():
+    good = encode_speaker(np.zeros(768))
+    with pytest.raises(SpeakerError, match=r"character 3 is U\+0041, outside its alphabet"):
+        decode_speaker(good[:3] + "A" + good[3:])
+    with pytest.raises(SpeakerError, match=r"character 0 is U\+3D01, outside its alphabet"):
+        decode_speaker("\u3d01" + good)                                # a length mark only at the end
+    assert decode_speaker(" " + good + "\n").shape == (768,)          # the ends' whitespace is stripped

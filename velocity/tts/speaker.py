@@ -17,6 +17,10 @@ STATS_FILE = "asset/spk_stat.pt"       # published with the weights: [std, mean]
 log = logging.getLogger(__name__)
 
 FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
+# base16384's alphabet: 16384 characters from U+4E00 for the data, then at most one of U+3D00-U+3D0F
+# saying how many bytes the last ones hold. pybase16384's decoder corrupts memory on some
+# strings outside it (a later call then crashes the process): no other string reaches it.
+ALPHABET = re.compile("[\u4e00-\u8dff]*[\u3d00-\u3d0f]?")
 
 
 class SpeakerError(ValueError):
@@ -33,8 +37,13 @@ def _unpack(s: str, what: str, header: int = 0) -> tuple[bytes, bytes]:
     `what` if malformed."""
     if not isinstance(s, str) or not s.strip():
         raise SpeakerError(f"{what} is empty")
+    s = s.strip()
+    if not ALPHABET.fullmatch(s):
+        i = next(i for i, c in enumerate(s) if not ("\u4e00" <= c <= "\u8dff"
+                                                    or "\u3d00" <= c <= "\u3d0f" and i == len(s) - 1))
+        raise SpeakerError(f"{what} is not base16384: character {i} is U+{ord(s[i]):04X}, outside its alphabet")
     try:
-        raw = b14.decode_from_string(s.strip())
+        raw = b14.decode_from_string(s)
     except Exception as e:
         raise SpeakerError(f"{what} is not base16384 ({e})") from e
     if len(raw) < header:
