@@ -33,14 +33,15 @@ class Installs:
         if cls.root is not None:
             return
         cls.root = d = Path(tempfile.mkdtemp(prefix="velocity-installs-"))
-        src = d / "src"
-        src.mkdir()
-        for name in SHIPPED:
-            if (ROOT / name).is_dir():
-                shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-            else:
-                shutil.copy(ROOT / name, src / name)
         for extra in EXTRAS:
+            # a copy each: two builds in one folder share its build/ and one of them fails
+            src = d / f"src-{extra}"
+            src.mkdir()
+            for name in SHIPPED:
+                if (ROOT / name).is_dir():
+                    shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+                else:
+                    shutil.copy(ROOT / name, src / name)
             venv = d / extra
             subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
             # the tests' pip installs into it (--python): the venv needs none of its own
