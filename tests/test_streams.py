@@ -61,3 +61,43 @@ def test_only_the_monitor_asks_whether_a_client_left_and_a_leaver_is_stopped(tmp
         assert engine.engine.stats().running == 0 and not streams.live
     finally:
         streams.close()
+
+
+def test_many_quiet_streams_spread_their_probes_within_the_rate(tmp_path):
+    """Each probe is a request through Triton's ensemble: 256 quiet streams probing every 0.25 s
+    crowded the server (docs/benchmarks.md, "A burst of cancels"). So all streams' probes together
+    keep to VELOCITY_CANCEL_PROBES_PER_SECOND, and every quiet stream still probes. Here 40
+    streams that the vocoder never answers (nothing is decoded: each pauses at its backlog and is
+    quiet), each asked to probe every 0.05 s, at most 100 probes a second in all."""
+    from velocity.serving.protocol import STREAM_PROBE
+    from velocity.serving.stream_board import StreamBoard
+
+    ck = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
+    s = Settings(weights=str(ck), device="cpu", cancel_probe_seconds=0.05, cancel_probes_per_second=100.0,
+                 max_num_seqs=40)
+    engine = AsyncLLMEngine(s.engine_config())
+    probes: list[tuple[float, int]] = []              # (when, the stream's board reference)
+
+    def send(sender, outputs, final: bool) -> None:
+        if outputs is not None and int(outputs["CHUNK_INDEX"].ravel()[0]) == STREAM_PROBE:
+            probes.append((time.monotonic(), int(outputs["STREAM"].ravel()[0])))
+
+    board = StreamBoard(tmp_path / "streams")
+    streams = Streams(engine, s, defaultdict(Meter), send, board=board)
+    try:
+        params = chattts_params(seed=0, max_new_tokens=5000)
+        params.ignore_eos = True
+        for i in range(40):
+            streams.start(None, lambda: False, [list(range(5, 45))], None, params, hidden=False, in_ensemble=True)
+        time.sleep(0.7)                               # every stream has paused or probed by now
+        t0, n0 = time.monotonic(), len(probes)
+        time.sleep(2.0)
+        window = [ref for t, ref in probes[n0:] if t >= t0]
+        rate = len(window) / (time.monotonic() - t0)
+        # unbounded, 40 streams every 0.05 s would be 800 a second; the monitor's 20 ms tick and
+        # the streams' own timing give the bound its slack
+        assert rate <= 130, rate
+        assert len(set(window)) == 40, f"{40 - len(set(window))} quiet streams sent no probe in 2 s"
+    finally:
+        streams.close()
+        board.close_file(unlink=True)

@@ -32,6 +32,12 @@ class Settings:
     # vocoder learns of a client's cancel (velocity.serving.stream_board): a client that leaves
     # is noticed within about this long plus the llm's 20 ms look at the board.
     cancel_probe_seconds: float = 0.25       # VELOCITY_CANCEL_PROBE_SECONDS
+    # The probes of all streams together, at most per second (0: no bound): each is a request
+    # through Triton's ensemble to the vocoder, and many quiet streams probing at the rate above
+    # crowd out the work (docs/benchmarks.md, "A burst of cancels"). With more streams than this
+    # allows, each probes every (streams / this) seconds, and a leaving client is noticed within
+    # about that long.
+    cancel_probes_per_second: float = 256.0  # VELOCITY_CANCEL_PROBES_PER_SECOND
     max_text_chars: int = 2000               # VELOCITY_MAX_TEXT_CHARS
     max_new_tokens: int = 2048               # VELOCITY_MAX_NEW_TOKENS: upper limit per request
     max_sample_seconds: float = 20.0         # VELOCITY_MAX_SAMPLE_SECONDS: the longest SPEAKER_SAMPLE

@@ -8,7 +8,8 @@ stream board, every 0.1 s whether the client has left, a round trip to the serve
 never runs on the engine thread; a stream whose vocoder saw its client leave is aborted, one with
 VELOCITY_BACKLOG_SECONDS of audio waiting for the vocoder pauses in the scheduler, a quiet one
 sends a probe, one whose timeout passed is ended, and a finished one's final flag waits until the
-vocoder has decoded all its audio); four times a second it follows the server's life (_follow:
+vocoder has decoded all its audio; the questions and the probes of all streams together have a
+rate each, so that many streams spread theirs out instead of crowding the server with them); four times a second it follows the server's life (_follow:
 serve.sh's drain, a part that died); and it publishes the engine's gauges (EngineGauges).
 """
 from __future__ import annotations
@@ -31,9 +32,16 @@ from velocity.tts.sentence_stream import Carry, Refine
 log = logging.getLogger("velocity.llm")
 TICK = 0.02                    # seconds between the monitor's looks at the board
 ASK = 0.1                      # seconds between its questions to Triton whether a client left
+ASK_RATE = 1000.0              # its questions per second at most, over every stream (63 us each: bench_cancel_check)
 EVERY = 0.25                   # seconds between its looks at the server's life, and its gauges
 TELL_S = 0.5                   # seconds the streams get to end with a part's death before the watchdog is told
 HOLD_LIMIT = 60.0              # seconds a finished stream waits for the vocoder at most (a vocoder that died)
+
+
+def spread(every: float, n: int, rate: float) -> float:
+    """Seconds between one stream's turns at something done `every` seconds per stream, with n
+    streams and at most `rate` turns a second over all of them (rate <= 0: no bound)."""
+    return max(every, n / rate) if rate > 0 else every
 
 
 class EngineGauges:
@@ -79,6 +87,7 @@ class Streams:
         self.end_code, self.num_vq = model.num_audio_tokens - 1, model.num_vq
         self.backlog_frames = settings.backlog_frames()
         self.live: dict[int, Stream] = {}
+        self.probe_every = settings.cancel_probe_seconds     # seconds a quiet stream waits to probe (the monitor's)
         self.drain = Drain(settings.run_dir)
         self._failing, self._told = 0.0, False   # another part died: when the streams were ended; the watchdog told
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -156,21 +165,22 @@ class Streams:
         elif stream.generated_at is not None:
             if decoded >= stream.sent_frames or now - stream.generated_at > HOLD_LIMIT:
                 stream.end()
-            elif now - stream.last_sent >= self.settings.cancel_probe_seconds:
+            elif now - stream.last_sent >= self.probe_every:
                 stream.probe()
         else:
             if self.backlog_frames:
                 stream.pace(decoded, self.backlog_frames)
-            if now - stream.last_sent >= self.settings.cancel_probe_seconds:
+            if now - stream.last_sent >= self.probe_every:
                 stream.probe()
 
     def _watch(self) -> None:
         """The monitor thread: its three jobs at their own rates."""
         next_life, next_ask = 0.0, 0.0
         while not self._stop.wait(TICK):
-            now = time.monotonic()
+            now, n = time.monotonic(), len(self.live)
+            self.probe_every = spread(self.settings.cancel_probe_seconds, n, self.settings.cancel_probes_per_second)
             if ask := now >= next_ask:
-                next_ask = now + ASK
+                next_ask = now + spread(ASK, n, ASK_RATE)
             for stream in list(self.live.values()):
                 try:
                     self._look(stream, now, ask)
