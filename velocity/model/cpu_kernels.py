@@ -4,7 +4,8 @@ scripts/setup.sh, or on first use:
   instead of gathering them into a padded copy first (the torch path in attention.py stays the
   reference; tests compare the two);
 - sort_rows: the sampler's sort of each row's values, with the ids of the row's c best (a radix
-  sort, rows in parallel: numpy sorts values alone but on one thread, torch orders indices too).
+  sort, rows in parallel: numpy sorts values alone but on one thread, torch orders indices too);
+- the int8 decode layer's row operations between its linears (velocity.model.int8_rows).
 
 The build (about 30 s) is cached inside the Python environment (sys.prefix/velocity-kernels), so
 checkouts with venvs of their own never rebuild each other's; torch's default cache is used
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from velocity.model import int8_rows
 from velocity.model.cpu_isa import compiler_flags
 
 logger = logging.getLogger(__name__)
@@ -173,7 +175,8 @@ bool built_with_openmp() {
 _module = None
 _tried = False
 CFLAGS = ["-O3", "-fopenmp", *compiler_flags()]    # -fopenmp: without it at::parallel_for runs on one thread
-FUNCTIONS = ["paged_decode", "sort_rows", "built_with_openmp"]
+SOURCES = SOURCE + int8_rows.SOURCE
+FUNCTIONS = ["paged_decode", "sort_rows", "built_with_openmp", *int8_rows.FUNCTIONS]
 
 
 def module_name() -> str:
@@ -182,7 +185,7 @@ def module_name() -> str:
         cpu = [ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith(("model name", "flags"))][:2]
     except OSError:
         cpu = []
-    key = "\n".join([SOURCE, *CFLAGS, *FUNCTIONS, torch.__version__, *cpu])
+    key = "\n".join([SOURCES, *CFLAGS, *FUNCTIONS, torch.__version__, *cpu])
     return "velocity_cpu_kernels_" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -198,7 +201,7 @@ def load_built(name: str, folder: str | None):
 
 
 def kernels():
-    """The compiled module (functions paged_decode and sort_rows), or None where it cannot be
+    """The compiled module (paged_decode, sort_rows, int8_rows' functions), or None where it cannot be
     built (EngineConfig.cpu_kernel=False, in serving VELOCITY_CPU_KERNEL=0, does without it).
     Imported from the file an earlier build left (scripts/setup.sh builds it), else built now."""
     global _module, _tried
@@ -212,9 +215,9 @@ def kernels():
             from torch.utils.cpp_extension import load_inline
 
             logger.info("building the C++ CPU kernels (about 30 s, once)")
-            _module = load_inline(name=name, cpp_sources=SOURCE, functions=FUNCTIONS, extra_cflags=CFLAGS,
+            _module = load_inline(name=name, cpp_sources=SOURCES, functions=FUNCTIONS, extra_cflags=CFLAGS,
                                   extra_ldflags=["-fopenmp"], verbose=False, build_directory=folder)
-        logger.info("using the C++ CPU kernels (paged decode attention, the sampler's sort)")
+        logger.info("using the C++ CPU kernels (paged decode attention, the sampler's sort, int8 rows)")
     except Exception as e:   # no compiler or ninja: the torch and numpy paths serve
         logger.warning("C++ CPU kernels unavailable, using the slower torch paths: %s "
                        "(install g++, e.g. apt-get install g++, then rerun scripts/setup.sh; "
@@ -232,6 +235,17 @@ def sort_rows_kernel():
     """sort_rows(x [R, V] float32, c) -> (ascending rows, the c largest descending, their ids), or None."""
     m = kernels()
     return None if m is None else m.sort_rows
+
+
+def int8_rows_kernels(body) -> object | None:
+    """The module for body.forward_int8 (velocity.model.int8_rows) where every linear of the
+    LlamaBody's layers is an Int8Linear without a bias, else None."""
+    from velocity.model.int8_linear import Int8Linear
+
+    linears = [m for layer in body.layers for m in layer.modules() if isinstance(m, (Int8Linear, torch.nn.Linear))]
+    if not linears or not all(isinstance(m, Int8Linear) and m.bias is None for m in linears):
+        return None
+    return kernels()
 
 
 def build_directory() -> str | None:

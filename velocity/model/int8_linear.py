@@ -73,10 +73,15 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in] -> [..., out]
         r = x.abs().amax(-1, keepdim=True).clamp_min(1e-30)         # [..., 1]: each row's own scale
-        y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
-            x / r, self.x_scale, self.x_zero, self.packed)
+        y = self.scaled(x / r)
         y.mul_(r)                                                   # y is the op's own new tensor
         return y if self.bias is None else y.add_(self.bias)
+
+    def scaled(self, x: torch.Tensor) -> torch.Tensor:
+        """The int8 op on rows already scaled into [-1, 1]: the output before the rows' scales and
+        the bias (velocity.model.int8_rows scales both sides). x: [..., in] -> [..., out]"""
+        return torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+            x, self.x_scale, self.x_zero, self.packed)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 ({self.bits}-bit rows)"

@@ -1,0 +1,133 @@
+"""The int8 decode layer's row operations in C++ (built with velocity.model.cpu_kernels).
+
+With VELOCITY_QUANTIZE=int8 a CPU decode step's int8 linears take about half of it; most of the
+rest was thousands of small operator calls between them, each a few microseconds of Python and
+dispatch for a few hundred floats: RMSNorm, the residual adds, RoPE, SiLU-and-mul, and the int8
+linears' own input scaling (abs, amax, divide) and output scaling. Here each stretch between two
+linears is one call, which also leaves its output's rows scaled into [-1, 1] with their scales,
+the input Int8Linear's op takes (velocity.model.int8_linear). LlamaBody.forward_int8 runs them.
+
+The same arithmetic as the torch path, in another order and with fused multiply-adds where the
+compiler makes them: equal within float rounding, which an int8 row can move by one step
+(tests/test_cpu_kernel.py bounds both).
+"""
+
+SOURCE = r"""
+static inline float row_absmax(const float* p, int64_t n) {
+  float m = 0.f;
+  #pragma omp simd reduction(max:m)
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(p[i]));
+  return std::max(m, 1e-30f);
+}
+
+// p[i] /= max |p| (at least 1e-30); the divisor into *s: Int8Linear's row scale
+static inline void scale_row(float* p, float* s, int64_t n) {
+  const float m = row_absmax(p, n);
+  *s = m;
+  #pragma omp simd
+  for (int64_t i = 0; i < n; ++i) p[i] /= m;
+}
+
+// x: [T, H] the residual stream, updated in place by y * ys first (y: [T, H] a linear's output
+// before its row scales ys [T, 1]; empty: nothing to add); w: [H] -> (rms_norm(x) * w [T, H], its
+// rows scaled into [-1, 1] when `scaled`; the scales [T, 1])
+std::vector<torch::Tensor> add_norm_scale(torch::Tensor x, torch::Tensor y, torch::Tensor ys, torch::Tensor w,
+                                          double eps, bool scaled) {
+  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && x.scalar_type() == torch::kFloat, "contiguous float32 x, w");
+  const int64_t T = x.size(0), H = x.size(1);
+  const bool add = y.numel() > 0;
+  TORCH_CHECK(!add || (y.is_contiguous() && y.sizes() == x.sizes() && ys.numel() == T), "y: [T, H], ys: [T, 1]");
+  auto out = torch::empty_like(x);
+  auto s = torch::ones({T, 1}, x.options());
+  float *xp = x.data_ptr<float>(), *op = out.data_ptr<float>(), *sp = s.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  const float* yp = add ? y.data_ptr<float>() : nullptr;
+  const float* ysp = add ? ys.data_ptr<float>() : nullptr;
+  at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* xr = xp + t * H;
+      if (add) {
+        const float* yr = yp + t * H;
+        const float f = ysp[t];
+        #pragma omp simd
+        for (int64_t i = 0; i < H; ++i) xr[i] += yr[i] * f;
+      }
+      float ss = 0.f;
+      #pragma omp simd reduction(+:ss)
+      for (int64_t i = 0; i < H; ++i) ss += xr[i] * xr[i];
+      const float r = 1.f / std::sqrt(ss / H + (float)eps);
+      float* o = op + t * H;
+      #pragma omp simd
+      for (int64_t i = 0; i < H; ++i) o[i] = wp[i] * (xr[i] * r);
+      if (scaled) scale_row(o, sp + t, H);
+    }
+  });
+  return {out, s};
+}
+
+// y: [T, (Hq + 2 Hkv) D] the qkv linear's output before its row scales ys [T, 1]; cos, sin: [T, D]
+// (HF's rotate_half layout) -> (attention over the paged cache (this step's k, v written first)
+// [T, Hq D], rows scaled into [-1, 1]; the scales [T, 1]). y is rotated in place.
+std::vector<torch::Tensor> rope_attend_scale(torch::Tensor y, torch::Tensor ys, torch::Tensor cos, torch::Tensor sin,
+                                             torch::Tensor slot_mapping, torch::Tensor k_cache, torch::Tensor v_cache,
+                                             torch::Tensor block_tables, torch::Tensor context_lens, double scale,
+                                             int64_t Hq, int64_t Hkv) {
+  TORCH_CHECK(y.is_contiguous() && cos.is_contiguous() && sin.is_contiguous(), "contiguous y, cos, sin");
+  const int64_t T = y.size(0), W = y.size(1), D = cos.size(1), half = D / 2;
+  TORCH_CHECK(W == (Hq + 2 * Hkv) * D && cos.size(0) == T, "y: [T, (Hq + 2 Hkv) D], cos: [T, D]");
+  float* yp = y.data_ptr<float>();
+  const float *ysp = ys.data_ptr<float>(), *cp = cos.data_ptr<float>(), *snp = sin.data_ptr<float>();
+  at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* row = yp + t * W;
+      const float f = ysp[t];
+      #pragma omp simd
+      for (int64_t i = 0; i < W; ++i) row[i] *= f;
+      const float *c = cp + t * D, *sn = snp + t * D;
+      for (int64_t h = 0; h < Hq + Hkv; ++h) {               // q's heads, then k's
+        float* x = row + h * D;
+        #pragma omp simd
+        for (int64_t d = 0; d < half; ++d) {
+          const float a = x[d], b = x[d + half];
+          x[d] = a * c[d] + (-b) * sn[d];
+          x[d + half] = b * c[d + half] + a * sn[d + half];
+        }
+      }
+    }
+  });
+  auto q = y.narrow(1, 0, Hq * D).view({T, Hq, D});
+  auto k = y.narrow(1, Hq * D, Hkv * D).view({T, Hkv, D});
+  auto v = y.narrow(1, (Hq + Hkv) * D, Hkv * D).view({T, Hkv, D});
+  auto o = paged_decode(q, k, v, slot_mapping, k_cache, v_cache, block_tables, context_lens, scale).view({T, Hq * D});
+  auto s = torch::empty({T, 1}, y.options());
+  float *op = o.data_ptr<float>(), *sp = s.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t) scale_row(op + t * Hq * D, sp + t, Hq * D);
+  return {o, s};
+}
+
+// y: [T, 2 I] the gate_up linear's output before its row scales ys [T, 1] -> (silu(gate) * up
+// [T, I], rows scaled into [-1, 1]; the scales [T, 1])
+std::vector<torch::Tensor> silu_mul_scale(torch::Tensor y, torch::Tensor ys) {
+  TORCH_CHECK(y.is_contiguous() && y.scalar_type() == torch::kFloat, "contiguous float32 y");
+  const int64_t T = y.size(0), I = y.size(1) / 2;
+  auto out = torch::empty({T, I}, y.options());
+  auto s = torch::empty({T, 1}, y.options());
+  const float *yp = y.data_ptr<float>(), *ysp = ys.data_ptr<float>();
+  float *op = out.data_ptr<float>(), *sp = s.data_ptr<float>();
+  at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* g = yp + t * 2 * I;
+      const float f = ysp[t];
+      float* o = op + t * I;
+      for (int64_t i = 0; i < I; ++i) {
+        const float gate = g[i] * f, up = g[I + i] * f;
+        o[i] = gate / (1.f + std::exp(-gate)) * up;
+      }
+      scale_row(o, sp + t, I);
+    }
+  });
+  return {out, s};
+}
+"""
+
+FUNCTIONS = ["add_norm_scale", "rope_attend_scale", "silu_mul_scale"]
