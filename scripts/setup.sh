@@ -65,7 +65,7 @@ if [[ ! -x "$VENV/bin/python" ]]; then
     "$PY" -m venv "$VENV"
 fi
 
-# The C++ CPU kernels (velocity/model/cpu_kernels.py: decode attention, the sampler's sort): built here
+# The C++ CPU kernels (velocity/model/cpu_kernels.py: decode attention, the sampler's sort, the int8 layer's row operations): built here
 # once (about 30 s) and cached in the venv, instead of on the server's first start; on a new venv
 # beside the rest of the install, since they need only torch and ninja. Without g++ the server
 # uses the slower torch path and logs a warning.
