@@ -2,10 +2,12 @@
 without (VELOCITY_GATEWAY_MAX_STREAMS_PER_CLIENT): client B (127.0.0.3) times its first audio
 alone, then while client A (127.0.0.2) keeps --flood requests going at once, each sent again as
 soon as it ends or is refused. A server of this checkout on the tiny demo checkpoint per arm, in
-rounds (with --baseline-rev, each cap on that revision too, in ABBA order); the flood's first
-audio over the idle one, and where the server's time went. Writes JSON and a PNG.
+rounds (with --baseline-rev, each cap on that revision too, and with --baseline-env, on this
+checkout with those settings, in ABBA order); the flood's first audio over the idle one, and where
+the server's time went. Writes JSON and a PNG.
 
     .venv/bin/python benchmarks/bench_fair.py --arms 16,64 --flood 64 --rounds 1 --baseline-rev REV
+    .venv/bin/python benchmarks/bench_fair.py --arms 16 --flood 64 --baseline-env VELOCITY_GATEWAY_HTTP=h11
 """
 from __future__ import annotations
 
@@ -109,8 +111,8 @@ def flood(gateway: str, n: int, texts: list[str], stop: threading.Event, counts:
     return threads
 
 
-def arm(cap: int, root: Path, args, texts: list[str]) -> list[dict]:
-    """args.rounds rounds on one server of the tree at `root` with this cap."""
+def arm(cap: int, root: Path, args, texts: list[str], env: dict | None = None) -> list[dict]:
+    """args.rounds rounds on one server of the tree at `root` with this cap (and these settings)."""
     from benchmarks.server import TritonServer
     from velocity.demo.checkpoint import write_checkpoint
 
@@ -121,7 +123,7 @@ def arm(cap: int, root: Path, args, texts: list[str]) -> list[dict]:
                               # on 127.0.0.1 only: the flood's thousands of connections from 127.0.0.2 leave
                               # ports in TIME_WAIT that a wildcard bind of the next arm's server could hit
                               env={"VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_GATEWAY_MAX_STREAMS_PER_CLIENT": str(cap),
-                                   "BIND": "127.0.0.1"})
+                                   "BIND": "127.0.0.1", **(env or {})})
         try:
             server.start(timeout=400)
             break
@@ -167,7 +169,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--lexicon-keys", type=int, default=0,
                     help="client A sends short texts, each with a fresh lexicon of this many keys (issue #45 item 7)")
-    ap.add_argument("--baseline-rev", default="", help="also run each cap on this git revision (a worktree)")
+    base = ap.add_mutually_exclusive_group()
+    base.add_argument("--baseline-rev", default="", help="also run each cap on this git revision (a worktree)")
+    base.add_argument("--baseline-env", action="append", metavar="NAME=VALUE",
+                      help="also run each cap on this checkout with these settings")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "fair" / "tiny"))
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -175,15 +180,19 @@ def main() -> None:
     texts = [t for t in bench_texts() if t.isascii()]     # the tiny demo's vocabulary lacks most Chinese characters
     res = {"hardware": cpu_model(), "flood": args.flood, "samples": args.samples, "revision": revision(),
            "lexicon_keys": args.lexicon_keys,
-           "baseline": args.baseline_rev or None, "arms": {}}
+           "baseline": args.baseline_rev or None, "baseline_env": args.baseline_env, "arms": {}}
     with contextlib.ExitStack() as stack:
         trees = {"this": ROOT}
         if args.baseline_rev:
             trees["base"] = stack.enter_context(baseline_tree(args.baseline_rev))
+        elif args.baseline_env:
+            trees["base"] = ROOT
+        envs = {"base": dict(kv.split("=", 1) for kv in args.baseline_env or [])}
         caps = args.arms.split(",")
         for i, name in alternating(list(trees), len(caps)):        # each cap: both trees, ABBA
             key = caps[i] if len(trees) == 1 else f"{name} cap {caps[i]}"
-            res["arms"][key] = arm(int(caps[i]), trees[name], args, texts)
+            key += f" #{i}" if caps.count(caps[i]) > 1 else ""               # --arms 16,16: ABBA over two servers each
+            res["arms"][key] = arm(int(caps[i]), trees[name], args, texts, envs.get(name))
     res["median_ratio"] = {c: statistics.median(r["ratio"] for r in rows if r["ratio"] is not None)
                            for c, rows in res["arms"].items() if any(r["ratio"] for r in rows)}
     res["unexpected"] = {str(k): v for k, v in FIRST_BODY.items()}

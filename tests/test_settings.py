@@ -38,3 +38,13 @@ def test_other_settings_keep_their_types(monkeypatch):
     monkeypatch.setenv("VELOCITY_DEVICE", "cpu")
     s = Settings.from_env()
     assert (s.max_num_seqs, s.backlog_seconds, s.device) == (7, 2.5, "cpu")
+
+
+def test_the_gateway_names_an_unknown_http_parser(monkeypatch):
+    """VELOCITY_GATEWAY_HTTP picks uvicorn's parser; a word it does not know stops the gateway at
+    once with the variable and the choices, before anything listens."""
+    from velocity.gateway import app
+
+    monkeypatch.setenv("VELOCITY_GATEWAY_HTTP", "nginx")
+    with pytest.raises(SystemExit, match="VELOCITY_GATEWAY_HTTP='nginx'.*httptools or h11"):
+        app.main(["--triton", "127.0.0.1:1", "--port", "0"])

@@ -99,9 +99,14 @@ def main(argv: list[str] | None = None) -> None:
     from velocity.serving.settings import Settings
 
     settings = Settings.from_env()
-    # a WebSocket message is held to the body limit once decompressed (permessage-deflate is on)
+    if settings.gateway_http not in ("httptools", "h11"):
+        raise SystemExit(f"VELOCITY_GATEWAY_HTTP={settings.gateway_http!r}: the HTTP parser is httptools or h11")
+    # a WebSocket message is held to the body limit once decompressed (permessage-deflate is on);
+    # httptools (llhttp, in C) takes less CPU per request than h11, which a flood of refused
+    # requests spends on the cores that also speak (docs/benchmarks.md, "Fair share")
     config = uvicorn.Config(create_app(args.triton, settings, retries=args.retries), log_level="warning",
-                            timeout_graceful_shutdown=5, ws_max_size=settings.gateway_max_body_bytes)
+                            timeout_graceful_shutdown=5, ws_max_size=settings.gateway_max_body_bytes,
+                            http=settings.gateway_http)
     uvicorn.Server(config).run(sockets=[listen(args.host, args.port, settings.gateway_send_buffer_bytes)])
 
 

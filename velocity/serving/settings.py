@@ -102,6 +102,7 @@ class Settings:
     gateway_max_sockets: int = 1024              # VELOCITY_GATEWAY_MAX_SOCKETS: all clients' WebSockets
     gateway_idle_timeout: float = 60.0           # VELOCITY_GATEWAY_IDLE_TIMEOUT: seconds a silent socket stays
     gateway_refusal_delay: float = 1.0           # VELOCITY_GATEWAY_REFUSAL_DELAY: seconds before a 503 past a cap
+    gateway_http: str = "httptools"              # VELOCITY_GATEWAY_HTTP: uvicorn's HTTP/1.1 parser, httptools (C) or h11
     gateway_health_url: str = ""                 # VELOCITY_GATEWAY_HEALTH_URL: serve.sh's health port (names a dead part)
     # The seed of requests that name none (an agent framework's OpenAI client sends none): the
     # same text then gives the same audio. -1: each such request samples afresh.
