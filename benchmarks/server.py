@@ -120,8 +120,9 @@ class TritonServer:
         cmd = (["make", "-s", "serve"] if self.via_make else
                ["bash", str(self.root / "scripts" / "serve.sh"), "--model-repository", str(self.repo)]
                + [a for k, v in ports.items() for a in (f"--{k[:-5].lower()}-port", str(v))])
-        env = {**os.environ, "EXIT_TIMEOUT": "10", "DRAIN_TIMEOUT": "5", **{k: str(v) for k, v in ports.items()},
-               **self.env}
+        # EXIT_WITH_PID: a runner that dies (a crashed pytest, a killed benchmark) takes its servers with it
+        env = {**os.environ, "EXIT_TIMEOUT": "10", "DRAIN_TIMEOUT": "5", "EXIT_WITH_PID": str(os.getpid()),
+               **{k: str(v) for k, v in ports.items()}, **self.env}
         if self.root != ROOT:         # another tree: its packages first on the path, this checkout's venv
             env |= {"PYTHONPATH": os.pathsep.join(filter(None, (str(self.root), env.get("PYTHONPATH")))),
                     "VENV": env.get("VENV", str(ROOT / ".venv"))}

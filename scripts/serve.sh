@@ -31,6 +31,8 @@
 # velocity_part_failures_total{part}.
 # --cpu-isa avx2 (or CPU_ISA) caps torch, fbgemm, oneDNN and MKL to AVX2 code: what an AVX2-only
 # machine runs, measured on one with AVX-512 (velocity/model/cpu_isa.py; the llm logs the ISA).
+# EXIT_WITH_PID: stop as on SIGTERM once that process has ended (the tests and benchmarks give
+# their own, so that a runner that dies leaves no server behind).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
@@ -51,7 +53,7 @@ RESTARTS="${RESTARTS:-10}"
 LIVE_GRACE="${LIVE_GRACE:-300}"
 extra=()
 
-usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --weights) WEIGHTS="$2"; shift 2 ;;
@@ -118,8 +120,10 @@ if [[ " ${extra[*]} " != *shm-region-prefix-name* ]]; then
     args+=(--backend-config="python,shm-region-prefix-name=$shm_prefix")
 fi
 health_pid=""
+watch_pid=""                    # the EXIT_WITH_PID watcher
 front_pids=()                   # the gateway and Wyoming: stopped last, given 10 s each
 cleanup() {
+    [[ -z "$watch_pid" ]] || kill "$watch_pid" 2>/dev/null || true
     [[ -z "$health_pid" ]] || kill "$health_pid" 2>/dev/null || true
     for p in "${front_pids[@]}"; do
         kill "$p" 2>/dev/null || continue
@@ -205,6 +209,11 @@ stop() {
 }
 trap 'stop; exit 130' INT
 trap 'stop; exit 143' TERM
+if [[ -n "${EXIT_WITH_PID:-}" ]]; then
+    ( while kill -0 "$EXIT_WITH_PID" 2>/dev/null; do sleep 0.5; done
+      echo "[serve] process $EXIT_WITH_PID (EXIT_WITH_PID) has ended: stopping"; kill -TERM $$ ) &
+    watch_pid=$!
+fi
 set +e
 # The server stopped by itself after it had been ready (a crash, or the watchdog's kill after a
 # model's process died): start it again at once; one that dies before it is ready again waits

@@ -5,6 +5,7 @@ import glob
 import json
 import queue
 import signal
+import subprocess
 import time
 import urllib.request
 
@@ -65,27 +66,38 @@ def test_http_generate_stream(smoke_server):
 
 
 def test_serve_sh_stop_leaves_nothing(tmp_path):
-    """SIGTERM to one serve.sh, Ctrl-C's SIGINT to another (side by side: each start is mostly
-    loading): each stops its server and every stub, with its exit code."""
-    cases = [(signal.SIGTERM, 143), (signal.SIGINT, 130)]
-    servers = [TritonServer(repo=TESTS_REPO, log_path=tmp_path / f"server{i}.log") for i in range(len(cases))]
+    """SIGTERM to one serve.sh, Ctrl-C's SIGINT to another, and a third whose EXIT_WITH_PID
+    process ends (what a test runner that dies does to the servers it started), side by side
+    (each start is mostly loading): each stops its server and every stub, with its exit code."""
+    runner = subprocess.Popen(["sleep", "600"])
+    cases = [(signal.SIGTERM, 143), (signal.SIGINT, 130), ("EXIT_WITH_PID", 143)]
+    servers = [TritonServer(repo=TESTS_REPO, log_path=tmp_path / f"server{i}.log",
+                            env={"EXIT_WITH_PID": str(runner.pid)} if how == "EXIT_WITH_PID" else {})
+               for i, (how, _) in enumerate(cases)]
     try:
         side_by_side(TritonServer.start, servers)
         pids = [s.processes() for s in servers]
         for p in pids:
             names = {comm(x) for x in p}
             assert {"tritonserver", "triton_python_backend_stub"} <= names, names
-        for s, (sig, _) in zip(servers, cases):
-            s.proc.send_signal(sig)
+        for s, (how, _) in zip(servers, cases):
+            if how == "EXIT_WITH_PID":
+                runner.kill()
+                runner.wait()
+            else:
+                s.proc.send_signal(how)
         rcs = [s.proc.wait(timeout=60) for s in servers]
-        time.sleep(0.5)
+        time.sleep(1.0)                                 # the watcher's last sleep (0.5 s) ends too
         left = [[(x, comm(x)) for x in p if alive(x)] for p in pids]
     finally:
+        runner.kill()
         side_by_side(TritonServer.stop, servers)
-    for s, (sig, code), rc, lost in zip(servers, cases, rcs, left):
-        assert rc == code, (sig.name, s.log())
-        assert lost == [], f"left running after {sig.name}: {lost}\n{s.log()}"
+    for s, (how, code), rc, lost in zip(servers, cases, rcs, left):
+        name = getattr(how, "name", how)
+        assert rc == code, (name, s.log())
+        assert lost == [], f"left running after {name}: {lost}\n{s.log()}"
         assert glob.glob(shm_pattern(s)) == []
+    assert "(EXIT_WITH_PID) has ended: stopping" in servers[2].log()
 
 
 def test_threads_at_the_same_metrics_leave_the_server_up(smoke_server):
