@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.harness import ROOT, cpu_model, finish, save  # noqa: E402
-from client.triton import parse_metric  # noqa: E402
+from benchmarks.harness import ROOT, cpu_model, finish, save, setting_pairs  # noqa: E402
+from client.triton import model_metric, parse_metric  # noqa: E402
 
 log = logging.getLogger("bench_cancel_burst")
 
@@ -91,7 +91,7 @@ def main() -> None:
     env = {"VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_MAX_NUM_SEQS": str(args.streams),
            "VELOCITY_MAX_CONCURRENT_REQUESTS": str(args.streams)}
     arms = ["this"] + (["baseline"] if args.baseline_rev or args.baseline_env else [])
-    baseline_env = dict(kv.split("=", 1) for kv in args.baseline_env or [])
+    baseline_env = setting_pairs(args.baseline_env, "--baseline-env")
     rounds, crashed, tail = [{} for _ in range(args.rounds)], False, ""
     with (baseline_tree(args.baseline_rev) if args.baseline_rev else contextlib.nullcontext(ROOT)) as tree:
         servers = {"this": TritonServer(repo=ROOT / "model_repository", log_path=d / "this.log", root=ROOT, env=env)}
@@ -107,8 +107,7 @@ def main() -> None:
             return parse_metric(m, "velocity_active_requests") == 0 and parse_metric(m, "velocity_kv_blocks_used") == 0
 
         def executions(server) -> float:
-            return next(float(ln.rsplit(" ", 1)[1]) for ln in server.metrics().splitlines()
-                        if ln.startswith("nv_inference_exec_count{") and 'model="vocoder"' in ln)
+            return model_metric(server.metrics(), "nv_inference_exec_count", "vocoder")
 
         try:
             for s in servers.values():

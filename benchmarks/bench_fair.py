@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness import (ROOT, alternating, baseline_tree, bench_texts, cpu_model,  # noqa: E402
-                                exit_on_sigterm, finish, revision, save)
+                                exit_on_sigterm, finish, revision, save, setting_pairs)
 
 log = logging.getLogger("bench_fair")
 FIRST_BODY: dict[int, str] = {}        # the first answer of each unexpected status (what a 400 said)
@@ -187,7 +187,7 @@ def main() -> None:
             trees["base"] = stack.enter_context(baseline_tree(args.baseline_rev))
         elif args.baseline_env:
             trees["base"] = ROOT
-        envs = {"base": dict(kv.split("=", 1) for kv in args.baseline_env or [])}
+        envs = {"base": setting_pairs(args.baseline_env, "--baseline-env")}
         caps = args.arms.split(",")
         for i, name in alternating(list(trees), len(caps)):        # each cap: both trees, ABBA
             key = caps[i] if len(trees) == 1 else f"{name} cap {caps[i]}"

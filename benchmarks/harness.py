@@ -90,6 +90,15 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
+def setting_pairs(items: list[str] | None, flag: str) -> dict[str, str]:
+    """NAME=VALUE arguments (a repeated flag, e.g. --baseline-env) as a dict; one without `=` stops
+    the benchmark, naming the flag."""
+    bad = [i for i in items or [] if "=" not in i]
+    if bad:
+        raise SystemExit(f"{flag} {bad[0]!r}: want NAME=VALUE")
+    return dict(i.split("=", 1) for i in items or [])
+
+
 def revision(root: Path = None) -> str:
     """This checkout's revision as `git describe --always --dirty` names it ("" outside git)."""
     got = subprocess.run(["git", "-C", str(root or ROOT), "describe", "--always", "--dirty"],

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from client.triton import fetch_metrics
+from client.triton import fetch_metrics, model_metric
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,11 +127,7 @@ def stop_group(proc: subprocess.Popen, timeout: float) -> None:
 def tts_requests(metrics_url: str) -> float:
     """Requests a server's `tts` ensemble has answered successfully (Triton's
     nv_inference_request_success for model "tts"): a replica's share of the load."""
-    total = 0.0
-    for line in fetch_metrics(metrics_url).splitlines():
-        if line.startswith("nv_inference_request_success{") and 'model="tts"' in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return model_metric(fetch_metrics(metrics_url), "nv_inference_request_success", "tts")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -178,5 +178,12 @@ def parse_metric(text: str, name: str) -> float:
     raise KeyError(f"{name} not in the metrics:\n{text[:3000]}")
 
 
+def model_metric(text: str, name: str, model: str) -> float:
+    """The sum of `name`'s samples for one model (Triton's per-model metrics, e.g.
+    nv_inference_exec_count{model="vocoder",version="1"}) in Prometheus text; 0 when it has none."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") and f'model="{model}"' in line)
+
+
 def metric(metrics_url: str, name: str) -> float:
     return parse_metric(fetch_metrics(metrics_url), name)
