@@ -1,15 +1,14 @@
 """The int8 decode layer's row operations in C++ (built with velocity.model.cpu_kernels).
 
-With VELOCITY_QUANTIZE=int8 a CPU decode step's int8 linears take about half of it; most of the
-rest was thousands of small operator calls between them, each a few microseconds of Python and
-dispatch for a few hundred floats: RMSNorm, the residual adds, RoPE, SiLU-and-mul, and the int8
-linears' own input scaling (abs, amax, divide) and output scaling. Here each stretch between two
-linears is one call, which also leaves its output's rows scaled into [-1, 1] with their scales,
+With VELOCITY_QUANTIZE=int8 much of a CPU decode step outside its int8 linears was many small
+operator calls between them, each more Python and dispatch than arithmetic: RMSNorm, the
+residual adds, RoPE, SiLU-and-mul, and the int8 linears' own input scaling (abs, amax, divide)
+and output scaling. Here each stretch between two linears is one call, which also leaves its output's rows scaled into [-1, 1] with their scales,
 the input Int8Linear's op takes (velocity.model.int8_linear). LlamaBody.forward_int8 runs them.
 
 The same arithmetic as the torch path, in another order and with fused multiply-adds where the
 compiler makes them: equal within float rounding, which an int8 row can move by one step
-(tests/test_cpu_kernel.py bounds both).
+(tests/test_int8.py bounds both).
 """
 
 SOURCE = r"""

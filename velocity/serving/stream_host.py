@@ -32,7 +32,7 @@ from velocity.tts.sentence_stream import Carry, Refine
 log = logging.getLogger("velocity.llm")
 TICK = 0.02                    # seconds between the monitor's looks at the board
 ASK = 0.1                      # seconds between its questions to Triton whether a client left
-ASK_RATE = 1000.0              # its questions per second at most, over every stream (63 us each: bench_cancel_check)
+ASK_RATE = 1000.0              # its questions per second at most, over every stream (each a round trip: bench_cancel_check)
 EVERY = 0.25                   # seconds between its looks at the server's life, and its gauges
 TELL_S = 0.5                   # seconds the streams get to end with a part's death before the watchdog is told
 HOLD_LIMIT = 60.0              # seconds a finished stream waits for the vocoder at most (a vocoder that died)
