@@ -1,6 +1,8 @@
 """Issue #45, item 5: a client that does not read stops the work. A sentence keeps its place in the
 pipe until its audio is taken, so generation stops a few sentences past what the client read; a
-client that takes none of its audio for VELOCITY_GATEWAY_SEND_TIMEOUT is gone (its speech
+client that reads slower than the server generates paces its stream's generation (the gateway
+tells the `pace` model how far it read: velocity.gateway.pace); a client that takes none of its
+audio for VELOCITY_GATEWAY_SEND_TIMEOUT is gone (its speech
 stopped, the socket closed, the hang-up counted); a long text has a cap on the whole
 (VELOCITY_GATEWAY_LONG_TEXT_MAX_CHARS). The pipe alone, then a gateway of its own in front of the
 shared server."""
@@ -13,12 +15,17 @@ import time
 import urllib.error
 import urllib.request
 
+import numpy as np
 import pytest
 from websockets.sync.client import connect
 
-from client.triton import parse_metric
+from client.triton import model_metric, parse_metric
 from triton_server import LONG_TEXT, assert_work_stops, wait_for
+from velocity.gateway.pace import BEHIND, KEEPS_UP, STEP, Pacer, end_frame, read_ahead
 from velocity.gateway.sentences import SentencePipe
+from velocity.serving.settings import Settings
+from velocity.serving.tts_responses import AudioChunk
+from velocity.tts.chunking import FRAMES_PER_SECOND, sample_offset
 
 
 def test_generation_stops_a_few_sentences_past_the_reader():
@@ -43,6 +50,68 @@ def test_generation_stops_a_few_sentences_past_the_reader():
         return seen
 
     assert asyncio.run(run()) == [3, 4]
+
+
+def test_the_server_is_told_only_while_a_client_lags_and_then_that_it_keeps_up():
+    async def run() -> tuple[list[int], list[int]]:
+        said: list[int] = []
+
+        async def tell(taken: int) -> None:
+            said.append(taken)
+
+        async def settle() -> None:
+            for _ in range(3):
+                await asyncio.sleep(0)
+
+        keeps_up = Pacer(tell)
+        for end in range(10, 2000, 10):            # read as it arrives: never told
+            keeps_up.received(end)
+            keeps_up.read(end)
+            await settle()
+        quiet, said = said, []
+        lags = Pacer(tell)
+        lags.received(BEHIND - 1)
+        await settle()                             # not yet behind
+        lags.received(3 * BEHIND)
+        await settle()                             # behind: where it is (nothing read)
+        lags.read(STEP - 1)
+        await settle()                             # less than a step read: nothing new
+        lags.read(STEP)
+        await settle()
+        lags.read(3 * BEHIND - BEHIND // 2 + 1)
+        await settle()                             # back within half of BEHIND: it keeps up
+        lags.close()
+        lags.received(10 * BEHIND)
+        await settle()                             # closed: nothing more
+        return quiet, said
+
+    assert asyncio.run(run()) == ([], [0, STEP, KEEPS_UP])
+
+
+def test_the_gateway_counts_a_chunks_end_in_the_llms_frames():
+    for start, lasts, length, last in [(0, 0, 12, False), (12, 0, 8, True), (20, 1, 8, False), (300, 7, 4, True)]:
+        samples = length * 512 - (256 if last else 0)
+        assert end_frame(sample_offset(start, lasts, 512), samples, lasts) == start + length
+
+
+def test_a_stream_is_read_ahead_of_its_writer_within_a_bound():
+    async def run() -> tuple[int, int, list[int]]:
+        made = []
+
+        async def source():
+            for i in range(10):
+                made.append(i)
+                yield AudioChunk(np.zeros(24000, np.float32), offset=i * 24000)
+
+        ahead = read_ahead(source(), held_max_s=3.5)
+        first = await anext(ahead)                 # the rest are read while the writer waits
+        await asyncio.sleep(0.05)
+        held = len(made)
+        rest = [c.offset // 24000 async for c in ahead]
+        return first.offset, held, rest
+
+    first, held, rest = asyncio.run(run())
+    assert first == 0 and held == 5 and rest == list(range(1, 10)), (held, rest)
 
 
 def disconnects(gateway: str) -> float:
@@ -78,3 +147,33 @@ def test_a_client_that_reads_nothing_is_gone_after_the_send_timeout(tts_server, 
         urllib.request.urlopen(req, timeout=60)
     err = json.loads(e.value.read())["error"]
     assert e.value.code == 400 and err["param"] == "input" and "a long text may have 500" in err["message"], err
+
+
+@pytest.mark.server
+def test_a_post_read_slower_than_it_is_made_pauses_its_generation(tts_server, gateway):
+    """One POST of eight sentences (up to 200 frames each on the shared server: 1,600 in all), read
+    at a third of real time by a client with a small window, through serve.sh's gateway. The
+    gateway tells the `pace` model how far its client read, and the llm pauses the stream once
+    VELOCITY_BACKLOG_SECONDS (6) of audio wait to be read: what it generated stays within what
+    the client read, what the buffers between them hold, the gateway's 2 s before it tells and
+    one sentence ahead. Unpaced it makes the whole text."""
+    host, port = gateway.removeprefix("http://").split(":")
+    body = json.dumps({"model": "tts-1", "voice": "amber", "input": LONG_TEXT, "response_format": "pcm",
+                       "max_new_tokens": 200}).encode()
+    frames0 = tts_server.metric("velocity_frames_generated_total")
+    told0 = model_metric(tts_server.metrics(), "nv_inference_request_success", "pace")
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        got, until = 0, time.monotonic() + 7
+        while time.monotonic() < until:
+            got += len(sock.recv(1600))                     # 16 KB/s: a third of 24 kHz pcm16
+            time.sleep(0.1)
+        generated = tts_server.metric("velocity_frames_generated_total") - frames0
+        told = model_metric(tts_server.metrics(), "nv_inference_request_success", "pace") - told0
+    frames = FRAMES_PER_SECOND / 2 / 24000                  # frames per byte of pcm16
+    held = (2 * Settings().gateway_send_buffer_bytes + 65536 + 2 * 4096) * frames   # the kernel's (doubled), uvicorn's
+    bound = got * frames + held + 2 * FRAMES_PER_SECOND + 6 * FRAMES_PER_SECOND + 200
+    assert told >= 1 and generated <= bound, (told, generated, bound)

@@ -92,6 +92,7 @@ class Context:
             if chunk is not None and not isinstance(chunk, Exception):
                 if data := self.encoder.push(chunk.audio):
                     await self.socket.send(audio=base64.b64encode(data).decode(), isFinal=False, contextId=self.cid)
+                chunk.read()
                 continue
             if isinstance(chunk, Exception):                  # a sentence ended, or failed
                 msg = chunk.message if isinstance(chunk, ApiError) else str(chunk)

@@ -187,8 +187,10 @@ def speech_router(state: AppState) -> APIRouter:
             try:
                 if first is not None:
                     yield first, enc.push(first.audio)
+                    first.read()                            # sent: the response asks for the next part
                 async for chunk in chunks:
                     yield chunk, enc.push(chunk.audio)
+                    chunk.read()
                 yield None, enc.finish()
                 complete = True
             except ApiError:

@@ -192,4 +192,5 @@ class SpeechSocket:
             start.setdefault(s.index, self.samples)
             async with self.send_lock:
                 await send_within(self.ws.send_bytes(pcm16(chunk.audio)), self.send_timeout)
+            chunk.read()
             self.samples += len(chunk.audio)

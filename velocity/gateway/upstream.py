@@ -2,12 +2,14 @@
 and Triton's errors turned into HTTP-style statuses (ApiError) that the OpenAI API answers with
 and the Wyoming server reports."""
 import contextlib
+import functools
 import json
 import logging
 import re
 from collections.abc import AsyncIterator
 
 from velocity.gateway.health_reason import HealthReason
+from velocity.gateway.pace import Pacer, end_frame, read_ahead
 from velocity.serving.input_table import INPUTS
 from velocity.serving.tts_responses import RETRYABLE, AudioChunk, Retry  # noqa: F401 (the gateway's names)
 from velocity.serving.watchdog import DIED
@@ -167,10 +169,12 @@ class Gateway:
         work on it within a second. timeout: seconds the request may take, sent as Triton's
         request timeout (the server ends it past that; a 504). Retryable errors before the first
         chunk move on to the next upstream (see the class). The stream counts as the current
-        client's while it runs (fair.Admission; 503 past the client's cap)."""
+        client's while it runs (fair.Admission; 503 past the client's cap). Read ahead of the
+        caller, and paced by how far the caller's client read (velocity.gateway.pace: a writer
+        calls each chunk's read() once it handed the chunk to its client)."""
         with self.admission.stream() if self.admission else contextlib.nullcontext():
             try:
-                async with contextlib.aclosing(self._chunks(values, timeout)) as chunks:
+                async with contextlib.aclosing(read_ahead(self._chunks(values, timeout))) as chunks:
                     async for chunk in chunks:
                         yield chunk
             except ApiError as e:
@@ -211,14 +215,21 @@ class Gateway:
 
         stream = self.client_for(url).stream_infer(requests())
         pending: dict[int, AudioChunk] = {}
-        nxt = 0
+        nxt, pacer = 0, None
         try:
             async for result, error in stream:
                 if error is not None:
                     raise triton_error(str(error))
                 wav = result.as_numpy("WAVEFORM")
                 if wav is not None:
-                    pending[int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0])] = AudioChunk.of(result, wav)
+                    chunk = AudioChunk.of(result, wav)
+                    if pacer is None and (ref := result.as_numpy("STREAM")) is not None and ref.size and ref.flat[0] > 0:
+                        pacer = Pacer(functools.partial(self._pace, url, int(ref.flat[0])))
+                    if pacer is not None:
+                        end = end_frame(chunk.offset, len(chunk.audio), chunk.sentence)
+                        pacer.received(end)
+                        chunk.on_read = functools.partial(pacer.read, end)
+                    pending[int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0])] = chunk
                     while nxt in pending:
                         yield pending.pop(nxt)
                         nxt += 1
@@ -230,3 +241,15 @@ class Gateway:
             raise unavailable(url, e) from e
         finally:
             stream.cancel()
+            if pacer is not None:
+                pacer.close()
+
+    async def _pace(self, url: str, ref: int, taken: int) -> None:
+        """Tell the server how far the client of stream `ref` has read (velocity.gateway.pace)."""
+        import numpy as np
+        import tritonclient.grpc.aio as grpcclient
+
+        inputs = [grpcclient.InferInput("STREAM", [1, 1], "INT64"), grpcclient.InferInput("TAKEN", [1, 1], "INT64")]
+        inputs[0].set_data_from_numpy(np.array([[ref]], np.int64))
+        inputs[1].set_data_from_numpy(np.array([[taken]], np.int64))
+        await self.client_for(url).infer("pace", inputs)

@@ -141,6 +141,7 @@ class SpeechHandler(AsyncEventHandler):
                         started = True
                     await self.write_event(AudioChunk(rate=RATE, width=WIDTH, channels=CHANNELS,
                                                       audio=pcm16(chunk.audio)).event())
+                    chunk.read()
         except ApiError as e:
             log.warning("synthesize failed (%s): %s", e.status, e.message)
             await self.write_event(Error(text=e.message, code=e.code or f"http_{e.status}").event())

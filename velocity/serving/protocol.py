@@ -180,7 +180,8 @@ def vocoder_outputs(c: CodeChunkIn, audio: np.ndarray, samples_per_frame: int) -
     return {"WAVEFORM": audio, "CHUNK_INDEX": c.index, "TEXT": np.array([[c.text]], object),
             "SENTENCE_INDEX": np.array([[c.sentence]], np.int32),
             "SAMPLE_OFFSET": np.array([[c.sample_offset(samples_per_frame)]], np.int64),
-            "SENTENCE_TEXT": np.array([[c.sentence_text]], object)}
+            "SENTENCE_TEXT": np.array([[c.sentence_text]], object),
+            "STREAM": np.array([[c.stream]], np.int64)}
 
 
 def chunk_refusal(c: CodeChunkIn, settings: Settings, num_vq: int, num_codes: int, hidden_size: int) -> tuple[str, str] | None:

@@ -24,9 +24,10 @@ class Settings:
     # Sentences after the one being spoken that generate at the same time (their frames held
     # until it ends): the next sentence's audio is ready when the current one's ends. 0: one by one.
     sentences_ahead: int = 2                 # VELOCITY_SENTENCES_AHEAD
-    # Audio a stream may have generated but not yet decoded (seconds; 0: no bound). A stream that
-    # has this much waiting for the vocoder pauses in the scheduler, keeping its KV blocks, and the
-    # batch goes to streams that need frames. At least one largest chunk and its lookahead.
+    # Audio a stream may have generated but not yet decoded, or not yet read by a gateway's client
+    # that fell behind (the `pace` model) (seconds; 0: no bound). A stream that has this much
+    # waiting pauses in the scheduler, keeping its KV blocks, and the batch goes to streams that
+    # need frames. At least one largest chunk and its lookahead.
     backlog_seconds: float = 6.0             # VELOCITY_BACKLOG_SECONDS
     # A stream of the tts ensemble that sent nothing for this long sends a probe, on which the
     # vocoder learns of a client's cancel (velocity.serving.stream_board): a client that leaves

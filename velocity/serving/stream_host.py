@@ -6,7 +6,8 @@ monitor thread. Triton's objects stay in the adapter: this module gets a
 The monitor has three jobs, each a method: it looks at every stream (_look: every 20 ms the
 stream board, every 0.1 s whether the client has left, a round trip to the server process that
 never runs on the engine thread; a stream whose vocoder saw its client leave is aborted, one with
-VELOCITY_BACKLOG_SECONDS of audio waiting for the vocoder pauses in the scheduler, a quiet one
+VELOCITY_BACKLOG_SECONDS of audio waiting for the vocoder (or, as the gateway says through the `pace`
+model, for its client to read it) pauses in the scheduler, a quiet one
 sends a probe, one whose timeout passed is ended, and a finished one's final flag waits until the
 vocoder has decoded all its audio; the questions and the probes of all streams together have a
 rate each, so that many streams spread theirs out instead of crowding the server with them); four times a second it follows the server's life (_follow:
@@ -159,7 +160,7 @@ class Streams:
             return
         if not stream.ref:
             return
-        state, decoded = self.board.read(stream.ref)
+        state, decoded, taken = self.board.read(stream.ref)
         if state:
             stream.stop(None if state == CANCELLED else STREAM_FAILED, "cancelled" if state == CANCELLED else "failed")
         elif stream.generated_at is not None:
@@ -168,8 +169,8 @@ class Streams:
             elif now - stream.last_sent >= self.probe_every:
                 stream.probe()
         else:
-            if self.backlog_frames:
-                stream.pace(decoded, self.backlog_frames)
+            if self.backlog_frames:              # behind the vocoder, or the gateway's client once it fell behind
+                stream.pace(decoded if taken < 0 else min(decoded, taken), self.backlog_frames)
             if now - stream.last_sent >= self.probe_every:
                 stream.probe()
 

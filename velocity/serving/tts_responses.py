@@ -2,7 +2,8 @@
 alike: a chunk's audio and marks (AudioChunk), and when a failed request is sent again (Retry)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -36,9 +37,15 @@ class AudioChunk:
     sentence: int = 0
     offset: int = 0
     text: str = ""
+    on_read: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+
+    def read(self) -> None:
+        """Its writer has handed it to the client (the gateway's pacing: velocity.gateway.pace)."""
+        if self.on_read is not None:
+            self.on_read()
 
     @classmethod
-    def of(cls, result, wav: np.ndarray) -> "AudioChunk":
+    def of(cls, result, wav: np.ndarray, on_read: Callable[[], None] | None = None) -> "AudioChunk":
         """From a `tts` response (tritonclient's InferResult) and its WAVEFORM."""
         def one(name: str):
             v = result.as_numpy(name)
@@ -46,4 +53,4 @@ class AudioChunk:
 
         text = one("SENTENCE_TEXT")
         return cls(wav.reshape(-1), int(one("SENTENCE_INDEX") or 0), int(one("SAMPLE_OFFSET") or 0),
-                   text.decode("utf-8", "replace") if isinstance(text, bytes) else "")
+                   text.decode("utf-8", "replace") if isinstance(text, bytes) else "", on_read)

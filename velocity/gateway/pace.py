@@ -1,0 +1,128 @@
+"""A `tts` stream paced by its client's reading (issue #45, item 5).
+
+Triton's gRPC frontend queues a decoupled model's responses without a bound, so a gateway that
+stops reading a stream does not slow the server: a client that reads slower than the server
+generates would have its audio made far ahead, for nobody if it leaves. So the gateway reads each
+stream at once and tells the server how far its client has read (AudioChunk.read, from each
+protocol's writer once a chunk is handed to the client) through the `pace` model, which writes it
+to the stream board; the llm pauses a stream with VELOCITY_BACKLOG_SECONDS of audio not yet read,
+as it does for audio the vocoder has not decoded.
+
+The gateway reads each stream ahead of its writer (read_ahead), or it could not see the client
+lag; what it holds is bounded by the pacing, and by HELD_MAX_S should the server not pace.
+
+A client that keeps up costs nothing: the server is told only once the client is BEHIND seconds
+of audio behind what arrived, then each STEP seconds it reads, and once it is back within half
+of BEHIND, that it keeps up again (TAKEN -1). One telling at a time per stream, the newest value.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from velocity.tts.chunking import FRAMES_PER_SECOND
+
+log = logging.getLogger("velocity.gateway")
+BEHIND = round(2.0 * FRAMES_PER_SECOND)     # frames a client may lag before the server is told
+STEP = round(1.0 * FRAMES_PER_SECOND)       # frames it reads between two tellings while it lags
+KEEPS_UP = -1                               # TAKEN: pace by the vocoder alone
+HELD_MAX_S = 30.0                           # seconds of a stream's audio the gateway holds unread at most
+_END = object()
+
+
+def end_frame(offset: int, samples: int, sentence: int, sample_rate: int = 24000) -> int:
+    """The frame of the stream's audio where a chunk ends, from its sample offset, its samples and
+    its sentence (each sentence before it ended half a frame short: velocity.tts.chunking.sample_offset)."""
+    per = sample_rate / FRAMES_PER_SECOND
+    return int(-(-(offset + samples + sentence * per // 2) // per))
+
+
+class Pacer:
+    """One stream's audio as it arrived from the server and as its client read it; tell(taken)
+    says the client's position (or KEEPS_UP) to the server."""
+
+    def __init__(self, tell: Callable[[int], Awaitable[None]]) -> None:
+        self.tell = tell
+        self.arrived = self.taken = 0               # frames of the stream's audio
+        self.told = KEEPS_UP
+        self.tellings = 0
+        self._task: asyncio.Task | None = None
+        self._closed = False
+
+    def received(self, end: int) -> None:
+        """The server sent the stream's audio up to frame `end`."""
+        self.arrived = max(self.arrived, end)
+        self._update()
+
+    def read(self, end: int) -> None:
+        """The client took the stream's audio up to frame `end`."""
+        self.taken = max(self.taken, end)
+        self._update()
+
+    def want(self) -> int:
+        """What the server should know now."""
+        lag = self.arrived - self.taken
+        if self.told == KEEPS_UP:
+            return self.taken if lag >= BEHIND else KEEPS_UP
+        if lag < BEHIND // 2:
+            return KEEPS_UP
+        return self.taken if self.taken - self.told >= STEP else self.told
+
+    def _update(self) -> None:
+        if not self._closed and self._task is None and self.want() != self.told:
+            self._task = asyncio.get_running_loop().create_task(self._tell_all())
+
+    async def _tell_all(self) -> None:
+        try:
+            while not self._closed and (w := self.want()) != self.told:
+                self.told = w
+                self.tellings += 1
+                await self.tell(w)
+        except Exception as e:                       # a server without `pace`, or gone: pacing is best effort
+            log.info("pace: could not tell the server how far its client read (%s): this stream is not paced", e)
+            self._closed = True
+        finally:
+            self._task = None
+
+    def close(self) -> None:
+        """The stream ended: nothing more is told."""
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+
+
+async def read_ahead(source: AsyncIterator, sample_rate: int = 24000, held_max_s: float = HELD_MAX_S) -> AsyncIterator:
+    """The chunks (AudioChunk) of `source`, read by a task of their own as they come, while at most
+    `held_max_s` seconds of audio wait for the caller; the source's errors in turn. Closing this
+    generator closes the source (its Triton stream is cancelled)."""
+    queue: asyncio.Queue = asyncio.Queue()
+    held, held_max, room = 0, held_max_s * sample_rate, asyncio.Event()
+
+    async def pump() -> None:
+        nonlocal held
+        try:
+            async for chunk in source:
+                queue.put_nowait(chunk)
+                held += len(chunk.audio)
+                while held > held_max:
+                    room.clear()
+                    await room.wait()
+            queue.put_nowait(_END)
+        except Exception as e:                      # ApiError and the like: raised to the caller in turn
+            queue.put_nowait(e)
+
+    task = asyncio.get_running_loop().create_task(pump())
+    try:
+        while (item := await queue.get()) is not _END:
+            if isinstance(item, Exception):
+                raise item
+            held -= len(item.audio)
+            room.set()
+            yield item
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await source.aclose()
