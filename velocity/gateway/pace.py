@@ -28,7 +28,8 @@ log = logging.getLogger("velocity.gateway")
 BEHIND = round(2.0 * FRAMES_PER_SECOND)     # frames a client may lag before the server is told
 STEP = round(1.0 * FRAMES_PER_SECOND)       # frames it reads between two tellings while it lags
 KEEPS_UP = -1                               # TAKEN: pace by the vocoder alone
-HELD_MAX_S = 30.0                           # seconds of a stream's audio the gateway holds unread at most
+HELD_MAX_S = 12.0                           # seconds of a stream's audio the gateway holds unread at most
+                                            # (the server's 6 s bound, BEHIND and chunks in flight fit)
 _END = object()
 
 
@@ -47,7 +48,6 @@ class Pacer:
         self.tell = tell
         self.arrived = self.taken = 0               # frames of the stream's audio
         self.told = KEEPS_UP
-        self.tellings = 0
         self._task: asyncio.Task | None = None
         self._closed = False
 
@@ -78,7 +78,6 @@ class Pacer:
         try:
             while not self._closed and (w := self.want()) != self.told:
                 self.told = w
-                self.tellings += 1
                 await self.tell(w)
         except Exception as e:                       # a server without `pace`, or gone: pacing is best effort
             log.info("pace: could not tell the server how far its client read (%s): this stream is not paced", e)
