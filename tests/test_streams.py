@@ -101,3 +101,40 @@ def test_many_quiet_streams_spread_their_probes_within_the_rate(tmp_path):
     finally:
         streams.close()
         board.close_file(unlink=True)
+
+
+def test_a_stream_ahead_of_real_time_yields_while_another_waits_for_its_first_chunk(tmp_path):
+    """Stream A runs far ahead of real time (nobody needs its audio yet); while stream B waits
+    for its first chunk, A pauses (VELOCITY_YIELD_AHEAD_SECONDS, 1 s here), so that B's steps
+    are not shared with it; once B has its first chunk, A goes on. With the setting at 0, A
+    would run on beside B."""
+    ck = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
+    s = Settings(weights=str(ck), device="cpu", yield_ahead_seconds=1.0, chunk_first=48)
+    engine = AsyncLLMEngine(s.engine_config())
+    streams = Streams(engine, s, defaultdict(Meter), lambda sender, outputs, final: None)
+    try:
+        params = chattts_params(seed=0, max_new_tokens=5000)
+        params.ignore_eos = True
+        streams.start(None, lambda: False, [list(range(5, 45))], None, params, hidden=False)
+        (a,) = streams.live.values()
+        t0 = time.monotonic()
+        while a.ahead(time.monotonic()) < 3 and time.monotonic() - t0 < 60:
+            time.sleep(0.01)
+        assert a.ahead(time.monotonic()) >= 3 and not a.paused         # alone: nothing to yield to
+        streams.start(None, lambda: False, [list(range(5, 30))], None, chattts_params(seed=1, max_new_tokens=200),
+                      hidden=False)
+        b = next(x for x in streams.live.values() if x is not a)
+        held = False
+        while b.first_chunk_at is None and time.monotonic() - t0 < 60:
+            held = held or bool(a.paused)
+            time.sleep(0.002)
+        assert held, "A ran on while B waited for its first chunk"
+        frames, t1 = a.sent_frames, time.monotonic()
+        while a.paused and time.monotonic() - t1 < 2:
+            time.sleep(0.01)
+        assert not a.paused
+        while a.sent_frames == frames and time.monotonic() - t1 < 5:
+            time.sleep(0.01)
+        assert a.sent_frames > frames, "A did not go on after B's first chunk"
+    finally:
+        streams.close()
