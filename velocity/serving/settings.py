@@ -29,10 +29,6 @@ class Settings:
     # waiting pauses in the scheduler, keeping its KV blocks, and the batch goes to streams that
     # need frames. At least one largest chunk and its lookahead.
     backlog_seconds: float = 6.0             # VELOCITY_BACKLOG_SECONDS
-    # A stream this far ahead of real time (the audio it sent, less the time since its first
-    # chunk) pauses while another stream waits for its first chunk, so that a new listener's steps
-    # and decodes are not shared with audio nobody needs yet (seconds; 0: never).
-    yield_ahead_seconds: float = 2.0         # VELOCITY_YIELD_AHEAD_SECONDS
     # A stream of the tts ensemble that sent nothing for this long sends a probe, on which the
     # vocoder learns of a client's cancel (velocity.serving.stream_board): a client that leaves
     # is noticed within about this long plus the llm's 20 ms look at the board.

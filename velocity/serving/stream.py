@@ -92,24 +92,15 @@ class Stream:
         self.last_sent = time.monotonic()
         self.host.respond(self, error_outputs(STREAM_PROBE, self.host.num_vq, self.ref))
 
-    def ahead(self, now: float) -> float:
-        """Seconds of audio it sent past real time since its first chunk (0 before it)."""
-        if self.first_chunk_at is None:
-            return 0.0
-        return self.sent_frames / FRAMES_PER_SECOND - (now - self.first_chunk_at)
-
-    def pace(self, decoded: int | None, bound: int, hold: bool = False) -> None:
-        """Pause or resume its audio requests (from the monitor thread): all of them while `hold`
-        (it is ahead of real time while another stream waits for its first audio), else by the
-        frames waiting for the vocoder (or its reader: `decoded` is the least of both; None: no
-        board, nothing waits): the sentence being spoken by those it sent and the vocoder has not
-        decoded yet, a sentence ahead by those and every frame generated but not yet sent."""
-        behind = None if decoded is None or not bound else self.sent_frames - decoded
+    def pace(self, decoded: int, bound: int) -> None:
+        """Pause or resume its audio requests by the frames waiting for the vocoder: the sentence
+        being spoken by those it sent and the vocoder has not decoded yet, a sentence ahead by
+        those and every frame generated but not yet sent (from the monitor thread)."""
+        behind = self.sent_frames - decoded
         for i, rid in list(self.running.items()):
             if rid.endswith("r"):                # text refine: no audio
                 continue
-            want = hold or behind is not None and (
-                behind if i == self.sentences.sentence else behind + self.unsent_frames) >= bound
+            want = (behind if i == self.sentences.sentence else behind + self.unsent_frames) >= bound
             if want != (rid in self.paused):
                 self.host.engine.pause(rid, want)
                 (self.paused.add if want else self.paused.discard)(rid)

@@ -7,8 +7,7 @@ The monitor has three jobs, each a method: it looks at every stream (_look: ever
 stream board, every 0.1 s whether the client has left, a round trip to the server process that
 never runs on the engine thread; a stream whose vocoder saw its client leave is aborted, one with
 VELOCITY_BACKLOG_SECONDS of audio waiting for the vocoder (or, as the gateway says through the `pace`
-model, for its client to read it) pauses in the scheduler, and so does one
-VELOCITY_YIELD_AHEAD_SECONDS ahead of real time while another waits for its first chunk, a quiet one
+model, for its client to read it) pauses in the scheduler, a quiet one
 sends a probe, one whose timeout passed is ended, and a finished one's final flag waits until the
 vocoder has decoded all its audio; the questions and the probes of all streams together have a
 rate each, so that many streams spread theirs out instead of crowding the server with them); four times a second it follows the server's life (_follow:
@@ -89,7 +88,6 @@ class Streams:
         self.end_code, self.num_vq = model.num_audio_tokens - 1, model.num_vq
         self.backlog_frames = settings.backlog_frames()
         self.live: dict[int, Stream] = {}
-        self.starting = False                    # a stream waits for its first chunk (the monitor's, each look)
         self.probe_every = settings.cancel_probe_seconds     # seconds a quiet stream waits to probe (the monitor's)
         self.drain = Drain(settings.run_dir)
         self._failing, self._told = 0.0, False   # another part died: when the streams were ended; the watchdog told
@@ -160,10 +158,7 @@ class Streams:
         if stream.deadline is not None and now >= stream.deadline:
             stream.stop(STREAM_DEADLINE, "deadline")
             return
-        lead = self.settings.yield_ahead_seconds
-        hold = self.starting and lead > 0 and stream.ahead(now) >= lead
         if not stream.ref:
-            stream.pace(None, 0, hold)
             return
         state, decoded, taken = self.board.read(stream.ref)
         if state:
@@ -173,8 +168,9 @@ class Streams:
                 stream.end()
             elif now - stream.last_sent >= self.probe_every:
                 stream.probe()
-        else:                                    # behind the vocoder, or the gateway's client once it fell behind
-            stream.pace(decoded if taken < 0 else min(decoded, taken), self.backlog_frames, hold)
+        else:
+            if self.backlog_frames:              # behind the vocoder, or the gateway's client once it fell behind
+                stream.pace(decoded if taken < 0 else min(decoded, taken), self.backlog_frames)
             if now - stream.last_sent >= self.probe_every:
                 stream.probe()
 
@@ -183,8 +179,6 @@ class Streams:
         next_life, next_ask = 0.0, 0.0
         while not self._stop.wait(TICK):
             now, n = time.monotonic(), len(self.live)
-            self.starting = any(s.first_chunk_at is None and not s.done and s.stop_reason is None
-                                for s in list(self.live.values()))
             self.probe_every = spread(self.settings.cancel_probe_seconds, n, self.settings.cancel_probes_per_second)
             if ask := now >= next_ask:
                 next_ask = now + spread(ASK, n, ASK_RATE)
