@@ -1,7 +1,7 @@
 """Another client's first audio while one client floods the gateway, with the fair-share caps and
 without (VELOCITY_GATEWAY_MAX_STREAMS_PER_CLIENT): client B (127.0.0.3) times its first audio
-alone, then while client A (127.0.0.2) keeps --flood requests going at once, each sent again as
-soon as it ends or is refused. A server of this checkout on the tiny demo checkpoint per arm, in
+alone, then while client A (127.0.0.2, a process of its own) keeps --flood requests going at
+once, each sent again as soon as it ends or is refused. A server of this checkout on the tiny demo checkpoint per arm, in
 rounds (with --baseline-rev, each cap on that revision too, and with --baseline-env, on this
 checkout with those settings, in ABBA order); the flood's first audio over the idle one, and where
 the server's time went. Writes JSON and a PNG.
@@ -16,6 +16,7 @@ import contextlib
 import http.client
 import json
 import logging
+import multiprocessing
 import statistics
 import sys
 import tempfile
@@ -111,6 +112,19 @@ def flood(gateway: str, n: int, texts: list[str], stop: threading.Event, counts:
     return threads
 
 
+def flood_process(gateway: str, n: int, texts: list[str], lexicon_keys: int, stop, out) -> None:
+    """Client A's flood in a process of its own until `stop` (a multiprocessing Event) is set;
+    then (A's statuses, the first body of each unexpected one) on `out`. Its own process: A's
+    threads in B's would hold the GIL while B times its first audio."""
+    counts, done = {}, threading.Event()
+    threads = flood(gateway, n, texts, done, counts, lexicon_keys)
+    stop.wait()
+    done.set()
+    for t in threads:
+        t.join(timeout=120)
+    out.put((counts, FIRST_BODY))
+
+
 def arm(cap: int, root: Path, args, texts: list[str], env: dict | None = None) -> list[dict]:
     """args.rounds rounds on one server of the tree at `root` with this cap (and these settings)."""
     from benchmarks.server import TritonServer
@@ -136,16 +150,20 @@ def arm(cap: int, root: Path, args, texts: list[str], env: dict | None = None) -
         wait_for(lambda: post(gw, "127.0.0.3", "Ready?", True)[0] == 200, 60)
         for r in range(args.rounds):
             idle = [post(gw, "127.0.0.3", texts[k], True)[1] for k in range(args.samples)]
-            stop, counts = threading.Event(), {}
-            threads = flood(gw, args.flood, texts, stop, counts, args.lexicon_keys)
+            ctx = multiprocessing.get_context("fork")
+            stop, out = ctx.Event(), ctx.Queue()
+            a = ctx.Process(target=flood_process, args=(gw, args.flood, texts, args.lexicon_keys, stop, out), daemon=True)
+            a.start()
             time.sleep(args.settle)
             m0 = server.metrics()
             flooded = [post(gw, "127.0.0.3", texts[k], True) for k in range(args.samples)]
             straight = [direct(server.grpc_url, texts[k]) for k in range(args.samples)]
             m1 = server.metrics()
             stop.set()
-            for t in threads:
-                t.join(timeout=120)
+            counts, bodies = out.get(timeout=300)
+            a.join(timeout=30)
+            for status, body in bodies.items():
+                FIRST_BODY.setdefault(status, body)
             ok = [s for st, s in flooded if st == 200]
             row = {"cap": cap, "round": r, "idle_s": statistics.median(idle),
                    "flood_s": statistics.median(ok) if ok else None, "b_refused": len(flooded) - len(ok),

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from velocity.serving.input_table import array_inputs, make_inputs  # noqa: F401 (re-exported)
-from velocity.serving.tts_responses import AudioChunk, Retry
+from velocity.serving.tts_responses import AudioChunk, ReadPosition, Retry, end_frame, pace_inputs, stream_ref
 
 RETRY_PAUSE = 0.5     # seconds: a balancer that checks every 300 ms has seen a drain by then
 
@@ -42,7 +42,10 @@ def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True
     timeout: seconds to wait for each chunk here. deadline: seconds the server may take for the
     whole request (Triton's request timeout: past it the server stops it and answers an error).
     Closing the iterator early (Ctrl-C, a closed pipe) cancels the stream: the server stops its
-    work on it within a second.
+    work on it within a second. A caller that takes the chunks slower than they come (a player
+    at real time behind a pipe) paces the stream: once it is 2 s of audio behind, the server's
+    `pace` model is told how far it took them, and the server pauses the stream with
+    VELOCITY_BACKLOG_SECONDS of audio not yet taken (ReadPosition).
     retries: a request refused before its first chunk (server busy or draining) is sent again,
     up to this many times, after a pause that grows by RETRY_PAUSE each time: behind a balancer
     the next try goes to another replica (the pause gives the balancer time to see a drain)."""
@@ -61,6 +64,19 @@ def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True
         time.sleep(retry.wait(attempt))
 
 
+def tell_pace(client, ref: int, taken: int) -> bool:
+    """Tell the server's `pace` model how far stream `ref` was taken; False when it cannot be told
+    (a server without `pace`): the stream then goes unpaced."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        client.infer("pace", pace_inputs(grpcclient, ref, taken))
+        return True
+    except InferenceServerException:
+        return False
+
+
 def _stream_grpc(url: str, values: dict, timeout: float, check: bool, texts: list | None,
                  deadline: float | None = None, marks: list | None = None) -> Iterator[tuple[int, np.ndarray]]:
     import tritonclient.grpc as grpcclient
@@ -69,7 +85,15 @@ def _stream_grpc(url: str, values: dict, timeout: float, check: bool, texts: lis
     if check:
         check_ready(client, "tts", url)
     got: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    pos, pace = ReadPosition(), True
+
+    def came(result, error) -> None:                   # on tritonclient's thread, as each response comes
+        if error is None and (wav := result.as_numpy("WAVEFORM")) is not None:
+            c = AudioChunk.of(result, wav)
+            pos.arrive(end_frame(c.offset, len(c.audio), c.sentence))
+        got.put((result, error))
+
+    client.start_stream(callback=came)
     ended = False        # the server ended the request (final flag or error): nothing to cancel
     try:
         client.async_stream_infer("tts", make_inputs(grpcclient, values), enable_empty_final_response=True,
@@ -86,10 +110,14 @@ def _stream_grpc(url: str, values: dict, timeout: float, check: bool, texts: lis
                 if texts is not None and refined is not None and refined.reshape(-1)[0]:
                     texts.append(refined.reshape(-1)[0].decode())
                 index = int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0])
+                c = AudioChunk.of(result, wav)                 # as the gateway reads a chunk
                 if marks is not None:
-                    c = AudioChunk.of(result, wav)             # as the gateway reads a chunk
                     marks.append((index, c.sentence, c.offset, c.text))
                 yield index, wav.reshape(-1)
+                pos.take(end_frame(c.offset, len(c.audio), c.sentence))     # the caller took it
+                if pace and (ref := stream_ref(result)) and (w := pos.want()) != pos.told:
+                    pos.told = w
+                    pace = tell_pace(client, ref, w)
             if ended:
                 return
     finally:

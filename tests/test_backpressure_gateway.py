@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 from websockets.sync.client import connect
 
-from client.triton import model_metric, parse_metric
+from client.triton import model_metric, parse_metric, stream_grpc
 from triton_server import LONG_TEXT, assert_work_stops, wait_for
-from velocity.gateway.pace import BEHIND, KEEPS_UP, STEP, Pacer, end_frame, read_ahead
+from velocity.gateway.pace import Pacer, read_ahead
 from velocity.gateway.sentences import SentencePipe
 from velocity.serving.settings import Settings
-from velocity.serving.tts_responses import AudioChunk
+from velocity.serving.tts_responses import BEHIND, KEEPS_UP, STEP, AudioChunk, end_frame
 from velocity.tts.chunking import FRAMES_PER_SECOND, sample_offset
 
 
@@ -149,6 +149,25 @@ def test_a_client_that_reads_nothing_is_gone_after_the_send_timeout(tts_server, 
     assert e.value.code == 400 and err["param"] == "input" and "a long text may have 500" in err["message"], err
 
 
+def told_pace(server) -> float:
+    return model_metric(server.metrics(), "nv_inference_request_success", "pace")
+
+
+def take_slowly(server, take, within: float = 60.0) -> tuple[int, float, float]:
+    """take() -> bytes of audio taken, called until the server was told of the lag once and a
+    second more has passed (or `within` seconds): (bytes taken, frames the server generated
+    meanwhile, its tellings). However fast the machine, the reader is behind by then."""
+    frames0, told0 = server.metric("velocity_frames_generated_total"), told_pace(server)
+    got, t0, told_at, next_look = 0, time.monotonic(), None, 0.0
+    while time.monotonic() - t0 < within and (told_at is None or time.monotonic() - told_at < 1.0):
+        got += take()
+        if told_at is None and time.monotonic() >= next_look:
+            next_look = time.monotonic() + 0.5
+            if told_pace(server) > told0:
+                told_at = time.monotonic()
+    return got, server.metric("velocity_frames_generated_total") - frames0, told_pace(server) - told0
+
+
 @pytest.mark.server
 def test_a_post_read_slower_than_it_is_made_pauses_its_generation(tts_server, gateway):
     """One POST of eight sentences (up to 200 frames each on the shared server: 1,600 in all), read
@@ -156,24 +175,43 @@ def test_a_post_read_slower_than_it_is_made_pauses_its_generation(tts_server, ga
     gateway tells the `pace` model how far its client read, and the llm pauses the stream once
     VELOCITY_BACKLOG_SECONDS (6) of audio wait to be read: what it generated stays within what
     the client read, what the buffers between them hold, the gateway's 2 s before it tells and
-    one sentence ahead. Unpaced it makes the whole text."""
+    one sentence ahead. Unpaced it makes the whole text, and `pace` is never told."""
     host, port = gateway.removeprefix("http://").split(":")
     body = json.dumps({"model": "tts-1", "voice": "amber", "input": LONG_TEXT, "response_format": "pcm",
                        "max_new_tokens": 200}).encode()
-    frames0 = tts_server.metric("velocity_frames_generated_total")
-    told0 = model_metric(tts_server.metrics(), "nv_inference_request_success", "pace")
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect((host, int(port)))
         sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
-        got, until = 0, time.monotonic() + 5
-        while time.monotonic() < until:
-            got += len(sock.recv(1600))                     # 16 KB/s: a third of 24 kHz pcm16
+
+        def take() -> int:
             time.sleep(0.1)
-        generated = tts_server.metric("velocity_frames_generated_total") - frames0
-        told = model_metric(tts_server.metrics(), "nv_inference_request_success", "pace") - told0
+            return len(sock.recv(1600))                     # 16 KB/s: a third of 24 kHz pcm16
+
+        got, generated, told = take_slowly(tts_server, take)
     frames = FRAMES_PER_SECOND / 2 / 24000                  # frames per byte of pcm16
     held = (2 * Settings().gateway_send_buffer_bytes + 65536 + 2 * 4096) * frames   # the kernel's (doubled), uvicorn's
-    bound = got * frames + held + 2 * FRAMES_PER_SECOND + 6 * FRAMES_PER_SECOND + 200
+    bound = got * frames + held + BEHIND + 6 * FRAMES_PER_SECOND + 200
+    assert told >= 1 and generated <= bound, (told, generated, bound)
+
+
+@pytest.mark.server
+def test_our_clients_stream_taken_slower_than_it_is_made_pauses_its_generation(tts_server):
+    """velocity-tts-client's gRPC stream (client.triton.stream_grpc) taken at a third of real time,
+    as a player behind a pipe takes it: the client tells the `pace` model how far it took the
+    chunks, and the server generates no more than that, its 2 s before telling, the 6 s bound
+    and one sentence ahead. Unpaced it makes the whole text (1,600 frames)."""
+    chunks = stream_grpc(tts_server.grpc_url, {"TEXT": LONG_TEXT, "MAX_NEW_TOKENS": 200}, timeout=60)
+
+    def take() -> int:
+        _, audio = next(chunks)
+        time.sleep(3 * len(audio) / 24000)
+        return len(audio)
+
+    try:
+        taken, generated, told = take_slowly(tts_server, take)
+    finally:
+        chunks.close()
+    bound = taken / 24000 * FRAMES_PER_SECOND + BEHIND + 6 * FRAMES_PER_SECOND + 200
     assert told >= 1 and generated <= bound, (told, generated, bound)

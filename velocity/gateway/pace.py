@@ -11,9 +11,8 @@ as it does for audio the vocoder has not decoded.
 The gateway reads each stream ahead of its writer (read_ahead), or it could not see the client
 lag; what it holds is bounded by the pacing, and by HELD_MAX_S should the server not pace.
 
-A client that keeps up costs nothing: the server is told only once the client is BEHIND seconds
-of audio behind what arrived, then each STEP seconds it reads, and once it is back within half
-of BEHIND, that it keeps up again (TAKEN -1). One telling at a time per stream, the newest value.
+When the server is told is velocity.serving.tts_responses.ReadPosition's (the client's too);
+one telling at a time per stream, the newest value.
 """
 from __future__ import annotations
 
@@ -22,22 +21,12 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from velocity.tts.chunking import FRAMES_PER_SECOND
+from velocity.serving.tts_responses import ReadPosition
 
 log = logging.getLogger("velocity.gateway")
-BEHIND = round(2.0 * FRAMES_PER_SECOND)     # frames a client may lag before the server is told
-STEP = round(1.0 * FRAMES_PER_SECOND)       # frames it reads between two tellings while it lags
-KEEPS_UP = -1                               # TAKEN: pace by the vocoder alone
 HELD_MAX_S = 12.0                           # seconds of a stream's audio the gateway holds unread at most
                                             # (the server's 6 s bound, BEHIND and chunks in flight fit)
 _END = object()
-
-
-def end_frame(offset: int, samples: int, sentence: int, sample_rate: int = 24000) -> int:
-    """The frame of the stream's audio where a chunk ends, from its sample offset, its samples and
-    its sentence (each sentence before it ended half a frame short: velocity.tts.chunking.sample_offset)."""
-    per = sample_rate / FRAMES_PER_SECOND
-    return int(-(-(offset + samples + sentence * per // 2) // per))
 
 
 class Pacer:
@@ -45,39 +34,26 @@ class Pacer:
     says the client's position (or KEEPS_UP) to the server."""
 
     def __init__(self, tell: Callable[[int], Awaitable[None]]) -> None:
-        self.tell = tell
-        self.arrived = self.taken = 0               # frames of the stream's audio
-        self.told = KEEPS_UP
+        self.tell, self.pos = tell, ReadPosition()
         self._task: asyncio.Task | None = None
         self._closed = False
 
     def received(self, end: int) -> None:
-        """The server sent the stream's audio up to frame `end`."""
-        self.arrived = max(self.arrived, end)
+        self.pos.arrive(end)
         self._update()
 
     def read(self, end: int) -> None:
-        """The client took the stream's audio up to frame `end`."""
-        self.taken = max(self.taken, end)
+        self.pos.take(end)
         self._update()
 
-    def want(self) -> int:
-        """What the server should know now."""
-        lag = self.arrived - self.taken
-        if self.told == KEEPS_UP:
-            return self.taken if lag >= BEHIND else KEEPS_UP
-        if lag < BEHIND // 2:
-            return KEEPS_UP
-        return self.taken if self.taken - self.told >= STEP else self.told
-
     def _update(self) -> None:
-        if not self._closed and self._task is None and self.want() != self.told:
+        if not self._closed and self._task is None and self.pos.want() != self.pos.told:
             self._task = asyncio.get_running_loop().create_task(self._tell_all())
 
     async def _tell_all(self) -> None:
         try:
-            while not self._closed and (w := self.want()) != self.told:
-                self.told = w
+            while not self._closed and (w := self.pos.want()) != self.pos.told:
+                self.pos.told = w
                 await self.tell(w)
         except Exception as e:                       # a server without `pace`, or gone: pacing is best effort
             log.info("pace: could not tell the server how far its client read (%s): this stream is not paced", e)

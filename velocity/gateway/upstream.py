@@ -9,9 +9,9 @@ import re
 from collections.abc import AsyncIterator
 
 from velocity.gateway.health_reason import HealthReason
-from velocity.gateway.pace import Pacer, end_frame, read_ahead
+from velocity.gateway.pace import Pacer, read_ahead
 from velocity.serving.input_table import INPUTS
-from velocity.serving.tts_responses import RETRYABLE, AudioChunk, Retry  # noqa: F401 (the gateway's names)
+from velocity.serving.tts_responses import RETRYABLE, AudioChunk, Retry, end_frame, pace_inputs, stream_ref  # noqa: F401 (the gateway's names)
 from velocity.serving.watchdog import DIED
 
 # the body field behind each `tts` input: the request table's, and those the gateway makes of others
@@ -223,8 +223,8 @@ class Gateway:
                 wav = result.as_numpy("WAVEFORM")
                 if wav is not None:
                     chunk = AudioChunk.of(result, wav)
-                    if pacer is None and (ref := result.as_numpy("STREAM")) is not None and ref.size and ref.flat[0] > 0:
-                        pacer = Pacer(functools.partial(self._pace, url, int(ref.flat[0])))
+                    if pacer is None and (ref := stream_ref(result)) > 0:
+                        pacer = Pacer(functools.partial(self._pace, url, ref))
                     if pacer is not None:
                         end = end_frame(chunk.offset, len(chunk.audio), chunk.sentence)
                         pacer.received(end)
@@ -246,10 +246,6 @@ class Gateway:
 
     async def _pace(self, url: str, ref: int, taken: int) -> None:
         """Tell the server how far the client of stream `ref` has read (velocity.gateway.pace)."""
-        import numpy as np
         import tritonclient.grpc.aio as grpcclient
 
-        inputs = [grpcclient.InferInput("STREAM", [1, 1], "INT64"), grpcclient.InferInput("TAKEN", [1, 1], "INT64")]
-        inputs[0].set_data_from_numpy(np.array([[ref]], np.int64))
-        inputs[1].set_data_from_numpy(np.array([[taken]], np.int64))
-        await self.client_for(url).infer("pace", inputs)
+        await self.client_for(url).infer("pace", pace_inputs(grpcclient, ref, taken))

@@ -1,11 +1,14 @@
 """What a client of the `tts` model reads from its responses, for the gateways and the client
-alike: a chunk's audio and marks (AudioChunk), and when a failed request is sent again (Retry)."""
+alike: a chunk's audio and marks (AudioChunk), when a failed request is sent again (Retry), and
+what to tell the `pace` model of how far it read the stream (ReadPosition)."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from velocity.tts.chunking import FRAMES_PER_SECOND
 
 RETRYABLE = ("server busy", "shutting down")   # Triton errors worth another try (another replica)
 
@@ -54,3 +57,57 @@ class AudioChunk:
         text = one("SENTENCE_TEXT")
         return cls(wav.reshape(-1), int(one("SENTENCE_INDEX") or 0), int(one("SAMPLE_OFFSET") or 0),
                    text.decode("utf-8", "replace") if isinstance(text, bytes) else "", on_read)
+
+
+BEHIND = round(2.0 * FRAMES_PER_SECOND)     # frames a reader may lag before the server is told
+STEP = round(1.0 * FRAMES_PER_SECOND)       # frames it reads between two tellings while it lags
+KEEPS_UP = -1                               # the pace model's TAKEN: pace by the vocoder alone
+
+
+def end_frame(offset: int, samples: int, sentence: int, sample_rate: int = 24000) -> int:
+    """The frame of the stream's audio where a chunk ends, from its sample offset, its samples and
+    its sentence (each sentence before it ended half a frame short: velocity.tts.chunking.sample_offset)."""
+    per = sample_rate / FRAMES_PER_SECOND
+    return int(-(-(offset + samples + sentence * per // 2) // per))
+
+
+def stream_ref(result) -> int:
+    """A `tts` response's STREAM (its reference for the pace model), 0 when it has none."""
+    v = result.as_numpy("STREAM")
+    return int(v.reshape(-1)[0]) if v is not None and v.size else 0
+
+
+def pace_inputs(client_module, ref: int, taken: int) -> list:
+    """The `pace` model's inputs (tritonclient.grpc's or its aio's InferInput)."""
+    inputs = [client_module.InferInput("STREAM", [1, 1], "INT64"), client_module.InferInput("TAKEN", [1, 1], "INT64")]
+    inputs[0].set_data_from_numpy(np.array([[ref]], np.int64))
+    inputs[1].set_data_from_numpy(np.array([[taken]], np.int64))
+    return inputs
+
+
+@dataclass(slots=True)
+class ReadPosition:
+    """One stream's audio as it arrived from the server and as its reader took it (frames), and
+    what the server was last told. A reader that keeps up costs nothing: the server is told only
+    once the reader is BEHIND frames behind what arrived, then each STEP it reads, and once it is
+    back within half of BEHIND, that it keeps up again (KEEPS_UP)."""
+    arrived: int = 0
+    taken: int = 0
+    told: int = KEEPS_UP
+
+    def arrive(self, end: int) -> None:
+        """The server sent the stream's audio up to frame `end`."""
+        self.arrived = max(self.arrived, end)
+
+    def take(self, end: int) -> None:
+        """The reader took the stream's audio up to frame `end`."""
+        self.taken = max(self.taken, end)
+
+    def want(self) -> int:
+        """What the server should know now (tell it when this is not `told`)."""
+        lag = self.arrived - self.taken
+        if self.told == KEEPS_UP:
+            return self.taken if lag >= BEHIND else KEEPS_UP
+        if lag < BEHIND // 2:
+            return KEEPS_UP
+        return self.taken if self.taken - self.told >= STEP else self.told
