@@ -1,10 +1,9 @@
-"""Talking to the server: the `tts` inputs as tritonclient tensors, a gRPC stream, HTTP
-generate_stream, `tts_offline`, the `voices` list and the metrics port. Used by the CLI
+"""Talking to the server: the `tts` inputs as tritonclient tensors, a gRPC stream, `tts_offline`,
+the `voices` list and the metrics port (HTTP generate_stream: client.http_stream). Used by the CLI
 (client/tts_client.py), the benchmarks and the tests."""
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import queue
 import time
@@ -123,45 +122,6 @@ def _stream_grpc(url: str, values: dict, timeout: float, check: bool, texts: lis
     finally:
         client.stop_stream(cancel_requests=not ended)    # cancel only a stream left early
         client.close()
-
-
-def lines(r: http.client.HTTPResponse) -> Iterator[bytes]:
-    """The lines of a response body; http.client.IncompleteRead if it is cut short."""
-    rest = b""
-    while block := r.read1(65536):
-        *done, rest = (rest + block).split(b"\n")
-        yield from done
-    if rest:
-        yield rest
-
-
-def stream_http(url: str, values: dict, timeout: float = 600) -> Iterator[tuple[int, np.ndarray]]:
-    """Yield (chunk index, audio) from POST /v2/models/tts/generate_stream (server-sent events).
-    A body cut short (the server died) raises ServerError: read with read1, since http.client's
-    line iteration takes a chunked body's cut for its end."""
-    body = json.dumps({k: v for k, v in values.items() if v is not None}).encode()
-    req = urllib.request.Request(f"http://{url}/v2/models/tts/generate_stream", data=body,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            for line in lines(r):
-                if not line.startswith(b"data: "):
-                    continue
-                event = json.loads(line[6:])
-                if "error" in event:
-                    raise ServerError(event["error"])
-                if "WAVEFORM" in event:
-                    yield int(np.ravel(event["CHUNK_INDEX"])[0]), np.asarray(event["WAVEFORM"], np.float32).reshape(-1)
-    except urllib.error.HTTPError as e:
-        raise ServerError(f"HTTP {e.code}: {e.read().decode(errors='replace')}") from e
-    except urllib.error.URLError as e:
-        raise ServerError(f"no Triton server at http://{url} ({e.reason}); start one with `make serve`") from e
-    except http.client.IncompleteRead as e:
-        raise ServerError(f"the stream from http://{url} was cut short: the server stopped or restarted "
-                          "mid-stream (its log says why); try again") from e
-    except (http.client.HTTPException, ConnectionError, json.JSONDecodeError) as e:
-        raise ServerError(f"http://{url} does not answer as Triton's HTTP endpoint ({type(e).__name__}: {e}); "
-                          "is that the gRPC port? HTTP listens on 8000 by default") from e
 
 
 def offline_grpc(url: str, values: dict) -> Iterator[tuple[int, np.ndarray]]:

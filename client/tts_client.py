@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from client.triton import ServerError, list_voices, offline_grpc, stream_grpc, stream_http
+from client.http_stream import stream_http
+from client.triton import ServerError, list_voices, offline_grpc, stream_grpc
 from client.wav import SAMPLE_RATE, WAV_FORMATS, open_wav
 from velocity.tts.audio_file import looks_like_audio
 

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from websockets.sync.client import connect
 
+from client.http_stream import stream_http
 from client.triton import model_metric, parse_metric, stream_grpc
 from triton_server import LONG_TEXT, assert_work_stops, wait_for
 from velocity.gateway.pace import Pacer, read_ahead
@@ -197,12 +198,17 @@ def test_a_post_read_slower_than_it_is_made_pauses_its_generation(tts_server, ga
 
 
 @pytest.mark.server
-def test_our_clients_stream_taken_slower_than_it_is_made_pauses_its_generation(tts_server):
-    """velocity-tts-client's gRPC stream (client.triton.stream_grpc) taken at a third of real time,
-    as a player behind a pipe takes it: the client tells the `pace` model how far it took the
-    chunks, and the server generates no more than that, its 2 s before telling, the 6 s bound
-    and one sentence ahead. Unpaced it makes the whole text (1,600 frames)."""
-    chunks = stream_grpc(tts_server.grpc_url, {"TEXT": LONG_TEXT, "MAX_NEW_TOKENS": 200}, timeout=60)
+@pytest.mark.parametrize("over", ["grpc", "http"])
+def test_our_clients_stream_taken_slower_than_it_is_made_pauses_its_generation(tts_server, over):
+    """velocity-tts-client's stream (client.triton.stream_grpc; with --http
+    client.http_stream.stream_http, Triton's generate_stream) taken at a third of real time, as a
+    player behind a pipe takes it: the client tells the `pace` model how far it took the chunks,
+    and the server generates no more than that, its 2 s before telling, the 6 s bound and one
+    sentence ahead. Unpaced it makes the whole text (1,600 frames). Leaving early ends the
+    HTTP stream's reader at once."""
+    values = {"TEXT": LONG_TEXT, "MAX_NEW_TOKENS": 200}
+    chunks = (stream_grpc(tts_server.grpc_url, values, timeout=60) if over == "grpc" else
+              stream_http(tts_server.http_url.removeprefix("http://"), values, timeout=60))
 
     def take() -> int:
         _, audio = next(chunks)
@@ -212,6 +218,8 @@ def test_our_clients_stream_taken_slower_than_it_is_made_pauses_its_generation(t
     try:
         taken, generated, told = take_slowly(tts_server, take)
     finally:
+        left = time.monotonic()
         chunks.close()
+    assert time.monotonic() - left < 5
     bound = taken / 24000 * FRAMES_PER_SECOND + BEHIND + 6 * FRAMES_PER_SECOND + 200
     assert told >= 1 and generated <= bound, (told, generated, bound)

@@ -30,7 +30,8 @@ import numpy as np
 import pytest
 
 from benchmarks.server import http_status
-from client.triton import ServerError, stream_grpc, stream_http
+from client.http_stream import stream_http
+from client.triton import ServerError, stream_grpc
 from test_lifecycle import GatewayListener, Listener
 from triton_server import (ROOT, TritonServer, alive, comm, free_port, listening, parse_metric, settle,
                           shm_pattern, wait_for)
