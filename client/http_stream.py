@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import numpy as np
 
 from client.triton import ServerError
-from velocity.serving.tts_responses import ReadPosition, end_frame
+from velocity.serving.tts_responses import READ_AHEAD_S, ReadPosition, end_frame
 
-HELD_MAX = 12 * 24000  # samples of a generate_stream read ahead of its caller at most (the server paces at 6 s)
+HELD_MAX = round(READ_AHEAD_S * 24000)     # samples of a generate_stream read ahead of its caller at most
 
 
 def tell_pace_http(url: str, ref: int, taken: int) -> bool:
@@ -50,9 +50,11 @@ def chunk_end(event: dict) -> int:
     return end_frame(one("SAMPLE_OFFSET"), event["WAVEFORM"].size, one("SENTENCE_INDEX"))
 
 
-def http_events(r: http.client.HTTPResponse, pos: ReadPosition, stop, held_max: int = HELD_MAX) -> Iterator[dict]:
+def http_events(r: http.client.HTTPResponse, pos: ReadPosition, stop,
+                held_max: int = HELD_MAX) -> Iterator[tuple[dict, int]]:
     """The server-sent events of a generate_stream response (WAVEFORM as a flat float32 array),
-    read by a thread of their own as they come (pos.arrive: how far the stream's audio arrived),
+    each with the frame where its chunk ends (chunk_end; 0 without audio), read by a thread of
+    their own as they come (pos.arrive: how far the stream's audio arrived),
     while at most `held_max` samples wait for the caller; the reader's errors in turn. stop():
     ends the reader's blocking read when the caller leaves (shuts the connection's socket)."""
     got: queue.Queue = queue.Queue()
@@ -62,12 +64,12 @@ def http_events(r: http.client.HTTPResponse, pos: ReadPosition, stop, held_max: 
         try:
             for line in lines(r):
                 if line.startswith(b"data: "):
-                    event, n = json.loads(line[6:]), 0
+                    event, n, end = json.loads(line[6:]), 0, 0
                     if "WAVEFORM" in event:
                         event["WAVEFORM"] = np.asarray(event["WAVEFORM"], np.float32).reshape(-1)
-                        n = event["WAVEFORM"].size
-                        pos.arrive(chunk_end(event))
-                    got.put(event)
+                        n, end = event["WAVEFORM"].size, chunk_end(event)
+                        pos.arrive(end)
+                    got.put((event, end))
                     with room:                      # the caller takes it and frees its room (any order)
                         held[0] += n
                         room.wait_for(lambda: held[0] <= held_max or closed[0])
@@ -80,14 +82,14 @@ def http_events(r: http.client.HTTPResponse, pos: ReadPosition, stop, held_max: 
     reader = threading.Thread(target=read_all, name="generate-stream-reader", daemon=True)
     reader.start()
     try:
-        while (event := got.get()) is not None:
-            if isinstance(event, Exception):
-                raise event
-            if "WAVEFORM" in event:
+        while (item := got.get()) is not None:
+            if isinstance(item, Exception):
+                raise item
+            if "WAVEFORM" in item[0]:
                 with room:
-                    held[0] -= event["WAVEFORM"].size
+                    held[0] -= item[0]["WAVEFORM"].size
                     room.notify()
-            yield event
+            yield item
     finally:
         with room:
             closed[0] = True
@@ -119,15 +121,14 @@ def stream_http(url: str, values: dict, timeout: float = 600) -> Iterator[tuple[
         r = conn.getresponse()
         if r.status != 200:
             raise ServerError(f"HTTP {r.status}: {r.read().decode(errors='replace')}")
-        for event in http_events(r, pos, stop):
+        for event, end in http_events(r, pos, stop):
             if "error" in event:
                 raise ServerError(event["error"])
             if "WAVEFORM" in event:
                 yield int(np.ravel(event["CHUNK_INDEX"])[0]), event["WAVEFORM"]
-                pos.take(chunk_end(event))
+                pos.take(end)
                 ref = int(np.ravel(event.get("STREAM", [0]))[0])
-                if pace and ref and (w := pos.want()) != pos.told:
-                    pos.told = w
+                if pace and ref and (w := pos.due()) is not None:
                     pace = tell_pace_http(url, ref, w)
     except http.client.IncompleteRead as e:
         raise ServerError(f"the stream from http://{url} was cut short: the server stopped or restarted "

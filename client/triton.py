@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from velocity.serving.input_table import array_inputs, make_inputs  # noqa: F401 (re-exported)
-from velocity.serving.tts_responses import AudioChunk, ReadPosition, Retry, end_frame, pace_inputs, stream_ref
+from velocity.serving.tts_responses import AudioChunk, ReadPosition, Retry, pace_inputs, stream_ref
 
 RETRY_PAUSE = 0.5     # seconds: a balancer that checks every 300 ms has seen a drain by then
 
@@ -87,10 +87,11 @@ def _stream_grpc(url: str, values: dict, timeout: float, check: bool, texts: lis
     pos, pace = ReadPosition(), True
 
     def came(result, error) -> None:                   # on tritonclient's thread, as each response comes
+        c = None
         if error is None and (wav := result.as_numpy("WAVEFORM")) is not None:
-            c = AudioChunk.of(result, wav)
-            pos.arrive(end_frame(c.offset, len(c.audio), c.sentence))
-        got.put((result, error))
+            c = AudioChunk.of(result, wav)                 # as the gateway reads a chunk
+            pos.arrive(c.end)
+        got.put((result, error, c))
 
     client.start_stream(callback=came)
     ended = False        # the server ended the request (final flag or error): nothing to cancel
@@ -98,24 +99,21 @@ def _stream_grpc(url: str, values: dict, timeout: float, check: bool, texts: lis
         client.async_stream_infer("tts", make_inputs(grpcclient, values), enable_empty_final_response=True,
                                   timeout=None if deadline is None else max(1, round(deadline * 1e6)))
         while True:
-            result, error = got.get(timeout=timeout)
+            result, error, c = got.get(timeout=timeout)
             if error is not None:
                 ended = True
                 raise ServerError(str(error))
-            wav = result.as_numpy("WAVEFORM")
             ended = result.get_response().parameters["triton_final_response"].bool_param
-            if wav is not None:     # the final flag comes on the last chunk or on an empty response
+            if c is not None:       # the final flag comes on the last chunk or on an empty response
                 refined = result.as_numpy("REFINED_TEXT")
                 if texts is not None and refined is not None and refined.reshape(-1)[0]:
                     texts.append(refined.reshape(-1)[0].decode())
                 index = int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0])
-                c = AudioChunk.of(result, wav)                 # as the gateway reads a chunk
                 if marks is not None:
                     marks.append((index, c.sentence, c.offset, c.text))
-                yield index, wav.reshape(-1)
-                pos.take(end_frame(c.offset, len(c.audio), c.sentence))     # the caller took it
-                if pace and (ref := stream_ref(result)) and (w := pos.want()) != pos.told:
-                    pos.told = w
+                yield index, c.audio
+                pos.take(c.end)                                # the caller took it
+                if pace and (ref := stream_ref(result)) and (w := pos.due()) is not None:
                     pace = tell_pace(client, ref, w)
             if ended:
                 return

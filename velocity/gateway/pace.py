@@ -9,7 +9,7 @@ to the stream board; the llm pauses a stream with VELOCITY_BACKLOG_SECONDS of au
 as it does for audio the vocoder has not decoded.
 
 The gateway reads each stream ahead of its writer (read_ahead), or it could not see the client
-lag; what it holds is bounded by the pacing, and by HELD_MAX_S should the server not pace.
+lag; what it holds is bounded by the pacing, and by READ_AHEAD_S should the server not pace.
 
 When the server is told is velocity.serving.tts_responses.ReadPosition's (the client's too);
 one telling at a time per stream, the newest value.
@@ -21,11 +21,9 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from velocity.serving.tts_responses import ReadPosition
+from velocity.serving.tts_responses import READ_AHEAD_S, ReadPosition
 
 log = logging.getLogger("velocity.gateway")
-HELD_MAX_S = 12.0                           # seconds of a stream's audio the gateway holds unread at most
-                                            # (the server's 6 s bound, BEHIND and chunks in flight fit)
 _END = object()
 
 
@@ -52,8 +50,7 @@ class Pacer:
 
     async def _tell_all(self) -> None:
         try:
-            while not self._closed and (w := self.pos.want()) != self.pos.told:
-                self.pos.told = w
+            while not self._closed and (w := self.pos.due()) is not None:
                 await self.tell(w)
         except Exception as e:                       # a server without `pace`, or gone: pacing is best effort
             log.info("pace: could not tell the server how far its client read (%s): this stream is not paced", e)
@@ -68,7 +65,7 @@ class Pacer:
             self._task.cancel()
 
 
-async def read_ahead(source: AsyncIterator, sample_rate: int = 24000, held_max_s: float = HELD_MAX_S) -> AsyncIterator:
+async def read_ahead(source: AsyncIterator, sample_rate: int = 24000, held_max_s: float = READ_AHEAD_S) -> AsyncIterator:
     """The chunks (AudioChunk) of `source`, read by a task of their own as they come, while at most
     `held_max_s` seconds of audio wait for the caller; the source's errors in turn. Closing this
     generator closes the source (its Triton stream is cancelled)."""

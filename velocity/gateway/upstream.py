@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from velocity.gateway.health_reason import HealthReason
 from velocity.gateway.pace import Pacer, read_ahead
 from velocity.serving.input_table import INPUTS
-from velocity.serving.tts_responses import RETRYABLE, AudioChunk, Retry, end_frame, pace_inputs, stream_ref  # noqa: F401 (the gateway's names)
+from velocity.serving.tts_responses import RETRYABLE, AudioChunk, Retry, pace_inputs, stream_ref  # noqa: F401 (the gateway's names)
 from velocity.serving.watchdog import DIED
 
 # the body field behind each `tts` input: the request table's, and those the gateway makes of others
@@ -226,9 +226,8 @@ class Gateway:
                     if pacer is None and (ref := stream_ref(result)) > 0:
                         pacer = Pacer(functools.partial(self._pace, url, ref))
                     if pacer is not None:
-                        end = end_frame(chunk.offset, len(chunk.audio), chunk.sentence)
-                        pacer.received(end)
-                        chunk.on_read = functools.partial(pacer.read, end)
+                        pacer.received(chunk.end)
+                        chunk.on_read = functools.partial(pacer.read, chunk.end)
                     pending[int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0])] = chunk
                     while nxt in pending:
                         yield pending.pop(nxt)

@@ -47,8 +47,13 @@ class AudioChunk:
         if self.on_read is not None:
             self.on_read()
 
+    @property
+    def end(self) -> int:
+        """The frame of the stream's audio where it ends (end_frame)."""
+        return end_frame(self.offset, len(self.audio), self.sentence)
+
     @classmethod
-    def of(cls, result, wav: np.ndarray, on_read: Callable[[], None] | None = None) -> "AudioChunk":
+    def of(cls, result, wav: np.ndarray) -> "AudioChunk":
         """From a `tts` response (tritonclient's InferResult) and its WAVEFORM."""
         def one(name: str):
             v = result.as_numpy(name)
@@ -56,12 +61,14 @@ class AudioChunk:
 
         text = one("SENTENCE_TEXT")
         return cls(wav.reshape(-1), int(one("SENTENCE_INDEX") or 0), int(one("SAMPLE_OFFSET") or 0),
-                   text.decode("utf-8", "replace") if isinstance(text, bytes) else "", on_read)
+                   text.decode("utf-8", "replace") if isinstance(text, bytes) else "")
 
 
 BEHIND = round(2.0 * FRAMES_PER_SECOND)     # frames a reader may lag before the server is told
 STEP = round(1.0 * FRAMES_PER_SECOND)       # frames it reads between two tellings while it lags
 KEEPS_UP = -1                               # the pace model's TAKEN: pace by the vocoder alone
+READ_AHEAD_S = 12.0                         # seconds of a stream a reader holds unread at most (the server's
+                                            # 6 s bound, BEHIND and chunks in flight fit; bounds a server that does not pace)
 
 
 def end_frame(offset: int, samples: int, sentence: int, sample_rate: int = 24000) -> int:
@@ -102,6 +109,13 @@ class ReadPosition:
     def take(self, end: int) -> None:
         """The reader took the stream's audio up to frame `end`."""
         self.taken = max(self.taken, end)
+
+    def due(self) -> int | None:
+        """What to tell the server now, counted as told; None when it knows enough."""
+        if (w := self.want()) == self.told:
+            return None
+        self.told = w
+        return w
 
     def want(self) -> int:
         """What the server should know now (tell it when this is not `told`)."""
