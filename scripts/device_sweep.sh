@@ -120,7 +120,7 @@ if [[ "$PARTS" == *" triton "* || "$PARTS" == *" overhead "* || "$PARTS" == *" a
             for c in ${AB_LEVELS:-1 32}; do
                 PYTHONUNBUFFERED=1 TQDM_DISABLE=1 "$PY" benchmarks/bench_ab.py --arms triton,in-process \
                     --weights "$W" --device "$DEVICE" --concurrency "$c" --requests "$(( c > 4 ? c : 4 ))" \
-                    --rounds "${ROUNDS:-2}" --note "$HW" --out "$OUT/overhead_gpu_c$c" 2>&1 | tail -3
+                    --rounds "${ROUNDS:-2}" --note "$HW" --out "$OUT/overhead_gpu_c$c" 2>&1 | tee "$OUT/overhead_gpu_c$c.log" | tail -3
             done
         fi
         if [[ "$PARTS" == *" ab "* ]]; then           # this tree's server against the baseline's, paired rounds
@@ -130,7 +130,7 @@ if [[ "$PARTS" == *" triton "* || "$PARTS" == *" overhead "* || "$PARTS" == *" a
                 VENV="$VENV" VELOCITY_GPU_MEMORY_UTILIZATION="${SERVER_GPU_MEMORY:-0.4}" PYTHONUNBUFFERED=1 TQDM_DISABLE=1 \
                     "$PY" benchmarks/bench_ab.py --arms baseline,triton --baseline-dir "/tmp/$rev" --weights "$W" \
                     --concurrency "$c" --requests "$(( c > 4 ? c : 4 ))" --rounds "${ROUNDS:-2}" \
-                    --note "$HW; baseline $rev" --out "$OUT/ab_gpu_c$c" 2>&1 | tail -3
+                    --note "$HW; baseline $rev" --out "$OUT/ab_gpu_c$c" 2>&1 | tee "$OUT/ab_gpu_c$c.log" | tail -3
             done
         fi
         get http://localhost:8002/metrics > "$OUT/metrics.txt"     # Triton's per-model times and ours
