@@ -69,6 +69,21 @@ class Listener(threading.Thread):
         self.first.set()
 
 
+def gateway_post(s, text: str) -> tuple[int, str]:
+    """A short speech request through the gateway: (its status, its body)."""
+    import json
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(s.gateway_url + "/v1/audio/speech", headers={"Content-Type": "application/json"},
+                                 data=json.dumps({"model": "tts-1", "voice": "amber", "input": text,
+                                                  "response_format": "pcm", "max_new_tokens": 20}).encode())
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
 def gateway_health(s) -> int:
     """The status of the gateway's GET /health."""
     return http_status(s.gateway_url + "/health")
@@ -113,6 +128,12 @@ def test_request_limit_then_drain_on_stop(start_triton, tmp_path):
     assert "VELOCITY_MAX_CONCURRENT_REQUESTS" in msg
     assert wait_for(lambda: s.metric("velocity_refused_requests_total") == 1
                     and s.metric("velocity_active_requests") == 2)
+    # and through the gateway: a 503 that says so. (The gateway used to cancel a request after
+    # its error; Triton then kept that ensemble request in flight for good, and the stop below
+    # waited out its exit timeout: the log check at the end.)
+    for i in range(6):             # each such cancel left a request behind in about 1 run of 3
+        status, body = gateway_post(s, f"Am I let in through the gateway, {i}?")
+        assert status == 503 and "server busy" in body, (status, body)
 
     # cancel the direct one: its slot comes back and a request goes through
     direct.stop_stream(cancel_requests=True)
@@ -141,6 +162,9 @@ def test_request_limit_then_drain_on_stop(start_triton, tmp_path):
     while (msg := refusal(s.grpc_url)) is None or "new requests are refused" not in msg:
         assert time.monotonic() < deadline, f"still admitting new requests while draining: {msg}"
     assert "shutting down" in msg
+    for i in range(6):
+        status, body = gateway_post(s, f"Am I let in while it drains, {i}?")
+        assert status == 503 and "shutting down" in body, (status, body)
 
     medium.join(DRAIN + 60)
     long.join(DRAIN + 60)

@@ -216,9 +216,11 @@ class Gateway:
         stream = self.client_for(url).stream_infer(requests())
         pending: dict[int, AudioChunk] = {}
         nxt, pacer = 0, None
+        ended = False       # the server ended the request (an error or the final flag): nothing to cancel
         try:
             async for result, error in stream:
                 if error is not None:
+                    ended = True
                     raise triton_error(str(error))
                 wav = result.as_numpy("WAVEFORM")
                 if wav is not None:
@@ -233,13 +235,18 @@ class Gateway:
                         yield pending.pop(nxt)
                         nxt += 1
                 if result.get_response().parameters["triton_final_response"].bool_param:
+                    ended = True
                     return
         except ApiError:
             raise
         except Exception as e:                      # the connection, not the request
             raise unavailable(url, e) from e
         finally:
-            stream.cancel()
+            # Only a stream left early is cancelled: a cancel that reaches an ensemble request
+            # Triton has already ended with an error leaves it in flight for good (Triton 2.51),
+            # and the server's stop then waits out its exit timeout for it.
+            if not ended:
+                stream.cancel()
             if pacer is not None:
                 pacer.close()
 
