@@ -551,6 +551,24 @@ def test_named_voices_the_default_voice_and_the_voices_list(server, tmp_path):
     assert p.returncode == 0 and "amber (default)\tspeaker\tbuilt-in" in p.stdout, p.stdout + p.stderr
 
 
+def test_the_voices_model_lists_without_torch(server):
+    """The `voices` stub only lists names: it loads no torch (about 1 s of CPU and 200 MB at every
+    server start), which only a built-in voice's vector (torch's seeded draw) would need."""
+    stubs = {}
+    for pid in server.processes():
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(cmd) > 1 and cmd[0].endswith(b"triton_python_backend_stub"):
+            stubs[Path(cmd[1].decode()).parent.parent.name] = pid
+    assert {"voices", "llm"} <= set(stubs), stubs
+    def maps(name: str) -> str:
+        return Path(f"/proc/{stubs[name]}/maps").read_text()
+    assert "libtorch" in maps("llm")                       # the check can see torch where it is
+    assert "libtorch" not in maps("voices")
+
+
 def test_a_voice_from_the_voices_file_is_its_sample_and_transcript(server):
     """voices.json beside the weights (conftest: "clone", a sample string and its transcript):
     VOICE "clone" speaks as SPEAKER_SAMPLE + SAMPLE_TEXT of that entry."""

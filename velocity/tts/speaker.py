@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pybase16384 as b14
-import torch
 
 STATS_FILE = "asset/spk_stat.pt"       # published with the weights: [std, mean] of the speaker embeddings
 log = logging.getLogger(__name__)
@@ -136,6 +135,8 @@ def random_speaker(seed: int, dim: int = 768, stats: np.ndarray | None = None) -
     torch.manual_seed(seed)): randn(dim) * std + mean, all in float16 on torch's CPU generator.
     stats: [2, dim] (std, mean) from load_speaker_stats; None: std 1, mean 0 (a plain normal,
     for folders without asset/spk_stat.pt). Returns float32 holding float16 values."""
+    import torch        # here alone: the voices model reads speaker strings without it
+
     v = torch.randn(dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float16)
     if stats is not None:
         st = torch.from_numpy(np.asarray(stats, dtype=np.float16))

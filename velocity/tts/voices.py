@@ -51,9 +51,10 @@ class Voice:
         return "sample" if self.sample else "speaker"
 
 
-def builtin_voices(dim: int, stats: np.ndarray | None) -> dict[str, Voice]:
-    """The built-in set: each a seeded draw from the speaker statistics (a plain normal without them)."""
-    return {name: Voice(name, random_speaker(seed, dim, stats)) for name, seed in BUILTIN.items()}
+def builtin_voices(dim: int, stats: np.ndarray | None, draw: bool = True) -> dict[str, Voice]:
+    """The built-in set: each a seeded draw from the speaker statistics (a plain normal without
+    them); draw=False: their names alone, no vector (a listing, without torch's generator)."""
+    return {name: Voice(name, random_speaker(seed, dim, stats) if draw else None) for name, seed in BUILTIN.items()}
 
 
 def voice_files(path: Path) -> list[Path]:
@@ -105,11 +106,12 @@ def add_voice(path: Path, name: str, sample: str | None = None, sample_text: str
 
 
 class Voices:
-    """The voices a server offers, by name, and the default for requests that name none."""
+    """The voices a server offers, by name, and the default for requests that name none.
+    draw=False leaves the built-in voices' vectors out: for a listing (the `voices` model)."""
 
     def __init__(self, folder: str | Path, dim: int, stats: np.ndarray | None, path: str = "",
-                 default: str = DEFAULT_VOICE) -> None:
-        self.voices = builtin_voices(dim, stats)
+                 default: str = DEFAULT_VOICE, draw: bool = True) -> None:
+        self.voices = builtin_voices(dim, stats, draw)
         self.aliases: dict[str, str] = dict(OPENAI_ALIASES)    # name -> the voice it stands for
         source = Path(path) if path else Path(folder) / VOICES_FILE
         if path and not source.exists():

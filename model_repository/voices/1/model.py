@@ -13,15 +13,15 @@ from velocity.serving.stub_exit import end_quickly
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        from velocity.tts.speaker import load_speaker_stats, speaker_dim     # torch: not in the auto-complete stub
+        from velocity.tts.speaker import speaker_dim
         from velocity.tts.voices import Voices
 
         self.settings = s = Settings.from_env()
         s.configure_logging()
         end_quickly()                   # no interpreter teardown at unload (velocity.serving.stub_exit)
         try:
-            dim = speaker_dim(s.weights)
-            self.voices = Voices(s.weights, dim, load_speaker_stats(s.weights, dim), s.voices, s.default_voice)
+            # names, kinds and sources only: no built-in voice's vector, so no torch in this stub
+            self.voices = Voices(s.weights, speaker_dim(s.weights), None, s.voices, s.default_voice, draw=False)
         except Exception as e:
             raise pb_utils.TritonModelException(f"voices: cannot load the voices of {s.weights}: {e}") from e
 
