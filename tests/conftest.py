@@ -47,10 +47,10 @@ def tts_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServe
     """model_repository/ on the tiny demo checkpoint (frames per sentence capped at 200, small
     chunks; the vocoder's stateful decoders on, so that every test through it runs them), shared
     by tests/test_tts_server.py, tests/test_readme.py and others."""
-    from velocity.demo.checkpoint import write_checkpoint
+    from checkpoints import tiny_checkpoint
 
     d = tmp_path_factory.mktemp("tts")
-    ckpt = write_checkpoint(d / "tiny", "tiny", seed=0)
+    ckpt = tiny_checkpoint(d / "tiny", seed=0)
     add_sample_voice(ckpt)
     s = TritonServer(repo=ROOT / "model_repository", log_path=d / "server.log",
                      env={"VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_KV_CACHE_BYTES": str(32 << 20),

@@ -8,12 +8,12 @@ from safetensors.torch import load_file, save_file
 
 from velocity.model.loader import WeightError
 from velocity.model.audio_models import load_dvae, load_vocos
-from velocity.demo.checkpoint import write_checkpoint
+from checkpoints import tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    return write_checkpoint(tmp_path_factory.mktemp("audio") / "tiny", "tiny", seed=1)
+    return tiny_checkpoint(tmp_path_factory.mktemp("audio") / "tiny", seed=1)
 
 
 def test_fsq_embedding_equals_vector_quantize_pytorch(ckpt):

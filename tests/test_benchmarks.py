@@ -138,9 +138,9 @@ def test_bench_step_profile_counts_every_frame_and_the_host_time(tmp_path):
     import subprocess
     import sys
 
-    from velocity.demo.checkpoint import write_checkpoint
+    from checkpoints import tiny_checkpoint
 
-    ck = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
+    ck = tiny_checkpoint(tmp_path / "tiny", seed=0)
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_step.py"), "--child", "--weights", str(ck),
                           "--device", "cpu", "--batches", "2", "--steps", "4", "--profile", "3"],
                          capture_output=True, text=True, timeout=300)
@@ -161,9 +161,9 @@ def test_bench_first_audio_splits_the_first_audio_at_the_chunk_it_waits_for(tmp_
     import subprocess
     import sys
 
-    from velocity.demo.checkpoint import write_checkpoint
+    from checkpoints import tiny_checkpoint
 
-    ck = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
+    ck = tiny_checkpoint(tmp_path / "tiny", seed=0)
     env = {**os.environ, "VELOCITY_CHUNK_FIRST": "6", "VELOCITY_LOOKAHEAD": "5"}
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_first_audio.py"), "--weights", str(ck),
                           "--no-triton", "--rounds", "1", "--out", str(tmp_path / "fa")],

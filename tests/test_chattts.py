@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from chattts_ref import RefChatTTS
 from velocity import LLM, SamplingParams
 from velocity.model.loader import WeightError
-from velocity.demo.checkpoint import write_checkpoint
+from checkpoints import tiny_checkpoint
 
 TEXTS = ["hello", "hello world this is speech", "你好世界", "a", "the world and you and it is to speech",
          "这是一个测试"]
@@ -20,7 +20,7 @@ TEXTS = ["hello", "hello world this is speech", "你好世界", "a", "the world 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    return write_checkpoint(tmp_path_factory.mktemp("chattts") / "tiny", "tiny", seed=0)
+    return tiny_checkpoint(tmp_path_factory.mktemp("chattts") / "tiny", seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -78,10 +78,10 @@ def test_chattts_frames_on_cuda_graphs_equal_reference_and_seeds_match_eager(tmp
     CPU reference; a seeded sampled request gives the same frames with graphs (the sampler inside
     them) and eager (the eager sampler)."""
     from chattts_ref import RefChatTTS
-    from velocity.demo.checkpoint import write_checkpoint
+    from checkpoints import tiny_checkpoint
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
+    ckpt = tiny_checkpoint(tmp_path / "tiny", seed=0)
     ref = RefChatTTS(ckpt)
     texts = ["hello", "hello world this is speech", "你好世界", "a", "the world and you and it is to speech"]
     ps = [ref.ids(f"[Stts][spk_emb][speed_5]{t}[Ptts]") for t in texts]
@@ -111,12 +111,12 @@ def test_audio_decoder_and_pipeline_on_cuda(tmp_path):
     """DVAE + Vocos on CUDA (fp32, TF32 off) match the CPU decode; the whole pipeline streams on CUDA.
     Tolerance: 1e-3 of the signal's peak, for float32 convolutions and FFTs summed in another order."""
     from velocity.model.audio_models import load_dvae, load_vocos
-    from velocity.demo.checkpoint import write_checkpoint
+    from checkpoints import tiny_checkpoint
     from velocity.tts.pipeline import TTSPipeline, chattts_params
     from velocity.tts.audio_decoder import AudioDecoder
 
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
+    ckpt = tiny_checkpoint(tmp_path / "tiny", seed=0)
     codes = torch.randint(0, 625, (2, 4, 40), generator=torch.Generator().manual_seed(0))
     audio = {}
     for dev in ("cpu", "cuda"):

@@ -15,14 +15,14 @@ from safetensors.torch import load_file, save_file
 
 from triton_server import ROOT, TritonServer, alive, side_by_side, wait_for
 from velocity.serving.core_board import find_boards
-from velocity.demo.checkpoint import write_checkpoint
+from checkpoints import tiny_checkpoint
 
 pytestmark = pytest.mark.server
 
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory):
-    return write_checkpoint(tmp_path_factory.mktemp("good") / "tiny", "tiny", seed=0)
+    return tiny_checkpoint(tmp_path_factory.mktemp("good") / "tiny", seed=0)
 
 
 def truncated(good, d):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from velocity.demo.checkpoint import write_checkpoint
+from checkpoints import tiny_checkpoint
 from velocity.tts.frontend import TextFrontend
 from velocity.tts.normalizer import Normalizer, detect_language, split_sentences, split_text
 
@@ -112,7 +112,7 @@ def test_characters_the_tokenizer_lacks_become_ones_it_has():
 
 @pytest.fixture(scope="module")
 def frontend(tmp_path_factory):
-    return TextFrontend(write_checkpoint(tmp_path_factory.mktemp("fe") / "tiny", "tiny"))
+    return TextFrontend(tiny_checkpoint(tmp_path_factory.mktemp("fe") / "tiny"))
 
 
 def test_prompt_template_and_ids(frontend):

@@ -154,11 +154,11 @@ def test_chattts_frames_on_the_kernels_equal_the_reference(tmp_path):
     greedy frames equal the plain CPU reference's."""
     from chattts_ref import RefChatTTS
     from velocity import LLM, SamplingParams
-    from velocity.demo.checkpoint import write_checkpoint
+    from checkpoints import tiny_checkpoint
 
     if CUDA:
         torch.backends.cuda.matmul.allow_tf32 = False
-    ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
+    ckpt = tiny_checkpoint(tmp_path / "tiny", seed=0)
     ref = RefChatTTS(ckpt)
     ps = [ref.ids(f"[Stts][spk_emb][speed_5]{t}[Ptts]") for t in ("hello world this is speech", "你好世界", "a")]
     g = torch.Generator().manual_seed(3)

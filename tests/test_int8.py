@@ -122,14 +122,14 @@ def test_the_cpp_int8_decode_step_equals_the_torch_int8_step(tmp_path):
     where that rounding moves an int8 row across a step (a step of max |x| / 127 in one input
     value of one linear). Measured: a relative error of 4e-8 on the hidden states, and 3e-2 with RoPE's sign
     flipped in one half; bounded at 1e-4."""
-    from velocity.demo.checkpoint import write_checkpoint
+    from checkpoints import tiny_checkpoint
     from velocity.model.attention import AttentionMetadata
     from velocity.model.cpu_kernels import int8_rows_kernels, paged_decode_kernel
     from velocity.model.int8_linear import quantize_linears
     from velocity.model.llama import LlamaLayer
     from velocity.model.loader import load_model
 
-    model = load_model(write_checkpoint(tmp_path / "tiny", "tiny", seed=0), torch.device("cpu"), torch.float32)
+    model = load_model(tiny_checkpoint(tmp_path / "tiny", seed=0), torch.device("cpu"), torch.float32)
     quantize_linears(model, LlamaLayer)
     body = model.model
     K = int8_rows_kernels(body)

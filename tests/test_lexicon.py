@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from velocity.demo.checkpoint import write_checkpoint
+from checkpoints import tiny_checkpoint
 from velocity.tts.frontend import TextFrontend
 from velocity.tts.lexicon import Lexicon
 
@@ -50,7 +50,7 @@ def test_bad_lexicons_say_what_is_wrong(text, says):
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    return write_checkpoint(tmp_path_factory.mktemp("lex") / "tiny", "tiny", seed=0)
+    return tiny_checkpoint(tmp_path_factory.mktemp("lex") / "tiny", seed=0)
 
 
 def test_the_prompt_ids_are_the_replaced_texts(folder, tmp_path):

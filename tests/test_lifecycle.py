@@ -27,7 +27,7 @@ from client.triton import ServerError, stream_grpc
 from triton_server import ROOT, alive, llm_inputs, wait_for
 from velocity.serving.protocol import STREAM_SHUTTING_DOWN, stream_error
 from velocity.serving.settings import Settings
-from velocity.demo.checkpoint import write_checkpoint
+from checkpoints import tiny_checkpoint
 
 pytestmark = pytest.mark.server
 DRAIN = 9           # seconds: the medium stream needs about 3 (its audio decoded); the long one waits it out
@@ -98,7 +98,7 @@ def refusal(url: str, text: str = "Am I let in?") -> str | None:
 
 
 def test_request_limit_then_drain_on_stop(start_triton, tmp_path):
-    ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
+    ckpt = tiny_checkpoint(tmp_path / "tiny", seed=0)
     s = start_triton(ROOT / "model_repository", env={
         "VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_MAX_CONCURRENT_REQUESTS": "2", "VELOCITY_MAX_TEXT_CHARS": "5000",
         "DRAIN_TIMEOUT": str(DRAIN), "EXIT_TIMEOUT": str(EXIT)})

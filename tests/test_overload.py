@@ -10,7 +10,7 @@ import pytest
 
 from client.triton import ServerError, stream_grpc
 from triton_server import ROOT, TritonServer, assert_same_audio, wait_for
-from velocity.demo.checkpoint import write_checkpoint
+from checkpoints import tiny_checkpoint
 
 pytestmark = pytest.mark.server
 BLOCK_BYTES = 2 * 2 * 16 * 64 * 4      # k and v x 2 layers x 16 tokens x hidden 64 x float32 (tiny checkpoint)
@@ -24,7 +24,7 @@ def run(url, values):
 
 
 def test_four_times_more_streams_than_the_cache_holds(tmp_path):
-    ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
+    ckpt = tiny_checkpoint(tmp_path / "tiny", seed=0)
     # 16 blocks of 16 tokens: about 4 streams of ~20 prompt tokens + 40 frames at once
     s = TritonServer(repo=ROOT / "model_repository", log_path=tmp_path / "server.log",
                      env={"VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_KV_CACHE_BYTES": str(16 * BLOCK_BYTES),

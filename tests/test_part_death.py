@@ -35,7 +35,7 @@ from client.triton import ServerError, stream_grpc
 from test_lifecycle import GatewayListener, Listener
 from triton_server import (ROOT, TritonServer, alive, comm, free_port, listening, parse_metric, settle,
                           shm_pattern, wait_for)
-from velocity.demo.checkpoint import write_checkpoint
+from checkpoints import tiny_checkpoint
 from velocity.gateway.encode import pcm16
 from velocity.serving.watchdog import DIED, UNNAMED
 
@@ -54,7 +54,7 @@ def served(tmp_path_factory):
     """`make serve` with Wyoming on; the last test of the module stops it (a SIGTERM)."""
     d = tmp_path_factory.mktemp("part_death")
     s = TritonServer(repo=ROOT / "model_repository", log_path=d / "server.log", via_make=True,
-                     env={"VELOCITY_WEIGHTS": str(write_checkpoint(d / "tiny", "tiny", seed=0)),
+                     env={"VELOCITY_WEIGHTS": str(tiny_checkpoint(d / "tiny", seed=0)),
                           "WYOMING_PORT": str(free_port()), "DRAIN_TIMEOUT": str(DRAIN), "EXIT_TIMEOUT": "10"}).start()
     s.wyoming_port = int(s.env["WYOMING_PORT"])
     s.ckpt = d / "tiny"

@@ -3,14 +3,14 @@ import numpy as np
 import pytest
 
 from velocity.sampling_params import SamplingParams
-from velocity.demo.checkpoint import write_checkpoint
+from checkpoints import tiny_checkpoint
 from velocity.tts.pipeline import TTSPipeline, chattts_params
 from velocity.tts.chunking import ChunkSchedule
 
 
 @pytest.fixture(scope="module")
 def pipe(tmp_path_factory):
-    ckpt = write_checkpoint(tmp_path_factory.mktemp("pipe") / "tiny", "tiny", seed=4)
+    ckpt = tiny_checkpoint(tmp_path_factory.mktemp("pipe") / "tiny", seed=4)
     return TTSPipeline(ckpt, device="cpu", schedule=ChunkSchedule(4, 8), num_kv_blocks=256, block_size=8)
 
 
@@ -127,7 +127,7 @@ def test_the_server_path_runs_without_transformers(tmp_path):
     import sys
     from pathlib import Path
 
-    ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=4)
+    ckpt = tiny_checkpoint(tmp_path / "tiny", seed=4)
     run = subprocess.run([sys.executable, "-c", SERVER_PATH_WITHOUT_TRANSFORMERS, str(ckpt)],
                          cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -11,7 +11,7 @@ from velocity.serving.input_table import PARAM_INPUTS
 from velocity.serving.tts_request import TTSFront, parse_tts_request
 from velocity.tts.voices import Voices
 from velocity.serving.settings import Settings
-from velocity.demo.checkpoint import write_checkpoint
+from checkpoints import tiny_checkpoint
 from velocity.tts.frontend import TextFrontend
 from velocity.tts.speaker import SpeakerError, decode_speaker
 
@@ -20,7 +20,7 @@ PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthC
 
 @pytest.fixture(scope="module")
 def frontend(tmp_path_factory):
-    return TextFrontend(write_checkpoint(tmp_path_factory.mktemp("p") / "tiny", "tiny", seed=0))
+    return TextFrontend(tiny_checkpoint(tmp_path_factory.mktemp("p") / "tiny", seed=0))
 
 
 pieces = st.one_of(

@@ -23,7 +23,7 @@ from benchmarks.replicas import Balancer, Replica, stop_group, tts_requests
 from client.triton import ServerError, parse_metric, stream_grpc
 from test_lifecycle import LONG, Listener
 from triton_server import ROOT, TritonServer, free_port, listening, side_by_side, wait_for
-from velocity.demo.checkpoint import write_checkpoint
+from checkpoints import tiny_checkpoint
 
 pytestmark = pytest.mark.server
 DRAIN = 7           # seconds: the gateway's four short requests need about 2 while r1 drains
@@ -64,7 +64,7 @@ def metrics_url(s: TritonServer) -> str:
 
 
 def test_two_replicas_behind_a_balancer(tmp_path):
-    ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
+    ckpt = tiny_checkpoint(tmp_path / "tiny", seed=0)
     r1, r2 = replica(tmp_path, ckpt, "r1"), replica(tmp_path, ckpt, "r2")
     lb = None
     gateway = None

@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 from benchmarks.soak import TEXTS, soak
 from client.triton import array_inputs
 from triton_server import ROOT, TritonServer, wait_for
-from velocity.demo.checkpoint import write_checkpoint
+from checkpoints import tiny_checkpoint
 
 pytestmark = pytest.mark.server
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.server
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("soak")
-    ckpt = write_checkpoint(d / "tiny", "tiny", seed=0)
+    ckpt = tiny_checkpoint(d / "tiny", seed=0)
     s = TritonServer(repo=ROOT / "model_repository", log_path=d / "server.log",
                      env={"VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_KV_CACHE_BYTES": str(2 << 20),
                           "VELOCITY_CHUNK_FIRST": "4", "VELOCITY_CHUNK_REST": "8", "VELOCITY_LOOKAHEAD": "4",

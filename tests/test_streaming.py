@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
-from velocity.demo.checkpoint import write_checkpoint
+from checkpoints import tiny_checkpoint
 from velocity.tts.audio_decoder import AudioDecoder, StreamingDecoder
 from velocity.tts.chunking import ChunkSchedule
 
@@ -14,7 +14,7 @@ T = 150   # frames: 3.2 s of audio
 
 @pytest.fixture(scope="module")
 def decoder(tmp_path_factory):
-    ckpt = write_checkpoint(tmp_path_factory.mktemp("stream") / "tiny", "tiny", seed=2)
+    ckpt = tiny_checkpoint(tmp_path_factory.mktemp("stream") / "tiny", seed=2)
     return AudioDecoder(load_dvae(ckpt), load_vocos(ckpt), load_decoder(ckpt))
 
 
@@ -248,7 +248,7 @@ def test_int8_decoders_stay_near_the_float32_decode(tmp_path, frames, hidden):
     above 25 dB SER against float32 (measured on these random weights with 8-bit rows: 40.2 and
     42.2 dB) and are not equal to it (they are quantized)."""
     from velocity.model.int8_linear import Int8Linear
-    ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=2)
+    ckpt = tiny_checkpoint(tmp_path / "tiny", seed=2)
     ref = AudioDecoder(load_dvae(ckpt), load_vocos(ckpt), load_decoder(ckpt))
     q = AudioDecoder(load_dvae(ckpt), load_vocos(ckpt), load_decoder(ckpt))
     assert ref.quantize("none", pack=False) == 0
@@ -266,7 +266,7 @@ def test_prepacked_decoders_are_the_float32_decode_to_its_rounding(tmp_path, fra
     oneDNN-prepacked weights, the same arithmetic summed in another order: both paths at least 100
     dB SER from the plain decode (measured about 120 dB), and not bit-equal (the pack is in use)."""
     from velocity.model.packed_linear import PackedLinear
-    ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=2)
+    ckpt = tiny_checkpoint(tmp_path / "tiny", seed=2)
     ref = AudioDecoder(load_dvae(ckpt), load_vocos(ckpt), load_decoder(ckpt))
     p = AudioDecoder(load_dvae(ckpt), load_vocos(ckpt), load_decoder(ckpt))
     n = p.quantize("none")

@@ -6,7 +6,7 @@ import time
 from collections import defaultdict
 
 from velocity import AsyncLLMEngine
-from velocity.demo.checkpoint import write_checkpoint
+from checkpoints import tiny_checkpoint
 from velocity.serving.settings import Settings
 from velocity.serving.stream_host import Streams
 from velocity.tts.pipeline import chattts_params
@@ -26,7 +26,7 @@ def test_only_the_monitor_asks_whether_a_client_left_and_a_leaver_is_stopped(tmp
     the engine thread, it held up every step (the engine's step was 8.4 ms a frame inside the server at
     32 streams on an H200, 5.4 outside it). The monitor thread asks instead, and a client that
     leaves still has its stream stopped and ended."""
-    ck = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
+    ck = tiny_checkpoint(tmp_path / "tiny", seed=0)
     s = Settings(weights=str(ck), device="cpu")
     engine = AsyncLLMEngine(s.engine_config())
     sent, ended = [], threading.Event()
@@ -72,7 +72,7 @@ def test_many_quiet_streams_spread_their_probes_within_the_rate(tmp_path):
     from velocity.serving.protocol import STREAM_PROBE
     from velocity.serving.stream_board import StreamBoard
 
-    ck = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)
+    ck = tiny_checkpoint(tmp_path / "tiny", seed=0)
     s = Settings(weights=str(ck), device="cpu", cancel_probe_seconds=0.05, cancel_probes_per_second=100.0,
                  max_num_seqs=40)
     engine = AsyncLLMEngine(s.engine_config())

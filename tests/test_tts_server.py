@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 from client.triton import ServerError, make_inputs, stream_grpc
 from client.tts_client import main as client_main
 from triton_server import ROOT, assert_same_audio, free_port, llm_inputs, wait_for
-from velocity.demo.checkpoint import write_checkpoint
+from checkpoints import tiny_checkpoint
 from velocity.tts.voices import BUILTIN, DEFAULT_VOICE
 
 pytestmark = pytest.mark.server
@@ -446,7 +446,7 @@ def test_the_llm_borrows_the_idle_vocoders_threads_only_while_it_is_idle(server)
 def test_bench_ab_runs_all_three_arms(server, tmp_path):
     """benchmarks/bench_ab.py: paired rounds of the server, the server without lending, and in-process."""
 
-    ckpt = write_checkpoint(tmp_path / "tiny", "tiny", seed=0)                 # the server's weights
+    ckpt = tiny_checkpoint(tmp_path / "tiny", seed=0)                 # the server's weights
     out = tmp_path / "ab"
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_ab.py"), "--arms", "triton,triton-nolend,in-process",
                         "--url", server.grpc_url, "--metrics-url", f"http://localhost:{server.metrics_port}/metrics", "--rounds", "2", "--requests", "2", "--max-new-tokens", "8",

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from velocity.demo.checkpoint import write_checkpoint
+from checkpoints import tiny_checkpoint
 from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.serving.protocol import CodeChunkIn
 from velocity.serving.vocoder_streams import StreamDecoders
@@ -19,7 +19,7 @@ from velocity.tts.chunking import ChunkSchedule
 
 @pytest.fixture(scope="module")
 def decoder(tmp_path_factory):
-    ckpt = write_checkpoint(tmp_path_factory.mktemp("vs") / "tiny", "tiny", seed=2)
+    ckpt = tiny_checkpoint(tmp_path_factory.mktemp("vs") / "tiny", seed=2)
     return AudioDecoder(load_dvae(ckpt), load_vocos(ckpt), load_decoder(ckpt))
 
 

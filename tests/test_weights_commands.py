@@ -12,7 +12,7 @@ import soundfile as sf
 
 from triton_server import ROOT
 from velocity.release import SHA256, sha256_file
-from velocity.demo.checkpoint import write_checkpoint
+from checkpoints import tiny_checkpoint
 
 
 def run(script: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -21,7 +21,7 @@ def run(script: str, *args: str, env: dict | None = None) -> subprocess.Complete
 
 
 def test_check_weights_names_every_file_that_is_not_the_release_then_speaks_a_matching_folder(tmp_path):
-    folder = write_checkpoint(tmp_path / "demo", "tiny", seed=0)
+    folder = tiny_checkpoint(tmp_path / "demo", seed=0)
     p = run("check_weights.py", str(folder), "--out", str(tmp_path / "a.wav"))
     assert p.returncode == 1 and not (tmp_path / "a.wav").exists()
     for name in SHA256:                                   # a demo is not the release: each file named
