@@ -39,12 +39,14 @@ class Lexicon:
         self.entries = dict(entries or {})
         self.exact = {k: v for k, v in self.entries.items() if k != k.lower()}
         self.folded = {k: v for k, v in self.entries.items() if k == k.lower()}
-        self.trie: dict = {}                 # lower-case key characters -> child; END: the key's length
+        self.first: dict[str, list[str]] = {}    # a first character -> the keys that start with it (lower case)
         for k in self.entries:
-            node = self.trie
-            for c in _lower(k):
-                node = node.setdefault(c, {})
-            node[END] = len(k)
+            low = _lower(k)
+            self.first.setdefault(low[0], []).append(low)
+        # lower-case key characters -> child; END: the key's length. Grown one first character at a
+        # time, as a text first reaches it: a request's text is short and its lexicon may be large,
+        # so most of a fresh lexicon is never walked (and never costs its building)
+        self.trie: dict = {}
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -77,15 +79,30 @@ class Lexicon:
         """The longest entry that matches at i as a whole word: (its end, its replacement), or None."""
         if i and _is_word(text[i - 1]) and _is_word(text[i]):
             return None                         # inside a word: only a key that does not start with one
-        node, best, j = self.trie, None, i
-        while j < len(text) and (node := node.get(low[j])) is not None:
-            j += 1
+        node, best, j = self._root(low[i]), None, i + 1       # node: the trie of text[i:j]
+        while node is not None:
             if END in node and not (j < len(text) and _is_word(text[j - 1]) and _is_word(text[j])):
                 s = text[i:j]
                 said = self.exact.get(s, self.folded.get(s.lower()))
                 if said is not None:
                     best = (j, said)
+            if j == len(text):
+                break
+            node, j = node.get(low[j]), j + 1
         return best
+
+    def _root(self, c: str) -> dict | None:
+        """The trie below first character c (grown at its first use), or None: no key starts with c."""
+        node = self.trie.get(c)
+        if node is None and c in self.first:
+            node = {}
+            for low in self.first[c]:
+                n = node
+                for ch in low[1:]:
+                    n = n.setdefault(ch, {})
+                n[END] = len(low)
+            self.trie[c] = node               # whole before it is seen (a lexicon may serve threads)
+        return node
 
     def merged(self, over: "Lexicon | None") -> "Lexicon":
         """This lexicon with `over`'s entries added and replacing its own (a request's over the server's);
