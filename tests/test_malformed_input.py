@@ -88,3 +88,19 @@ def test_the_elevenlabs_socket_answers_a_malformed_message_and_goes_on(gateway, 
         ws.send(json.dumps({"text": " ", "context_id": "b"}))              # the socket goes on
         ws.send(json.dumps({"context_id": "b", "close_context": True}))
         assert json.loads(ws.recv(timeout=30)) == {"isFinal": True, "contextId": "b"}
+
+
+def test_the_nesting_bound_counts_brackets_first_and_scans_only_past_the_bound():
+    """A body with no more opening brackets than the bound (a large lexicon has two) is not
+    scanned; past it the scan decides, and brackets inside strings do not nest."""
+    from velocity.gateway.json_body import MAX_DEPTH, depth, loads
+
+    lexicon = json.dumps(BODY | {"lexicon": {f"w{k}": "word" for k in range(3000)}})
+    assert depth(lexicon) == 2 and loads(lexicon, "body")["lexicon"]["w2999"] == "word"
+    wide = json.dumps([[] for _ in range(2 * MAX_DEPTH)])             # many brackets, 2 deep
+    assert depth(wide) == 2 and len(loads(wide, "body")) == 2 * MAX_DEPTH
+    quoted = json.dumps({"input": "[" * (2 * MAX_DEPTH)})               # brackets in a string
+    assert depth(quoted) == 1 and loads(quoted, "body")["input"].startswith("[[")
+    deep = "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1)
+    assert depth(deep) == MAX_DEPTH + 1
+    assert depth("[" * MAX_DEPTH + "]" * MAX_DEPTH) == MAX_DEPTH
