@@ -19,7 +19,7 @@ def depth(text: str) -> int:
     text with no more opening brackets than MAX_DEPTH, strings' included, says only that count."""
     opening = text.count("[") + text.count("{")
     if opening <= MAX_DEPTH:
-        return opening               # no deeper than that: the scan below costs 3x the parse
+        return opening               # no deeper than that: the scan below costs more than the parse
     brackets = NOT_BRACKETS.sub("", STRINGS.sub("", text)).encode()
     if not brackets:
         return 0
