@@ -1,5 +1,5 @@
-"""The tiny demo checkpoints of the tests: each seed's written once a session (about 1 s of CPU
-and 210 MB: the audio models are release-size) and copied into each test's folder."""
+"""The tiny demo checkpoints of the tests: each seed's written once a session (its audio models
+are release-size: writing them costs CPU, copying them little) and copied into each test's folder."""
 from __future__ import annotations
 
 import atexit
