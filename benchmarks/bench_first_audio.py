@@ -68,9 +68,9 @@ class InProcess:
         self.params = chattts_params
         self.pipe = TTSPipeline(weights, device="cpu", schedule=ChunkSchedule(first, s.chunk_rest, s.chunk_largest),
                                 lookahead=s.lookahead, kv_cache_bytes=s.kv_cache_bytes, quantize=s.quantize,
-                                vocoder_quantize=s.vocoder_quantize)
+                                vocoder_quantize=s.vocoder_quantize, stateful_decode=s.vocoder_stateful)
         self.steps = Timed(self.pipe.engine, "step")
-        self.decodes = Timed(self.pipe.decoder, "decode_cut")
+        self.decodes = Timed(self.pipe, "_decode")                     # each step's ready chunks
         self.front = Timed(self.pipe.frontend, "encode")
         list(self.pipe.stream("Warm up.", params=chattts_params(max_new_tokens=8)))
 

@@ -45,7 +45,7 @@ def add_sample_voice(ckpt, name: str = "clone", text: str = "the sample text") -
 @pytest.fixture(scope="session")
 def tts_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     """model_repository/ on the tiny demo checkpoint (frames per sentence capped at 200, small
-    chunks; the vocoder's stateful decoders on, so that every test through it runs them), shared
+    chunks; the vocoder's stateful decoders, on by default, run in every test through it), shared
     by tests/test_tts_server.py, tests/test_readme.py and others."""
     from checkpoints import tiny_checkpoint
 
@@ -55,7 +55,7 @@ def tts_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServe
     s = TritonServer(repo=ROOT / "model_repository", log_path=d / "server.log",
                      env={"VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_KV_CACHE_BYTES": str(32 << 20),
                           "VELOCITY_MAX_NEW_TOKENS": "200", "VELOCITY_CHUNK_FIRST": "4",
-                          "VELOCITY_CHUNK_REST": "8", "VELOCITY_LOOKAHEAD": "4", "VELOCITY_VOCODER_STATEFUL": "1"})
+                          "VELOCITY_CHUNK_REST": "8", "VELOCITY_LOOKAHEAD": "4"})
     s.start(timeout=400)
     yield s
     s.stop()

@@ -6,6 +6,7 @@ from velocity.sampling_params import SamplingParams
 from checkpoints import tiny_checkpoint
 from velocity.tts.pipeline import TTSPipeline, chattts_params
 from velocity.tts.chunking import ChunkSchedule
+from velocity.tts.stateful_decoder import StatefulDecoder
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +60,11 @@ def test_a_steps_chunks_decoded_in_one_call_give_the_same_audio(pipe):
         return got, len(calls)
 
     pipe.decoder._audio = lambda x: calls.append(x.shape[0]) or decode(x)
+    pipe.stateful, stateful = None, pipe.stateful                        # the chunked decode, as on a GPU
     try:
         (one, calls_one), (many, calls_many) = run(1), run(8)
     finally:
-        pipe.decode_batch = 1
+        pipe.decode_batch, pipe.stateful = 1, stateful
         del pipe.decoder._audio
     assert calls_many < calls_one == sum(map(len, one.values()))         # some chunks shared a call
     assert sorted(one) == sorted(many) == [0, 1, 2]
@@ -70,6 +72,39 @@ def test_a_steps_chunks_decoded_in_one_call_give_the_same_audio(pipe):
         assert [c.index for c in many[t]] == [c.index for c in one[t]] == list(range(len(one[t])))
         a, b = np.concatenate([c.audio for c in one[t]]), np.concatenate([c.audio for c in many[t]])
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-4 * np.abs(a).max())
+
+
+def test_each_text_through_a_stateful_decoder_gives_the_chunked_decodes_audio(pipe, monkeypatch):
+    """On CPU each text's chunks go through a stateful decoder of its own (velocity.tts.
+    stateful_decoder, the default): three texts of two sentences interleaved, at the pipeline's
+    exact lookahead, give the chunked decode's chunks and audio up to float rounding (100 dB
+    SER, as tests/test_streaming.py), and each text's decoder ends with it."""
+    texts = ["One sentence here. And a second one.", "Another one, a bit longer. Then more.", "Third. Fourth."]
+    params = lambda i: chattts_params(seed=i, max_new_tokens=24)  # noqa: E731
+
+    def run() -> dict:
+        got: dict = {}
+        for ev in pipe.stream_many(texts, params=params, concurrency=3):
+            if ev.kind == "chunk":
+                got.setdefault(ev.text, []).append(ev.chunk)
+        return got
+
+    assert pipe.stateful is not None
+    decoders = []
+    decode = StatefulDecoder.decode
+    with monkeypatch.context() as m:                  # which decoder decodes each chunk
+        m.setattr(StatefulDecoder, "decode", lambda self, *a, **k: decoders.append(self) or decode(self, *a, **k))
+        mine = run()
+    with monkeypatch.context() as m:
+        m.setattr(pipe, "stateful", None)
+        want = run()
+    assert len(set(map(id, decoders))) == 3 and all(d.utt is None for d in decoders)
+    assert sorted(mine) == sorted(want) == [0, 1, 2]
+    for t in want:
+        assert [c.index for c in mine[t]] == [c.index for c in want[t]]
+        a, b = np.concatenate([c.audio for c in want[t]]), np.concatenate([c.audio for c in mine[t]])
+        assert a.shape == b.shape
+        assert 10 * np.log10(np.sum(a ** 2) / max(np.sum((a - b) ** 2), 1e-30)) > 100
 
 
 def test_sentences_ahead_give_the_same_audio_in_fewer_steps(pipe, monkeypatch):

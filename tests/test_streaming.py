@@ -307,19 +307,32 @@ def chunked_and_stateful(decoder, frames, schedule, lookahead, step, hidden=None
 def test_the_stateful_decode_is_the_chunked_decode_with_each_frame_once(decoder, frames, hidden, path, schedule,
                                                                        lookahead, step, n):
     """Issue #48, item 1: each layer keeps its input's tail per stream and computes a position
-    once its input reaches past it (again only where a chunk's audio reads past its lookahead).
-    Its audio is the chunked decode's (left context whole): float rounding only, 100 dB SER as
-    above. It computes fewer positions (each layer weighted by its cost) than the chunked decode
-    feeds frames."""
+    once its input reaches past it, again only where it lies past a chunk's end. Its audio:
+    - with an exact lookahead, the chunked decode's: float rounding only, 100 dB SER as above;
+    - with a shorter one, whose positions before a chunk's end it keeps where the chunked decode
+      computes them again with later frames: as near a whole decode as the chunked decode's, its
+      SER to it within 3 dB of the chunked decode's (measured: within 0.4-2.9 dB at lookaheads of
+      6-24) or past 110 dB, and nearer the chunked decode than either is to a whole decode;
+    - at the server's schedule, within the issue's 100 dB of the chunked decode's, computing at
+      most 1.25 positions per audio position (each layer weighted by its cost), where the
+      chunked decode feeds 2 frames per audio frame."""
+    x = torch.tensor(frames[:n]).T[None] if path == "codes" else hidden[:n][None]
     a, b, fed, st = chunked_and_stateful(decoder, frames[:n], schedule, lookahead, step,
                                          hidden[:n] if path == "hidden" else None)
     assert a.shape == b.shape == (n * 512 - 256,)
-    assert ser_db(a, b) > 100, ser_db(a, b)
-    assert 1 <= st.cost_ratio() < fed, (st.cost_ratio(), fed)
+    whole = decoder.decode(x)[0]
     if lookahead >= decoder.exact_context:
+        assert ser_db(a, b) > 100, ser_db(a, b)
         # nothing speculative: each position once, but for the utterance's tail, which a chunk cut
         # before the chunker knew its end (lookahead short of 52) computed, and the last again
         assert max(st.computed) <= 2 * n + 2 * decoder.exact_context, st.computed
+    else:
+        assert ser_db(whole, b) > min(ser_db(whole, a) - 3, 110), (ser_db(whole, b), ser_db(whole, a))
+        assert ser_db(a, b) > min(ser_db(whole, a), 110), (ser_db(a, b), ser_db(whole, a))
+    if lookahead == 16:
+        assert ser_db(a, b) > 100, ser_db(a, b)
+        assert st.cost_ratio() <= 1.25 < 2 <= fed, (st.cost_ratio(), fed)
+    assert 1 <= st.cost_ratio() < fed, (st.cost_ratio(), fed)
 
 
 def test_the_stateful_decode_starts_each_utterance_afresh(decoder, frames, hidden):

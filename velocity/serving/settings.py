@@ -65,9 +65,10 @@ class Settings:
     vocoder_batch: int = 0                   # VELOCITY_VOCODER_BATCH
     # On: on CPU, each stream's chunks go through a decoder of its own that keeps each layer's
     # input between chunks (velocity.serving.vocoder_streams): no chunk decodes its left context
-    # again, the same audio within float rounding, for more of the vocoder's memory (its cost and
-    # gain: docs/benchmarks.md, "The stateful streaming decode"). The GPU batches across streams.
-    vocoder_stateful: bool = False           # VELOCITY_VOCODER_STATEFUL
+    # again, audio as near a whole decode as the chunked decode's, for more of the vocoder's
+    # memory (its cost and gain: docs/benchmarks.md, "The stateful streaming decode"). Off: the
+    # chunked decode. The GPU batches chunks across streams instead.
+    vocoder_stateful: bool = True            # VELOCITY_VOCODER_STATEFUL
     pack_cpu_weights: bool = True            # VELOCITY_PACK_CPU_WEIGHTS: on: oneDNN-prepacked llm and vocoder weights on CPU
     # int8: the llm's transformer layers on int8 weights and per-token int8 activations (CPU):
     # faster decode steps, a little more perplexity on a real model, and the output is no longer

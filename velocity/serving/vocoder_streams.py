@@ -1,7 +1,7 @@
 """The vocoder's stateful decoders, one per stream (velocity.tts.stateful_decoder): a stream's
 chunk goes through its own, which keeps each layer's input tail between the stream's chunks, so
-that no chunk decodes its left context again (only the tail that read past the last chunk's
-lookahead).
+that no chunk decodes its left context again (only the positions within reach past the last
+chunk's end).
 
 A stream's decoder lives for one utterance (sentence): made at its first chunk, freed at its
 last (`last`), and dropped when the stream is over otherwise: its client left, a chunk failed,

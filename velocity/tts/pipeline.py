@@ -17,6 +17,7 @@ from velocity.tts.frontend import DEFAULT_PROMPT, TextFrontend
 from velocity.tts.speaker import decode_sample, decode_speaker, random_speaker, sample_frames
 from velocity.tts.audio_decoder import DECODERS, AudioDecoder, default_decode_batch
 from velocity.tts.chunking import ChunkSchedule, CodeChunk, FrameChunker
+from velocity.tts.stateful_decoder import StatefulDecoder
 from velocity.tts.sentence_stream import Carry, SentenceStream
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class _Text:
     stream: SentenceStream
     params: SamplingParams
     hidden: bool                   # the Decoder path: decode the GPT's hidden states, not the codes
+    audio: StatefulDecoder | None = None   # its stateful decoder, from its first chunk
 
 
 class TTSPipeline:
@@ -55,8 +57,11 @@ class TTSPipeline:
 
     def __init__(self, folder: str | Path, device: str = "auto", schedule: ChunkSchedule = ChunkSchedule(),
                  lookahead: int | None = None, decode_batch: int = 0, sentences_ahead: int = 2,
-                 vocoder_quantize: str = "none", **engine_kwargs) -> None:
+                 vocoder_quantize: str = "none", stateful_decode: bool = True, **engine_kwargs) -> None:
         """decode_batch: chunks of one step decoded per call (0: `default_decode_batch` of the device).
+        stateful_decode: on CPU, each text's chunks through a decoder of its own that keeps each
+        layer's input between them (velocity.tts.stateful_decoder: no chunk decodes its left
+        context again); off, or on a GPU, which batches chunks across texts: the chunked decode.
         sentences_ahead: sentences generated while the one before them is spoken (0: one by one).
         vocoder_quantize: "int8" for the decoders' int8 linears (AudioDecoder.quantize);
         engine_kwargs go to EngineConfig (quantize="int8" for the GPT's)."""
@@ -67,6 +72,8 @@ class TTSPipeline:
         self.sample_rate = self.decoder.sample_rate                 # Vocos's: 24000 for the release
         self.schedule, self.lookahead = schedule, lookahead
         self.decode_batch = decode_batch or default_decode_batch(dev)
+        # the layers each text's stateful decoder shares (None: the chunked decode)
+        self.stateful = StatefulDecoder(self.decoder) if stateful_decode and dev.type == "cpu" else None
         self.sentences_ahead = sentences_ahead
         self._n = 0
         self._carrier = None                                        # loaded on the first carry-over
@@ -181,13 +188,26 @@ class TTSPipeline:
                         ready.append((t, None))
                     else:
                         add(t)
-                audio = iter(self.decoder.decode_cut([c for _, c in ready if c], self.decode_batch))
+                audio = iter(self._decode(ready))
                 for t, c in ready:
                     yield Event(t.index, "end") if c is None else \
                         Event(t.index, "chunk", AudioChunk(c.index, next(audio)[0].cpu().numpy(), c.text))
         finally:                                    # closed early: free the engine's sequences
             for rid in live:
                 self.engine.abort(rid)
+
+    def _decode(self, ready: list[tuple[_Text, CodeChunk | None]]) -> list[torch.Tensor]:
+        """The chunks' audio, each [1, samples]: each text's through its stateful decoder, in
+        order, or all through the chunked decode (a step's chunks of one length together)."""
+        if self.stateful is None:
+            return self.decoder.decode_cut([c for _, c in ready if c], self.decode_batch)
+        out = []
+        for t, c in ready:
+            if c is not None:
+                if t.audio is None:
+                    t.audio = StatefulDecoder(self.stateful, position=c.start)
+                out.append(t.audio.decode_cut(c))
+        return out
 
     def synthesize(self, text: str, **kwargs) -> np.ndarray:
         chunks = list(self.stream(text, **kwargs))

@@ -6,13 +6,18 @@ layer. Here each layer keeps, per stream, the tail of its input that its next ou
 computes an output position once its input reaches far enough right: `reach` positions past it.
 What a chunk's audio needs beyond that frontier (the outputs that read past the lookahead) is
 computed as the chunked decode computes it, with the input ending at the lookahead (zeros past
-it, each layer's padding), and computed again, from the layer's kept input, once later frames
-arrive. The ISTFT is an overlap-add over the frames a chunk's samples need, divided by the
+it, each layer's padding). Of those, the positions of the audio out (before the chunk's end) are
+kept as they are; the ones after it are computed again, from the layer's kept input, once later
+frames arrive. The ISTFT is an overlap-add over the frames a chunk's samples need, divided by the
 window's squared sum as torch.istft divides.
 
-So a chunk's audio is the chunked decode's with its left context whole (left >= the decoders'
-exact context): equal up to float rounding. Positions are mel frames (two per GPT frame).
-`computed` says how many positions each layer computed, against those a whole decode computes.
+So each position is computed once, and once more at most where it lies within a chunk's reach
+past its end. Where the lookahead reaches the decoders' exact context, a chunk's audio is the
+chunked decode's up to float rounding. Where it falls short, the kept positions differ from the
+ones the chunked decode computes again with later frames by the lookahead's own error: the audio
+is as near a whole decode as the chunked decode's is (tests/test_streaming.py measures both).
+Positions are mel frames (two per GPT frame). `computed` says how many positions each layer
+computed, against those a whole decode computes.
 """
 from __future__ import annotations
 
@@ -177,9 +182,11 @@ class StatefulDecoder:
         after = self.after[hidden]
         for i, (layer, st) in enumerate(zip(layers, u.layers)):
             # the outputs this chunk's samples need: the ISTFT's frames to 2 past its end, and each
-            # later layer's reach; the final ones, which later chunks need, whatever they are
+            # later layer's reach; the final ones, which later chunks read, whatever they are: those
+            # whose input is final, and those before the chunk's end, which its audio read
             done = cut if last else max(st.out_final, min(cut, frontier - layer.reach))
             want = max(done, min(cut, 2 * end + 2 + after[i]))
+            done = max(done, min(want, 2 * end))
             final, spec, frontier = self._layer(layer, st, final, spec, done, want, cut, i)
         audio = self._istft(u, final, spec, frontier, cut, 2 * start, 2 * end, last)
         u.emitted = end
