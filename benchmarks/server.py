@@ -114,7 +114,8 @@ class TritonServer:
 
     def start(self, timeout: float = 240.0, until: str = "ready") -> "TritonServer":
         """Start serve.sh; wait until /v2/health/{until} ("ready", or "live" for a server whose
-        models may fail to load)."""
+        models may fail to load). A server that fails to load a model is stopped at once when
+        waiting for "ready" (RuntimeError with its log)."""
         ports = {"HTTP_PORT": self.http_port, "GRPC_PORT": self.grpc_port, "METRICS_PORT": self.metrics_port,
                  "HEALTH_PORT": self.health_port, "GATEWAY_PORT": self.gateway_port}
         cmd = (["make", "-s", "serve"] if self.via_make else
@@ -135,6 +136,9 @@ class TritonServer:
                 raise RuntimeError(f"tritonserver exited with {self.proc.returncode}:\n{self.log()}")
             if self.health(until):
                 return self
+            if until == "ready" and "failed to load all models" in self.log():    # up, but never ready
+                self.stop()
+                raise RuntimeError(f"tritonserver failed to load its models:\n{self.log()}")
             time.sleep(0.5)
         self.stop()
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f}s:\n{self.log()}")

@@ -21,6 +21,7 @@
 #                                          # AB_LEVELS (default "1 32"), ROUNDS paired rounds (2)
 #   PARTS=ab scripts/device_sweep.sh       # benchmarks/bench_ab.py --arms baseline,triton: this tree's
 #                                          # server against .device/baseline_velocity.tar's, AB_LEVELS
+#                                          # (the baseline's server: BASELINE_GPU_MEMORY, 0.85)
 #   PARTS=reference scripts/device_sweep.sh # benchmarks/bench_reference.py on the GPU: the reference
 #                                          # (.device/ref's wheels in this python) against velocity,
 #                                          # 16 texts of 120 frames, ROUNDS rounds (default 1)
@@ -126,8 +127,10 @@ if [[ "$PARTS" == *" triton "* || "$PARTS" == *" overhead "* || "$PARTS" == *" a
         if [[ "$PARTS" == *" ab "* ]]; then           # this tree's server against the baseline's, paired rounds
             rev="$(cat .device/baseline_velocity.rev 2>/dev/null || echo baseline)"
             mkdir -p "/tmp/$rev" && tar -xf .device/baseline_velocity.tar -C "/tmp/$rev" || exit 1
+            # the baseline's server starts beside this tree's: a baseline that counts all of the
+            # GPU's memory in use (58c3671 does) needs a share past the first server's
             for c in ${AB_LEVELS:-1 32}; do
-                VENV="$VENV" VELOCITY_GPU_MEMORY_UTILIZATION="${SERVER_GPU_MEMORY:-0.4}" PYTHONUNBUFFERED=1 TQDM_DISABLE=1 \
+                VENV="$VENV" VELOCITY_GPU_MEMORY_UTILIZATION="${BASELINE_GPU_MEMORY:-0.85}" PYTHONUNBUFFERED=1 TQDM_DISABLE=1 \
                     "$PY" benchmarks/bench_ab.py --arms baseline,triton --baseline-dir "/tmp/$rev" --weights "$W" \
                     --concurrency "$c" --requests "$(( c > 4 ? c : 4 ))" --rounds "${ROUNDS:-2}" \
                     --note "$HW; baseline $rev" --out "$OUT/ab_gpu_c$c" 2>&1 | tee "$OUT/ab_gpu_c$c.log" | tail -3
