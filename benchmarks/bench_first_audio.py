@@ -60,13 +60,14 @@ class InProcess:
     request's first audio."""
 
     def __init__(self, weights: str, first: int) -> None:
+        from dataclasses import replace
+
         from velocity.serving.settings import Settings
-        from velocity.tts.chunking import ChunkSchedule
         from velocity.tts.pipeline import TTSPipeline, chattts_params
 
         s = Settings.from_env()
         self.params = chattts_params
-        self.pipe = TTSPipeline(weights, device="cpu", schedule=ChunkSchedule(first, s.chunk_rest, s.chunk_largest),
+        self.pipe = TTSPipeline(weights, device="cpu", schedule=replace(s.schedule(gpu=False), first=first),
                                 lookahead=s.lookahead, kv_cache_bytes=s.kv_cache_bytes, quantize=s.quantize,
                                 vocoder_quantize=s.vocoder_quantize, stateful_decode=s.vocoder_stateful)
         self.steps = Timed(self.pipe.engine, "step")
@@ -176,7 +177,8 @@ def main() -> None:
             med |= {k: statistics.median(r[k] for r in runs) for k in ("decode_steps", "step_s", "gap_s")}
         medians[arm] = med
     res = {"weights": args.weights, "quantize": args.quantize, "text": TEXT, "arms": list(arms), "rounds": rounds,
-           "medians": medians, "settings": {"chunk_first": s.chunk_first, "chunk_rest": s.chunk_rest,
+           "medians": medians, "settings": {"chunk_first": s.chunk_first, "chunk_rest": s.schedule(gpu=False).rest,
+                                            "chunk_growth": s.schedule(gpu=False).growth,
                                             "lookahead": s.lookahead},
            "hardware": hardware(threads=torch.get_num_threads())}
     out = save(res, Path(args.out), plot)

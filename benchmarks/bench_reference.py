@@ -63,7 +63,7 @@ def velocity_child(args: argparse.Namespace, work: dict) -> dict:
     chunks = {}
     if args.served_chunks:              # the server's chunk schedule and lookahead, as a server runs
         s = Settings()
-        chunks = {"schedule": s.schedule, "lookahead": s.lookahead}
+        chunks = {"schedule": s.schedule(gpu=args.device.startswith("cuda")), "lookahead": s.lookahead}
     pipe = TTSPipeline(args.weights, device=args.device, kv_cache_bytes=args.kv_mib << 20, quantize=q,
                        vocoder_quantize=q, **chunks)
     res = {"memory_after_load_mib": memory_mib()}

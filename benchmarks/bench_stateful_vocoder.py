@@ -35,7 +35,7 @@ def chunks_of(decoder, frames: list, n: int, per: int, hidden: torch.Tensor | No
     from velocity.tts.audio_decoder import StreamingDecoder
 
     s = Settings.from_env()
-    sd = StreamingDecoder(decoder, s.schedule, left=s.left_context, lookahead=s.lookahead)
+    sd = StreamingDecoder(decoder, s.schedule(gpu=False), left=s.left_context, lookahead=s.lookahead)
     out = []
     for u in range(n):
         for i in range(u * per, (u + 1) * per, 4):
@@ -113,7 +113,8 @@ def main() -> None:
 
     s = Settings.from_env()
     res = {"weights": args.weights, "path": args.path, "quantize": args.quantize, "rounds": args.rounds,
-           "schedule": {"first": s.chunk_first, "rest": s.chunk_rest, "largest": s.chunk_largest,
+           "schedule": {"first": s.chunk_first, "rest": s.schedule(gpu=False).rest, "largest": s.chunk_largest,
+                        "growth": s.schedule(gpu=False).growth,
                         "lookahead": s.lookahead, "left": s.left_context},
            "workloads": out, "hardware": hardware(threads=args.threads)}
     print(f"wrote {save(res, Path(args.out), plot)}")

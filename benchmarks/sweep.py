@@ -152,7 +152,8 @@ class InProcess:
 
         s = Settings.from_env()
         self.params = chattts_params
-        self.pipe = TTSPipeline(weights, device=device, schedule=s.schedule, lookahead=s.lookahead,
+        self.pipe = TTSPipeline(weights, device=device, schedule=s.schedule(gpu=device.startswith("cuda")),
+                                lookahead=s.lookahead,
                                 max_num_seqs=s.max_num_seqs, kv_cache_bytes=s.kv_cache_bytes,
                                 sentences_ahead=s.sentences_ahead, quantize=s.quantize,
                                 vocoder_quantize=s.vocoder_quantize)

@@ -20,7 +20,11 @@ from client.triton import ServerError, make_inputs, stream_grpc
 from client.tts_client import main as client_main
 from triton_server import ROOT, assert_same_audio, free_port, llm_inputs, wait_for
 from checkpoints import tiny_checkpoint
+from velocity.serving.settings import Settings
 from velocity.tts.voices import BUILTIN, DEFAULT_VOICE
+
+# the shared server's chunks (tests/conftest.py: first 4, rest 8, on CPU), for the pipeline to match
+SERVED = Settings(chunk_first=4, chunk_rest=8).schedule(gpu=False)
 
 pytestmark = pytest.mark.server
 
@@ -91,13 +95,12 @@ def test_served_audio_equals_the_in_process_pipeline_for_both_decoders(server, d
     the same frames, so the same length (each sentence 512 T - 256 samples), and the same audio
     within float32 rounding (>= 100 dB SNR; the vocoder runs in another process)."""
     from velocity.tts.pipeline import TTSPipeline, chattts_params
-    from velocity.tts.chunking import ChunkSchedule
 
     values = dict(GOOD, **({} if decoder == "hidden" else {"DECODER": decoder}))
     chunks, err = stream_tts(server.grpc_url, values)
     assert err is None, err
     served = np.concatenate([a for _, a in chunks])
-    pipe = TTSPipeline(server.env["VELOCITY_WEIGHTS"], device="cpu", schedule=ChunkSchedule(4, 8, 144), lookahead=4,
+    pipe = TTSPipeline(server.env["VELOCITY_WEIGHTS"], device="cpu", schedule=SERVED, lookahead=4,
                        num_kv_blocks=64)
     local = pipe.synthesize(GOOD["TEXT"], decoder=decoder, speaker=DEFAULT_VOICE_SEED, params=chattts_params(
         temperature=GOOD["TEMPERATURE"], seed=GOOD["SEED"], max_new_tokens=GOOD["MAX_NEW_TOKENS"]))
@@ -114,12 +117,11 @@ def test_voice_carry_over_through_the_server_equals_the_pipelines(server):
     served audio equals TTSPipeline(carry_over=True) with the server's chunking (>= 100 dB SNR,
     as without), differs from the audio without it, and is refused with text refine."""
     from velocity.tts.pipeline import TTSPipeline, chattts_params
-    from velocity.tts.chunking import ChunkSchedule
 
     carried, err = stream_tts(server.grpc_url, {**GOOD, "VOICE_CARRY_OVER": True})
     assert err is None, err
     served = np.concatenate([a for _, a in carried])
-    pipe = TTSPipeline(server.env["VELOCITY_WEIGHTS"], device="cpu", schedule=ChunkSchedule(4, 8, 144), lookahead=4,
+    pipe = TTSPipeline(server.env["VELOCITY_WEIGHTS"], device="cpu", schedule=SERVED, lookahead=4,
                        num_kv_blocks=64)
     params = chattts_params(temperature=GOOD["TEMPERATURE"], seed=GOOD["SEED"], max_new_tokens=GOOD["MAX_NEW_TOKENS"])
     local = pipe.synthesize(GOOD["TEXT"], speaker=DEFAULT_VOICE_SEED, params=params, carry_over=True)
@@ -466,7 +468,6 @@ def test_a_voice_sample_as_audio_or_as_its_string_gives_the_pipelines_audio(serv
     string velocity-tts-voice makes of the same file: the same audio, through tts and tts_offline,
     equal to the in-process pipeline with that string; and not the audio without a sample."""
     from velocity.tts.pipeline import TTSPipeline, chattts_params
-    from velocity.tts.chunking import ChunkSchedule
 
     flac = tmp_path / "me.flac"
     flac.write_bytes(wav_bytes(1.5, fmt="FLAC"))
@@ -487,7 +488,7 @@ def test_a_voice_sample_as_audio_or_as_its_string_gives_the_pipelines_audio(serv
     np.testing.assert_array_equal(whole, audio)
     plain, _ = stream_tts(server.grpc_url, {k: v for k, v in values.items() if k != "SAMPLE_TEXT"})
     assert not np.array_equal(np.concatenate([a for _, a in plain]), audio)
-    pipe = TTSPipeline(server.env["VELOCITY_WEIGHTS"], device="cpu", schedule=ChunkSchedule(4, 8, 144), lookahead=4,
+    pipe = TTSPipeline(server.env["VELOCITY_WEIGHTS"], device="cpu", schedule=SERVED, lookahead=4,
                        num_kv_blocks=64)
     local = pipe.synthesize(values["TEXT"], sample=string, sample_text="the sample",
                             params=chattts_params(seed=5, max_new_tokens=16))
@@ -507,13 +508,12 @@ def test_text_refine_through_the_server_equals_the_pipeline_and_returns_the_refi
     the same audio as TTSPipeline(refine=...); tts_offline joins the texts; without refine, other audio."""
     from client.triton import stream_grpc
     from velocity.tts.pipeline import TTSPipeline, chattts_params, refine_params
-    from velocity.tts.chunking import ChunkSchedule
 
     values = {"TEXT": "First one. Second one.", "TEMPERATURE": 0.0, "MAX_NEW_TOKENS": 12, "REFINE_TEXT": True,
               "REFINE_TEMPERATURE": 0.0, "REFINE_MAX_NEW_TOKENS": 10, "REFINE_PROMPT": "[oral_2][laugh_0][break_6]"}
     texts: list = []
     served = np.concatenate([a for _, a in stream_grpc(server.grpc_url, values, timeout=120, texts=texts)])
-    pipe = TTSPipeline(server.env["VELOCITY_WEIGHTS"], device="cpu", schedule=ChunkSchedule(4, 8, 144), lookahead=4,
+    pipe = TTSPipeline(server.env["VELOCITY_WEIGHTS"], device="cpu", schedule=SERVED, lookahead=4,
                        num_kv_blocks=64)
     chunks = list(pipe.stream(values["TEXT"], speaker=DEFAULT_VOICE_SEED, params=chattts_params(temperature=0, max_new_tokens=12),
                               refine=refine_params(temperature=0, max_new_tokens=10), refine_prompt=values["REFINE_PROMPT"]))

@@ -29,6 +29,7 @@ class AsyncLLMEngine:
                  before_step: Callable[[], None] | None = None) -> None:
         self.engine = engine or LLMEngine(config)
         self.model = self.engine.model             # the model the engine runs
+        self.device = self.engine.device           # the torch device it runs on
         self.validate = self.engine.validate       # a request's check, from any thread (reads only)
         self.stats = self.engine.stats             # the engine's counts, from any thread (reads only)
         self.before_step = before_step

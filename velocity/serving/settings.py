@@ -17,8 +17,13 @@ class Settings:
     gpu_memory_utilization: float = 0.85     # VELOCITY_GPU_MEMORY_UTILIZATION
     max_num_seqs: int = 64                   # VELOCITY_MAX_NUM_SEQS
     chunk_first: int = 12                    # VELOCITY_CHUNK_FIRST: frames in the first audio chunk
-    chunk_rest: int = 36                     # VELOCITY_CHUNK_REST: frames in the second chunk
-    chunk_largest: int = 144                 # VELOCITY_CHUNK_LARGEST: later chunks double up to this (3 s)
+    # The second chunk, and each later one `growth` times the one before up to the largest. On a
+    # GPU (steps of a few ms) 36 and 2: few chunks. On CPU, where a step can take most of the
+    # 21 ms of audio a frame is, 18 and 1.5: each chunk's frames generate while the audio before
+    # it plays, so that the listener hears no gap between them (docs/benchmarks.md, "Chunks on CPU").
+    chunk_rest: int = 0                      # VELOCITY_CHUNK_REST: frames in the second chunk (0: 36 on a GPU, 18 on CPU)
+    chunk_growth: float = 0.0                # VELOCITY_CHUNK_GROWTH: in [1, 4] (0: 2 on a GPU, 1.5 on CPU)
+    chunk_largest: int = 144                 # VELOCITY_CHUNK_LARGEST: later chunks grow up to this (3 s)
     lookahead: int = 16                      # VELOCITY_LOOKAHEAD: frames past a chunk before it is cut
     left_context: int = 52                   # VELOCITY_LEFT_CONTEXT: frames of context before a chunk
     # Sentences after the one being spoken that generate at the same time (their frames held
@@ -162,12 +167,14 @@ class Settings:
         from velocity.tts.chunking import FRAMES_PER_SECOND
         if self.backlog_seconds <= 0:
             return 0
-        return max(round(self.backlog_seconds * FRAMES_PER_SECOND), self.schedule.largest + self.lookahead + 1)
+        return max(round(self.backlog_seconds * FRAMES_PER_SECOND), self.schedule(gpu=True).largest + self.lookahead + 1)
 
-    @property
-    def schedule(self) -> ChunkSchedule:
-        # A VELOCITY_CHUNK_REST above the default largest chunk means chunks of that size, no growth.
-        return ChunkSchedule(self.chunk_first, self.chunk_rest, max(self.chunk_largest, self.chunk_rest))
+    def schedule(self, gpu: bool) -> ChunkSchedule:
+        """The chunk sizes for a llm on a GPU or on CPU (the defaults above)."""
+        rest = self.chunk_rest or (36 if gpu else 18)
+        # a VELOCITY_CHUNK_REST above the largest chunk means chunks of that size, no growth
+        return ChunkSchedule(self.chunk_first, rest, max(self.chunk_largest, rest),
+                             self.chunk_growth or (2.0 if gpu else 1.5))
 
 
 ON = ("1", "true", "yes", "on")

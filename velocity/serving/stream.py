@@ -32,7 +32,7 @@ class Stream:
         self.host, self.sender, self.cancelled = host, sender, cancelled
         self.speaker, self.params, self.hidden = speaker, params, hidden
         s = host.settings
-        self.sentences = SentenceStream(sentences, FrameChunker(s.schedule, s.left_context, s.lookahead), host.end_code,
+        self.sentences = SentenceStream(sentences, FrameChunker(host.schedule, s.left_context, s.lookahead), host.end_code,
                                         refine, ahead=s.sentences_ahead, texts=texts, carry=carry)
         self.rid = f"{id(self)}"                 # in logs; its engine requests are rid-<sentence>[r]
         self.running: dict[int, str] = {}        # sentence -> its engine request in flight

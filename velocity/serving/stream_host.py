@@ -87,6 +87,7 @@ class Streams:
         model = engine.model
         self.end_code, self.num_vq = model.num_audio_tokens - 1, model.num_vq
         self.backlog_frames = settings.backlog_frames()
+        self.schedule = settings.schedule(gpu=engine.device.type == "cuda")    # every stream's chunk sizes
         self.live: dict[int, Stream] = {}
         self.probe_every = settings.cancel_probe_seconds     # seconds a quiet stream waits to probe (the monitor's)
         self.drain = Drain(settings.run_dir)

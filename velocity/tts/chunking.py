@@ -21,7 +21,10 @@ FRAMES_PER_SECOND = 24000 / 512
 @dataclass(slots=True)
 class ChunkSchedule:
     """Chunk sizes in GPT frames (46.875 frames = 1 s): `first` for fast first audio, then
-    `rest`, each later chunk twice the one before up to `largest` (default: `rest`, no growth).
+    `rest`, each later chunk `growth` times the one before (rounded) up to `largest` (default:
+    `rest`, no growth). A stream whose frames generate at r times real time has each chunk's
+    frames, its lookahead too, before the audio cut before it has played (its listener hears no
+    gap) when rest <= r * first and growth <= r (to within the sizes' rounding).
 
     Every chunk is decoded with its left context and lookahead around it, so a chunk of n
     frames costs the vocoder (context + n + lookahead) frames: larger later chunks cost less
@@ -31,20 +34,23 @@ class ChunkSchedule:
     first: int = 12
     rest: int = 36
     largest: int = 0
+    growth: float = 2.0
 
     def __post_init__(self) -> None:
         if self.first < 1 or self.rest < 1:
             raise ValueError(f"chunk sizes must be >= 1 frame, got first={self.first}, rest={self.rest}")
         if self.largest and self.largest < self.rest:
             raise ValueError(f"largest chunk ({self.largest}) must be 0 (= rest) or >= rest ({self.rest})")
+        if not 1.0 <= self.growth <= 4.0:
+            raise ValueError(f"chunk growth must be in [1, 4], got {self.growth}")
 
     def sizes(self) -> Iterator[int]:
         """Frames in chunk 0, 1, 2, ..."""
         yield self.first
-        size = self.rest
+        size, top = float(self.rest), max(self.largest, self.rest)
         while True:
-            yield size
-            size = min(2 * size, max(self.largest, self.rest))
+            yield round(size)
+            size = min(size * self.growth, top)
 
     def bounds(self) -> Iterator[int]:
         """End frame of chunk 0, 1, 2, ..."""
