@@ -176,10 +176,10 @@ def main() -> None:
             med["parts_s"] = {p: statistics.median(r["parts_s"][p] for r in runs) for p in PARTS}
             med |= {k: statistics.median(r[k] for r in runs) for k in ("decode_steps", "step_s", "gap_s")}
         medians[arm] = med
+    sched = s.schedule(gpu=False)                                   # the in-process arms' (but --first)
     res = {"weights": args.weights, "quantize": args.quantize, "text": TEXT, "arms": list(arms), "rounds": rounds,
-           "medians": medians, "settings": {"chunk_first": s.chunk_first, "chunk_rest": s.schedule(gpu=False).rest,
-                                            "chunk_growth": s.schedule(gpu=False).growth,
-                                            "lookahead": s.lookahead},
+           "medians": medians, "settings": {"chunk_first": sched.first, "chunk_rest": sched.rest,
+                                            "chunk_growth": sched.growth, "lookahead": s.lookahead},
            "hardware": hardware(threads=torch.get_num_threads())}
     out = save(res, Path(args.out), plot)
     for arm, med in medians.items():

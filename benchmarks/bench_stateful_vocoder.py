@@ -112,9 +112,9 @@ def main() -> None:
     from velocity.serving.settings import Settings
 
     s = Settings.from_env()
+    sched = s.schedule(gpu=False)                                   # the one chunks_of cut by
     res = {"weights": args.weights, "path": args.path, "quantize": args.quantize, "rounds": args.rounds,
-           "schedule": {"first": s.chunk_first, "rest": s.schedule(gpu=False).rest, "largest": s.chunk_largest,
-                        "growth": s.schedule(gpu=False).growth,
+           "schedule": {"first": sched.first, "rest": sched.rest, "largest": sched.largest, "growth": sched.growth,
                         "lookahead": s.lookahead, "left": s.left_context},
            "workloads": out, "hardware": hardware(threads=args.threads)}
     print(f"wrote {save(res, Path(args.out), plot)}")
