@@ -26,9 +26,9 @@ for spec in "$@"; do
     dog=$!
     wait "$pid"; rc=$?
     { kill -KILL -- -"$dog"; wait "$dog"; } 2>/dev/null
-    if [[ -f /tmp/velocity-server.pgid ]]; then          # a server its part could not stop
-        kill -KILL -- -"$(cat /tmp/velocity-server.pgid)" 2>/dev/null; rm -f /tmp/velocity-server.pgid
-    fi
+    for f in /tmp/velocity-server.pgid /tmp/velocity-other.pgid; do    # a server its part could not stop
+        [[ -f "$f" ]] && { kill -KILL -- -"$(cat "$f")" 2>/dev/null; rm -f "$f"; }
+    done
     echo "=== $parts: exit $rc, $(( $(date +%s) - start )) s in"
     tail -n "${TAIL:-30}" "$RES/$name/console.log"
     tar -czf "$OUT/results.tar.gz" -C "$RES" .

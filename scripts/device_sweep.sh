@@ -22,6 +22,9 @@
 #   PARTS=ab scripts/device_sweep.sh       # benchmarks/bench_ab.py --arms baseline,triton: this tree's
 #                                          # server against .device/baseline_velocity.tar's, AB_LEVELS
 #                                          # (the baseline's server: BASELINE_GPU_MEMORY, 0.85)
+#   PARTS=other scripts/device_sweep.sh    # bench_ab.py --arms triton,other: this tree's server
+#                                          # against a second one of this tree with OTHER_ENV (e.g.
+#                                          # "VELOCITY_CHUNK_FIRST=4 VELOCITY_CHUNK_REST=12"), AB_LEVELS
 #   PARTS=reference scripts/device_sweep.sh # benchmarks/bench_reference.py on the GPU: the reference
 #                                          # (.device/ref's wheels in this python) against velocity,
 #                                          # 16 texts of 120 frames, ROUNDS rounds (default 1)
@@ -68,12 +71,12 @@ fi
 
 W=/tmp/demo-checkpoint
 [[ "$PARTS" == *" triton "* || "$PARTS" == *" step "* || "$PARTS" == *" lever "* || "$PARTS" == *" inprocess "* \
-    || "$PARTS" == *" reference "* || "$PARTS" == *" overhead "* || "$PARTS" == *" ab "* ]] || exit 0
+    || "$PARTS" == *" reference "* || "$PARTS" == *" overhead "* || "$PARTS" == *" ab "* || "$PARTS" == *" other "* ]] || exit 0
 "$PY" scripts/make_demo_checkpoint.py --size "${SIZE:-full}" --out "$W" --unless-current > "$OUT/checkpoint.log" 2>&1 \
     || { cat "$OUT/checkpoint.log"; exit 1; }
 HW="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"; HW="${HW:-CPU}"
 
-if [[ "$PARTS" == *" triton "* || "$PARTS" == *" overhead "* || "$PARTS" == *" ab "* ]]; then
+if [[ "$PARTS" == *" triton "* || "$PARTS" == *" overhead "* || "$PARTS" == *" ab "* || "$PARTS" == *" other "* ]]; then
     # serve.sh wants "$VENV/bin/python" and puts "$VENV/bin" first on PATH, where the stub's
     # embedded python finds its packages; a system python3 may have no `python` next to it
     VENV="$(dirname "$(dirname "$PY")")"
@@ -92,12 +95,16 @@ if [[ "$PARTS" == *" triton "* || "$PARTS" == *" overhead "* || "$PARTS" == *" a
     fi
     "$PY" -c 'import numpy; print("numpy", numpy.__version__, "for the stub and the sweep")'
     # the in-process baseline runs beside the server on the same GPU: the server takes 40% of it
-    spid=""
+    spid=""; opid=""
+    stop_group() {                               # a server's process group, TERM then KILL
+        kill -TERM -- -"$1" 2>/dev/null
+        for _ in $(seq 1 60); do kill -0 "$1" 2>/dev/null || break; sleep 1; done
+        kill -KILL -- -"$1" 2>/dev/null
+    }
     stop_server() {
+        [[ -n "$opid" ]] && { stop_group "$opid"; opid=""; rm -f /tmp/velocity-other.pgid; }
         [[ -n "$spid" ]] || return 0
-        kill -TERM -- -"$spid" 2>/dev/null
-        for _ in $(seq 1 60); do kill -0 "$spid" 2>/dev/null || break; sleep 1; done
-        kill -KILL -- -"$spid" 2>/dev/null; spid=""; rm -f /tmp/velocity-server.pgid
+        stop_group "$spid"; spid=""; rm -f /tmp/velocity-server.pgid
         rm -f "$SITE/00-velocity-numpy1.pth"
     }
     trap 'stop_server; exit 143' TERM INT        # a time limit on this script stops its server too
@@ -135,6 +142,29 @@ if [[ "$PARTS" == *" triton "* || "$PARTS" == *" overhead "* || "$PARTS" == *" a
                     --concurrency "$c" --requests "$(( c > 4 ? c : 4 ))" --rounds "${ROUNDS:-2}" \
                     --note "$HW; baseline $rev" --out "$OUT/ab_gpu_c$c" 2>&1 | tee "$OUT/ab_gpu_c$c.log" | tail -3
             done
+        fi
+        if [[ "$PARTS" == *" other "* ]]; then        # this tree's server against itself with OTHER_ENV
+            env ${OTHER_ENV:-} VENV="$VENV" GATEWAY_PORT=0 HTTP_PORT=9000 GRPC_PORT=9001 METRICS_PORT=9002 HEALTH_PORT=9003 \
+                VELOCITY_GPU_MEMORY_UTILIZATION="${SERVER_GPU_MEMORY:-0.4}" \
+                setsid scripts/serve.sh --weights "$W" --bind 127.0.0.1 > "$OUT/other_server.log" 2>&1 &
+            opid=$!; echo "$opid" > /tmp/velocity-other.pgid
+            for i in $(seq 1 300); do
+                get http://localhost:9000/v2/health/ready >/dev/null && break
+                kill -0 $opid 2>/dev/null || break
+                grep -q "failed to load all models" "$OUT/other_server.log" && break
+                sleep 1
+            done
+            if get http://localhost:9000/v2/health/ready >/dev/null; then
+                echo "other server (${OTHER_ENV:-}) ready after ${i}s"
+                for c in ${AB_LEVELS:-1 32}; do
+                    PYTHONUNBUFFERED=1 TQDM_DISABLE=1 "$PY" benchmarks/bench_ab.py --arms triton,other \
+                        --other-url localhost:9001 --other-metrics-url http://localhost:9002/metrics \
+                        --concurrency "$c" --requests "$(( c > 4 ? c : 4 ))" --rounds "${ROUNDS:-2}" \
+                        --note "$HW; other: ${OTHER_ENV:-}" --out "$OUT/other_gpu_c$c" 2>&1 | tee "$OUT/other_gpu_c$c.log" | tail -3
+                done
+            else
+                echo "other server not ready"; tail -40 "$OUT/other_server.log"
+            fi
         fi
         get http://localhost:8002/metrics > "$OUT/metrics.txt"     # Triton's per-model times and ours
     else
