@@ -25,6 +25,8 @@
 #   PARTS=other scripts/device_sweep.sh    # bench_ab.py --arms triton,other: this tree's server
 #                                          # against a second one of this tree with OTHER_ENV (e.g.
 #                                          # "VELOCITY_CHUNK_FIRST=4 VELOCITY_CHUNK_REST=12"), AB_LEVELS
+#                                          # (its share OTHER_GPU_MEMORY, 0.85: the llm counts the
+#                                          # first server's memory as in use, as the baseline's does)
 #   PARTS=reference scripts/device_sweep.sh # benchmarks/bench_reference.py on the GPU: the reference
 #                                          # (.device/ref's wheels in this python) against velocity,
 #                                          # 16 texts of 120 frames, ROUNDS rounds (default 1)
@@ -145,7 +147,7 @@ if [[ "$PARTS" == *" triton "* || "$PARTS" == *" overhead "* || "$PARTS" == *" a
         fi
         if [[ "$PARTS" == *" other "* ]]; then        # this tree's server against itself with OTHER_ENV
             env ${OTHER_ENV:-} VENV="$VENV" GATEWAY_PORT=0 HTTP_PORT=9000 GRPC_PORT=9001 METRICS_PORT=9002 HEALTH_PORT=9003 \
-                VELOCITY_GPU_MEMORY_UTILIZATION="${SERVER_GPU_MEMORY:-0.4}" \
+                VELOCITY_GPU_MEMORY_UTILIZATION="${OTHER_GPU_MEMORY:-0.85}" \
                 setsid scripts/serve.sh --weights "$W" --bind 127.0.0.1 > "$OUT/other_server.log" 2>&1 &
             opid=$!; echo "$opid" > /tmp/velocity-other.pgid
             for i in $(seq 1 300); do
