@@ -110,7 +110,9 @@ class ThroughTriton:
         from client.triton import stream_grpc
 
         t0, first = time.perf_counter(), None
-        for _ in stream_grpc(self.server.grpc_url, {"TEXT": TEXT, "SPEAKER_SEED": seed, "SEED": seed}):
+        # 240 frames at most: the stream is read to its end (below), and random weights seldom end it
+        for _ in stream_grpc(self.server.grpc_url, {"TEXT": TEXT, "SPEAKER_SEED": seed, "SEED": seed,
+                                                    "MAX_NEW_TOKENS": 240}):
             first = first or time.perf_counter() - t0
         # read to its end: a stream left at its first audio runs on in the server until it sees the
         # cancel (a fraction of a second), on the cores the next arm's request would be timed on
