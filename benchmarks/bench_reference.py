@@ -62,7 +62,7 @@ def velocity_child(args: argparse.Namespace, work: dict) -> dict:
     q = args.child_quantize
     chunks = {}
     if args.served_chunks:              # the server's chunk schedule and lookahead, as a server runs
-        s = Settings()
+        s = Settings(quantize=q)
         chunks = {"schedule": s.schedule(gpu=args.device.startswith("cuda")), "lookahead": s.lookahead}
     pipe = TTSPipeline(args.weights, device=args.device, kv_cache_bytes=args.kv_mib << 20, quantize=q,
                        vocoder_quantize=q, **chunks)
