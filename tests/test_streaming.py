@@ -157,10 +157,10 @@ def test_serving_chunk_rest_above_the_largest_chunk_means_chunks_of_rest():
         assert ends == [12, 212, 412]
 
 
-def test_chunks_on_cpu_start_small_and_int8s_grow_as_fast_as_a_stream_at_one_and_a_half_real_time_keeps_ahead():
+def test_chunks_on_cpu_start_small_and_int8s_grow_as_fast_as_a_stream_at_1_4_times_real_time_keeps_ahead():
     """The server's chunk sizes: on a GPU 12, 36, then doubling. On CPU a first chunk of 4 (first
-    audio 8 steps earlier); with int8 then 6, each later one 1.5 times the one before, so that a
-    stream whose frames generate at 1.55x real time (a CPU int8 step of 13.8 ms a frame of 21.3
+    audio 8 steps earlier); with int8 then 5, each later one 1.4 times the one before, so that a
+    stream whose frames generate at 1.4x real time (a CPU int8 step of 15.2 ms a frame of 21.3
     ms) has each chunk's frames, lookahead included, before the audio cut before it has played:
     chunk k is ready (E_k - E_0) steps after the first, when E_(k-1) frames of audio were out (E:
     the chunks' ends). float32 on CPU, slower than its audio whatever the chunks, takes 36 and
@@ -169,16 +169,16 @@ def test_chunks_on_cpu_start_small_and_int8s_grow_as_fast_as_a_stream_at_one_and
 
     s, q = Settings(), Settings(quantize="int8")
     assert s.schedule(gpu=True) == q.schedule(gpu=True) == ChunkSchedule(12, 36, 144, 2.0)
-    assert q.schedule(gpu=False) == ChunkSchedule(4, 6, 144, 1.5)
+    assert q.schedule(gpu=False) == ChunkSchedule(4, 5, 144, 1.4)
     assert s.schedule(gpu=False) == ChunkSchedule(4, 36, 144, 2.0)
     assert Settings(chunk_rest=24, chunk_growth=1.25).schedule(gpu=True) == ChunkSchedule(12, 24, 144, 1.25)
-    assert Settings(chunk_first=8, quantize="int8").schedule(gpu=False) == ChunkSchedule(8, 6, 144, 1.5)
+    assert Settings(chunk_first=8, quantize="int8").schedule(gpu=False) == ChunkSchedule(8, 5, 144, 1.4)
     ends = list(itertools.islice(q.schedule(gpu=False).bounds(), 12))
-    assert ends[:6] == [4, 10, 19, 33, 53, 83] and ends[-1] - ends[-2] == 144            # 4, 6, 9, 14, 20, 30 ...
-    assert all(ends[k] - ends[0] <= 1.55 * ends[k - 1] for k in range(1, len(ends)))
+    assert ends[:7] == [4, 9, 16, 26, 40, 59, 86] and ends[-1] - ends[-2] == 144        # 4, 5, 7, 10, 14, 19, 27 ...
+    assert all(ends[k] - ends[0] <= 1.4 * ends[k - 1] for k in range(1, len(ends)))
     for slower in (s.schedule(gpu=True), s.schedule(gpu=False)):
         e = list(itertools.islice(slower.bounds(), 12))
-        assert not all(e[k] - e[0] <= 1.55 * e[k - 1] for k in range(1, len(e)))
+        assert not all(e[k] - e[0] <= 1.4 * e[k - 1] for k in range(1, len(e)))
     with pytest.raises(ValueError, match="growth"):
         ChunkSchedule(12, 18, 144, 0.5)
 
@@ -330,7 +330,7 @@ def chunked_and_stateful(decoder, frames, schedule, lookahead, step, hidden=None
 
 @pytest.mark.parametrize("path", ["codes", "hidden"])
 @pytest.mark.parametrize("schedule,lookahead,step,n", [(ChunkSchedule(12, 36, 144), 16, 5, T),   # the server's: GPU
-                                                       (ChunkSchedule(4, 6, 144, 1.5), 16, 5, T),    # CPU int8
+                                                       (ChunkSchedule(4, 5, 144, 1.4), 16, 5, T),    # CPU int8
                                                        (ChunkSchedule(4, 36, 144), 16, 5, T),         # CPU float32
                                                        (ChunkSchedule(4, 8), 6, 3, T),
                                                        (ChunkSchedule(12, 36), 52, 7, T),         # exact
@@ -348,9 +348,9 @@ def test_the_stateful_decode_is_the_chunked_decode_with_each_frame_once(decoder,
       most 1.25 positions per audio position (each layer weighted by its cost) on the GPU's and
       CPU float32's, where the chunked decode feeds 2 frames per audio frame (measured: 1.21 and
       1.20 against 2.07 and 1.96). CPU int8's cuts more chunks, small ones first, so that its
-      first audio comes 8 steps earlier and a stream at 1.5 times real time hears no gap
-      between them: 1.47 on these 150 frames (1.28 by the server's counters on its 240-frame
-      requests: docs/benchmarks.md, "Chunks on CPU"), bounded at 1.5."""
+      first audio comes 8 steps earlier and a stream at 1.4 times real time hears no gap
+      between them: 1.53 on these 150 frames (1.29 by the server's counters on its 240-frame
+      requests: docs/benchmarks.md, "Chunks on CPU"), bounded at 1.6."""
     x = torch.tensor(frames[:n]).T[None] if path == "codes" else hidden[:n][None]
     a, b, fed, st = chunked_and_stateful(decoder, frames[:n], schedule, lookahead, step,
                                          hidden[:n] if path == "hidden" else None)
@@ -366,7 +366,7 @@ def test_the_stateful_decode_is_the_chunked_decode_with_each_frame_once(decoder,
         assert ser_db(a, b) > min(ser_db(whole, a), 110), (ser_db(a, b), ser_db(whole, a))
     if lookahead == 16:
         assert ser_db(a, b) > 100, ser_db(a, b)
-        assert st.cost_ratio() <= (1.25 if schedule.growth == 2 else 1.5) < 1.9 <= fed, (st.cost_ratio(), fed)
+        assert st.cost_ratio() <= (1.25 if schedule.growth == 2 else 1.6) < 1.9 <= fed, (st.cost_ratio(), fed)
     assert 1 <= st.cost_ratio() < fed, (st.cost_ratio(), fed)
 
 

@@ -20,13 +20,13 @@ class Settings:
     # `growth` times the one before, up to the largest. A stream's first audio waits for its
     # first chunk and the lookahead past it. On a GPU (steps of a few ms): 12, 36, 2. On CPU a
     # first chunk of 4 (8 steps earlier); with int8, whose stream generates about as fast as its
-    # audio plays, then 6 and 1.5: each chunk's frames generate while the audio before it plays,
-    # so that the listener hears no gap between them. float32 on CPU runs slower than its audio
+    # audio plays, then 5 and 1.4: each chunk's frames generate while the audio before it plays
+    # (at 1.4 times real time or faster), so that the listener hears no gap between them. float32 on CPU runs slower than its audio
     # whatever the chunks: 36 and 2, the fewest cuts for the vocoder (docs/benchmarks.md, "Chunks
     # on CPU").
     chunk_first: int = 0                     # VELOCITY_CHUNK_FIRST: frames in the first audio chunk (0: 12 on a GPU, 4 on CPU)
-    chunk_rest: int = 0                      # VELOCITY_CHUNK_REST: frames in the second chunk (0: 6 for int8 on CPU, else 36)
-    chunk_growth: float = 0.0                # VELOCITY_CHUNK_GROWTH: in [1, 4] (0: 1.5 for int8 on CPU, else 2)
+    chunk_rest: int = 0                      # VELOCITY_CHUNK_REST: frames in the second chunk (0: 5 for int8 on CPU, else 36)
+    chunk_growth: float = 0.0                # VELOCITY_CHUNK_GROWTH: in [1, 4] (0: 1.4 for int8 on CPU, else 2)
     chunk_largest: int = 144                 # VELOCITY_CHUNK_LARGEST: later chunks grow up to this (3 s)
     lookahead: int = 16                      # VELOCITY_LOOKAHEAD: frames past a chunk before it is cut
     left_context: int = 52                   # VELOCITY_LEFT_CONTEXT: frames of context before a chunk
@@ -176,10 +176,10 @@ class Settings:
     def schedule(self, gpu: bool) -> ChunkSchedule:
         """The chunk sizes for a llm on a GPU or on CPU (the defaults above)."""
         near_real_time = not gpu and self.quantize == "int8"     # a CPU stream about as fast as its audio
-        rest = self.chunk_rest or (6 if near_real_time else 36)
+        rest = self.chunk_rest or (5 if near_real_time else 36)
         # a VELOCITY_CHUNK_REST above the largest chunk means chunks of that size, no growth
         return ChunkSchedule(self.chunk_first or (12 if gpu else 4), rest, max(self.chunk_largest, rest),
-                             self.chunk_growth or (1.5 if near_real_time else 2.0))
+                             self.chunk_growth or (1.4 if near_real_time else 2.0))
 
 ON = ("1", "true", "yes", "on")
 OFF = ("0", "false", "no", "off")
