@@ -21,9 +21,9 @@ class Settings:
     # first chunk and the lookahead past it. On a GPU (steps of a few ms): 12, 36, 2. On CPU a
     # first chunk of 4 (8 steps earlier); with int8, whose stream generates about as fast as its
     # audio plays, then 5 and 1.4: each chunk's frames generate while the audio before it plays
-    # (at 1.4 times real time or faster), so that the listener hears no gap between them. float32 on CPU runs slower than its audio
-    # whatever the chunks: 36 and 2, the fewest cuts for the vocoder (docs/benchmarks.md, "Chunks
-    # on CPU").
+    # (at 1.4 times real time or faster), so that the listener hears no gap between them.
+    # float32 on CPU runs slower than its audio whatever the chunks: 36 and 2, the fewest cuts
+    # for the vocoder (docs/benchmarks.md, "Chunks on CPU").
     chunk_first: int = 0                     # VELOCITY_CHUNK_FIRST: frames in the first audio chunk (0: 12 on a GPU, 4 on CPU)
     chunk_rest: int = 0                      # VELOCITY_CHUNK_REST: frames in the second chunk (0: 5 for int8 on CPU, else 36)
     chunk_growth: float = 0.0                # VELOCITY_CHUNK_GROWTH: in [1, 4] (0: 1.4 for int8 on CPU, else 2)
