@@ -181,6 +181,7 @@ class Settings:
         return ChunkSchedule(self.chunk_first or (12 if gpu else 4), rest, max(self.chunk_largest, rest),
                              self.chunk_growth or (1.4 if near_real_time else 2.0))
 
+
 ON = ("1", "true", "yes", "on")
 OFF = ("0", "false", "no", "off")
 
