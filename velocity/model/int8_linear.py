@@ -53,9 +53,12 @@ def activation_bits() -> int:
 
 
 class Int8Linear(nn.Module):
-    """nn.Linear's forward with int8 weights (per output channel) and int8 input rows (per row)."""
+    """nn.Linear's forward with int8 weights (per output channel) and int8 input rows (per row).
+    kernels: the C++ CPU kernels (velocity.model.cpu_kernels.kernels()): where they have
+    int8_gemm (AVX-512 VNNI) and the rows get 8 bits, it runs on them instead of fbgemm's op, on
+    the weights in its own layout (one copy either way; velocity.model.int8_rows)."""
 
-    def __init__(self, linear: nn.Linear, bits: int | None = None) -> None:
+    def __init__(self, linear: nn.Linear, bits: int | None = None, kernels=None) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.bits = bits or activation_bits()
@@ -68,7 +71,16 @@ class Int8Linear(nn.Module):
             warnings.simplefilter("ignore")
             q = torch.quantize_per_channel(w, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0,
                                            torch.qint8)
-            self.packed = torch.ops.quantized.linear_prepack(q, None)
+            self.gemm = None
+            if (kernels is not None and self.bits == 8 and kernels.has_int8_gemm()
+                    and self.out_features % 16 == 0 and self.in_features % 4 == 0):
+                qw = q.int_repr()                                    # [out, in] int8
+                self.gemm = kernels.int8_gemm
+                self.packed = kernels.int8_pack(qw)
+                self.wsum = qw.sum(1, dtype=torch.int32)              # [out]
+                self.wscale = (q.q_per_channel_scales() / levels).float()   # [out]: weight scale x row step
+            else:
+                self.packed = torch.ops.quantized.linear_prepack(q, None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in] -> [..., out]
@@ -80,14 +92,18 @@ class Int8Linear(nn.Module):
     def scaled(self, x: torch.Tensor) -> torch.Tensor:
         """The int8 op on rows already scaled into [-1, 1]: the output before the rows' scales and
         the bias (velocity.model.int8_rows scales both sides). x: [..., in] -> [..., out]"""
+        if self.gemm is not None:
+            y = self.gemm(x.reshape(-1, self.in_features).contiguous(), self.packed, self.wsum, self.wscale)
+            return y.view(*x.shape[:-1], self.out_features)
         return torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
             x, self.x_scale, self.x_zero, self.packed)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 ({self.bits}-bit rows)"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, int8 ({self.bits}-bit rows"
+                f"{', int8_gemm' if self.gemm is not None else ''})")
 
 
-def quantize_linears(model: nn.Module, within: type) -> int:
+def quantize_linears(model: nn.Module, within: type, kernels=None) -> int:
     """Replace every nn.Linear inside modules of type `within` (the transformer layers; the heads
-    keep float32) by an Int8Linear; returns how many."""
-    return replace_linears_in(model, within, Int8Linear)
+    keep float32) by an Int8Linear (on the C++ kernels' int8_gemm where it can); returns how many."""
+    return replace_linears_in(model, within, lambda linear: Int8Linear(linear, kernels=kernels))

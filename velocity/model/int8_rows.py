@@ -9,9 +9,95 @@ the input Int8Linear's op takes (velocity.model.int8_linear). LlamaBody.forward_
 The same arithmetic as the torch path, in another order and with fused multiply-adds where the
 compiler makes them: equal within float rounding, which an int8 row can move by one step
 (tests/test_int8.py bounds both).
+
+The int8 linears themselves, where the kernels are built with AVX-512 VNNI (`has_int8_gemm`):
+`int8_gemm` on weights in `int8_pack`'s layout, the 16 output channels of each 64 bytes summed
+in the 16 lanes of one register (no horizontal sums), each row quantized as fbgemm quantizes it
+(round(127 x + 128), uint8) and its products summed in int32 as fbgemm sums them. At one row it
+reads the weights once, front to back, nearer the memory bound than fbgemm's op; with more rows,
+8 rows share each weight load (docs/benchmarks.md, "int8 on CPU", measures both). Elsewhere (an
+AVX2 build, 7-bit rows) Int8Linear keeps fbgemm.
 """
 
 SOURCE = r"""
+#include <immintrin.h>
+
+// Whether int8_gemm is built (AVX-512 VNNI and BW in the compiler's flags: -march=native, less
+// what a --cpu-isa cap leaves out).
+bool has_int8_gemm() {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// w: [N, K] int8 -> [N / 16, K / 4, 16, 4]: each 64 bytes hold 16 output channels' weights for one
+// group of 4 inputs, the layout _mm512_dpbusd_epi32 sums into 16 lanes
+torch::Tensor int8_pack(torch::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kChar, "w: int8 [N, K]");
+  const int64_t N = w.size(0), K = w.size(1);
+  TORCH_CHECK(N % 16 == 0 && K % 4 == 0, "int8_pack: N a multiple of 16 and K of 4, got ", N, " x ", K);
+  return w.contiguous().view({N / 16, 16, K / 4, 4}).permute({0, 2, 1, 3}).contiguous();
+}
+
+// x: [T, K] float32 rows scaled into [-1, 1]; wp: int8_pack(w) of w [N, K] (per output channel
+// scale s, symmetric); wsum: [N] int32, each row of w summed; ws: [N] float32, s / 127 -> [T, N]
+// float32: sum_k (q_k - 128) w[n, k] * ws[n], q = round(127 x + 128) (fbgemm's quint8, scale 1 / 127,
+// zero point 128, rounded as fbgemm rounds): the output before the rows' scales (Int8Linear.scaled)
+torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor wp, torch::Tensor wsum, torch::Tensor ws) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat, "x: contiguous float32 [T, K]");
+  TORCH_CHECK(wp.dim() == 4 && wp.is_contiguous() && wp.size(2) == 16 && wp.size(3) == 4 && wp.size(1) * 4 == x.size(1),
+              "wp: int8_pack of [N, K] weights, K = x's columns");
+  const int64_t T = x.size(0), K = x.size(1), G = K / 4, NB = wp.size(0), N = NB * 16;
+  TORCH_CHECK(wsum.numel() == N && ws.numel() == N, "wsum, ws: [N]");
+  auto out = torch::empty({T, N}, x.options());
+  if (T == 0) return out;
+  std::vector<int32_t> qx(T * G);                 // the rows as uint8, 4 to an int32 (one broadcast a group)
+  uint8_t* q8 = reinterpret_cast<uint8_t*>(qx.data());
+  const float* xp = x.data_ptr<float>();
+  for (int64_t i = 0; i < T * K; ++i)             // fbgemm's rounding: of x * 127 + 128 in one step (fused)
+    q8[i] = (uint8_t)std::min(255.f, std::max(0.f, std::nearbyint(std::fma(xp[i], 127.f, 128.f))));
+  const int8_t* wb0 = wp.data_ptr<int8_t>();
+  const int32_t* sp = wsum.data_ptr<int32_t>();
+  const float* sc = ws.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  constexpr int64_t TB = 8;                       // rows that share each load of 64 weight bytes
+  at::parallel_for(0, NB, 4, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int8_t* wb = wb0 + b * G * 64;
+      const __m512i zero = _mm512_mullo_epi32(_mm512_loadu_si512(sp + b * 16), _mm512_set1_epi32(128));
+      const __m512 scale = _mm512_loadu_ps(sc + b * 16);
+      for (int64_t t0 = 0; t0 < T; t0 += TB) {
+        const int64_t tn = std::min(TB, T - t0);
+        const int32_t* xq = qx.data() + t0 * G;
+        __m512i acc[TB];
+        for (int64_t i = 0; i < TB; ++i) acc[i] = _mm512_setzero_si512();
+        if (tn == TB) {
+          for (int64_t g = 0; g < G; ++g) {
+            const __m512i w = _mm512_loadu_si512(wb + g * 64);
+            for (int64_t i = 0; i < TB; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], _mm512_set1_epi32(xq[i * G + g]), w);
+          }
+        } else {
+          for (int64_t g = 0; g < G; ++g) {
+            const __m512i w = _mm512_loadu_si512(wb + g * 64);
+            for (int64_t i = 0; i < tn; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], _mm512_set1_epi32(xq[i * G + g]), w);
+          }
+        }
+        for (int64_t i = 0; i < tn; ++i)
+          _mm512_storeu_ps(op + (t0 + i) * N + b * 16,
+                           _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i], zero)), scale));
+      }
+    }
+  });
+  return out;
+#else
+  TORCH_CHECK(false, "int8_gemm: built without AVX-512 VNNI (has_int8_gemm() is false)");
+  return x;
+#endif
+}
+
 static inline float row_absmax(const float* p, int64_t n) {
   float m = 0.f;
   #pragma omp simd reduction(max:m)
@@ -129,4 +215,4 @@ std::vector<torch::Tensor> silu_mul_scale(torch::Tensor y, torch::Tensor ys) {
 }
 """
 
-FUNCTIONS = ["add_norm_scale", "rope_attend_scale", "silu_mul_scale"]
+FUNCTIONS = ["add_norm_scale", "rope_attend_scale", "silu_mul_scale", "has_int8_gemm", "int8_pack", "int8_gemm"]
