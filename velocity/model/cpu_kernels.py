@@ -5,7 +5,8 @@ scripts/setup.sh, or on first use:
   reference; tests compare the two);
 - sort_rows: the sampler's sort of each row's values, with the ids of the row's c best (a radix
   sort, rows in parallel: numpy sorts values alone but on one thread, torch orders indices too);
-- the int8 decode layer's row operations between its linears (velocity.model.int8_rows).
+- the int8 decode layer's row operations between its linears, and the int8 linears themselves
+  where built with AVX-512 VNNI (velocity.model.int8_rows).
 
 The build (about 30 s) is cached inside the Python environment (sys.prefix/velocity-kernels), so
 checkouts with venvs of their own never rebuild each other's; torch's default cache is used
@@ -217,7 +218,7 @@ def kernels():
             logger.info("building the C++ CPU kernels (about 30 s, once)")
             _module = load_inline(name=name, cpp_sources=SOURCES, functions=FUNCTIONS, extra_cflags=CFLAGS,
                                   extra_ldflags=["-fopenmp"], verbose=False, build_directory=folder)
-        logger.info("using the C++ CPU kernels (paged decode attention, the sampler's sort, int8 rows)")
+        logger.info("using the C++ CPU kernels (paged decode attention, the sampler's sort, int8 rows and GEMM)")
     except Exception as e:   # no compiler or ninja: the torch and numpy paths serve
         logger.warning("C++ CPU kernels unavailable, using the slower torch paths: %s "
                        "(install g++, e.g. apt-get install g++, then rerun scripts/setup.sh; "

@@ -4,8 +4,10 @@ A CPU decode step reads every weight once, so it is bound by memory bandwidth: i
 are a quarter of the bytes. Weights are quantized symmetrically per output channel (scale =
 max |w| / 127). Each input row (one token) is scaled by its own max |x| and quantized with
 fixed parameters, and fbgemm's int8 GEMM runs on the result
-(`quantized::linear_with_input_q_dq_qweight_dq_output_fp32`, part of torch). A row's output
-is therefore the same, bit for bit, alone or beside any other rows.
+(`quantized::linear_with_input_q_dq_qweight_dq_output_fp32`, part of torch), or, where the C++
+kernels are built with AVX-512 VNNI, their int8_gemm with the same arithmetic
+(velocity.model.int8_rows). A row's output is therefore the same, bit for bit, alone or beside
+any other rows.
 
 Why per row: on a real pretrained model (SmolLM2-135M, tests/test_int8_quality.py) one scale
 for the whole input, as `quantized::linear_dynamic` uses, let outlier channels crush every

@@ -86,7 +86,7 @@ class Settings:
     # int8: the vocoder's ConvNeXt linears on int8 weights (CPU): faster decoding, not the float32
     # decode's audio (docs/benchmarks.md "int8 on CPU" has both)
     vocoder_quantize: str = "none"           # VELOCITY_VOCODER_QUANTIZE: none or int8
-    cpu_kernel: bool = True                  # VELOCITY_CPU_KERNEL: on: the C++ CPU kernels (attention, sort, int8 rows)
+    cpu_kernel: bool = True                  # VELOCITY_CPU_KERNEL: on: the C++ CPU kernels (attention, sort, int8 rows and GEMM)
     gpu_kernels: bool = True                 # VELOCITY_GPU_KERNELS: on: the decoder layer on the Triton kernels (CUDA)
     graph_sampler: bool = True               # VELOCITY_GRAPH_SAMPLER: on: ChatTTS's sampler inside the decode graphs (CUDA)
     log_level: str = "INFO"                  # VELOCITY_LOG_LEVEL: velocity's lines in the server log
