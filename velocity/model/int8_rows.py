@@ -74,17 +74,14 @@ torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor wp, torch::Tensor wsum, t
         const int32_t* xq = qx.data() + t0 * G;
         __m512i acc[TB];
         for (int64_t i = 0; i < TB; ++i) acc[i] = _mm512_setzero_si512();
-        if (tn == TB) {
+        // the rows' dot products, the count a constant for a full block (its sums stay in registers)
+        auto dot = [&](auto rows) {
           for (int64_t g = 0; g < G; ++g) {
             const __m512i w = _mm512_loadu_si512(wb + g * 64);
-            for (int64_t i = 0; i < TB; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], _mm512_set1_epi32(xq[i * G + g]), w);
+            for (int64_t i = 0; i < rows; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], _mm512_set1_epi32(xq[i * G + g]), w);
           }
-        } else {
-          for (int64_t g = 0; g < G; ++g) {
-            const __m512i w = _mm512_loadu_si512(wb + g * 64);
-            for (int64_t i = 0; i < tn; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], _mm512_set1_epi32(xq[i * G + g]), w);
-          }
-        }
+        };
+        if (tn == TB) dot(std::integral_constant<int64_t, TB>{}); else dot(tn);
         for (int64_t i = 0; i < tn; ++i)
           _mm512_storeu_ps(op + (t0 + i) * N + b * 16,
                            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i], zero)), scale));
