@@ -11,7 +11,7 @@ from velocity.model.attention import AttentionMetadata, build_attn_mask
 from velocity.model import cpu_isa, gpu_kernels
 from velocity.model.cpu_kernels import int8_rows_kernels, kernels, paged_decode_kernel, sort_rows_kernel
 from velocity.model.loader import load_model
-from velocity.model.int8_linear import quantize_linears, require_int8
+from velocity.model.int8_linear import Int8Linear, quantize_linears, require_int8
 from velocity.model.llama import LlamaLayer
 from velocity.model.packed_linear import can_pack, pack_linears
 from velocity.engine.graph_sampler import GraphSampler
@@ -36,10 +36,10 @@ class Worker:
         if self.device.type == "cpu":
             logger.info("CPU vector instructions: %s", cpu_isa.describe())
         if config.quantize == "int8":
-            cpp = kernels() if config.cpu_kernel else None      # int8_gemm where built with AVX-512 VNNI
-            n = quantize_linears(self.model, LlamaLayer, cpp)
-            logger.info("CPU: %d linears of the transformer layers on int8 weights (quantize=int8; %s)", n,
-                        "the C++ int8_gemm" if cpp is not None and cpp.has_int8_gemm() else "fbgemm")
+            n = quantize_linears(self.model, LlamaLayer, kernels() if config.cpu_kernel else None)
+            on_cpp = sum(m.gemm is not None for m in self.model.modules() if isinstance(m, Int8Linear))
+            logger.info("CPU: %d linears of the transformer layers on int8 weights (quantize=int8; %d of them "
+                        "on the C++ int8_gemm, the rest on fbgemm)", n, on_cpp)
             if config.cpu_kernel:                        # the decode layer's other operations in C++
                 self.model.model.int8_rows = int8_rows_kernels(self.model.model)
         # (on a CPU only under Triton's interpreter, which the tests use)
