@@ -103,6 +103,17 @@ if [[ "$PARTS" == *" triton "* || "$PARTS" == *" overhead "* || "$PARTS" == *" a
         for _ in $(seq 1 60); do kill -0 "$1" 2>/dev/null || break; sleep 1; done
         kill -KILL -- -"$1" 2>/dev/null
     }
+    # wait_ready HTTP_PORT PID LOG: true once the server answers ready (seconds in $waited); false
+    # once it has exited, or says it failed to load its models (it stays up, never ready), or 300 s
+    wait_ready() {
+        for waited in $(seq 1 300); do
+            get "http://localhost:$1/v2/health/ready" >/dev/null && return 0
+            kill -0 "$2" 2>/dev/null || break
+            grep -q "failed to load all models" "$3" && break
+            sleep 1
+        done
+        get "http://localhost:$1/v2/health/ready" >/dev/null
+    }
     stop_server() {
         [[ -n "$opid" ]] && { stop_group "$opid"; opid=""; rm -f /tmp/velocity-other.pgid; }
         [[ -n "$spid" ]] || return 0
@@ -113,14 +124,8 @@ if [[ "$PARTS" == *" triton "* || "$PARTS" == *" overhead "* || "$PARTS" == *" a
     trap stop_server EXIT
     VENV="$VENV" GATEWAY_PORT=0 VELOCITY_GPU_MEMORY_UTILIZATION="${SERVER_GPU_MEMORY:-0.4}" setsid scripts/serve.sh --weights "$W" --bind 127.0.0.1 > "$OUT/server.log" 2>&1 &
     spid=$!; echo "$spid" > /tmp/velocity-server.pgid      # scripts/device_parts.sh's last resort
-    for i in $(seq 1 300); do
-        get http://localhost:8000/v2/health/ready >/dev/null && break
-        kill -0 $spid 2>/dev/null || break
-        grep -q "failed to load all models" "$OUT/server.log" && break   # stays up, never ready
-        sleep 1
-    done
-    if get http://localhost:8000/v2/health/ready >/dev/null; then
-        echo "server ready after ${i}s"
+    if wait_ready 8000 "$spid" "$OUT/server.log"; then
+        echo "server ready after ${waited}s"
         if [[ "$PARTS" == *" triton "* ]]; then
             PYTHONUNBUFFERED=1 TQDM_DISABLE=1 "$PY" -m benchmarks.sweep --concurrency "${LEVELS:-1,8,32}" --requests 16 \
                 --weights "$W" --in-process-concurrency 1,32 --device "$DEVICE" --hardware "$HW" \
@@ -150,14 +155,8 @@ if [[ "$PARTS" == *" triton "* || "$PARTS" == *" overhead "* || "$PARTS" == *" a
                 VELOCITY_GPU_MEMORY_UTILIZATION="${OTHER_GPU_MEMORY:-0.85}" \
                 setsid scripts/serve.sh --weights "$W" --bind 127.0.0.1 > "$OUT/other_server.log" 2>&1 &
             opid=$!; echo "$opid" > /tmp/velocity-other.pgid
-            for i in $(seq 1 300); do
-                get http://localhost:9000/v2/health/ready >/dev/null && break
-                kill -0 $opid 2>/dev/null || break
-                grep -q "failed to load all models" "$OUT/other_server.log" && break
-                sleep 1
-            done
-            if get http://localhost:9000/v2/health/ready >/dev/null; then
-                echo "other server (${OTHER_ENV:-}) ready after ${i}s"
+            if wait_ready 9000 "$opid" "$OUT/other_server.log"; then
+                echo "other server (${OTHER_ENV:-}) ready after ${waited}s"
                 for c in ${AB_LEVELS:-1 32}; do
                     PYTHONUNBUFFERED=1 TQDM_DISABLE=1 "$PY" benchmarks/bench_ab.py --arms triton,other \
                         --other-url localhost:9001 --other-metrics-url http://localhost:9002/metrics \
