@@ -166,7 +166,7 @@ def test_the_int8_engine_decodes_on_the_cpp_rows(tmp_path):
     llm = LLM(str(tmp_path), device="cpu", quantize="int8")
     assert llm.engine.worker.model.model.int8_rows is not None
     linears = [m for m in llm.engine.worker.model.modules() if isinstance(m, Int8Linear)]
-    assert linears and all((m.gemm is not None) == kernels().has_int8_gemm() for m in linears)
+    assert linears and all((m.gemm is not None) == (kernels().int8_gemm_bits() == m.bits) for m in linears)
     off = LLM(str(tmp_path), device="cpu", quantize="int8", cpu_kernel=False).engine.worker.model
     assert off.model.int8_rows is None
     assert all(m.gemm is None for m in off.modules() if isinstance(m, Int8Linear))
@@ -174,11 +174,11 @@ def test_the_int8_engine_decodes_on_the_cpp_rows(tmp_path):
 
 @pytest.mark.parametrize("inp,out", [(768, 2304), (3072, 768), (64, 192)])
 def test_the_cpp_int8_gemm_is_fbgemms_op_where_it_is_built(inp, out):
-    """Int8Linear on the C++ kernels' int8_gemm (AVX-512 VNNI builds) against fbgemm's op on the
-    same weights: each row quantized and rounded as fbgemm does, the same int8 products summed in
-    int32, scaled in another order: equal within float rounding (measured 2e-7 of the peak;
-    bounded at 1e-5). A row's output is the same alone as in a batch, bit for bit. Where the
-    kernels have no int8_gemm (an AVX2 build, `--cpu-isa avx2`), Int8Linear keeps fbgemm's op."""
+    """Int8Linear on the C++ kernels' int8_gemm (AVX-512 VNNI builds: 8-bit rows; AVX2: 7-bit)
+    against fbgemm's op on the same weights: each row quantized and rounded as fbgemm does, the
+    same int8 products summed in int32, scaled in another order: equal within float rounding
+    (measured 2e-7 of the peak; bounded at 1e-5). A row's output is the same alone as in a batch,
+    bit for bit. Where the kernels have no int8_gemm for these rows' width, Int8Linear keeps fbgemm's op."""
     from velocity.model.cpu_kernels import kernels
 
     K = kernels()
@@ -187,7 +187,7 @@ def test_the_cpp_int8_gemm_is_fbgemms_op_where_it_is_built(inp, out):
     lin = nn.Linear(inp, out, bias=False)
     nn.init.normal_(lin.weight, 0, 0.02)
     fb, ours = Int8Linear(lin), Int8Linear(lin, kernels=K)
-    if not K.has_int8_gemm():
+    if K.int8_gemm_bits() != fb.bits:
         assert ours.gemm is None and not isinstance(ours.packed, torch.Tensor)
         return
     assert ours.gemm is not None and fb.gemm is None

@@ -6,7 +6,7 @@ scripts/setup.sh, or on first use:
 - sort_rows: the sampler's sort of each row's values, with the ids of the row's c best (a radix
   sort, rows in parallel: numpy sorts values alone but on one thread, torch orders indices too);
 - the int8 decode layer's row operations between its linears, and the int8 linears themselves
-  where built with AVX-512 VNNI (velocity.model.int8_rows).
+  where built with AVX-512 VNNI or AVX2 (velocity.model.int8_rows).
 
 The build (about 30 s) is cached inside the Python environment (sys.prefix/velocity-kernels), so
 checkouts with venvs of their own never rebuild each other's; torch's default cache is used

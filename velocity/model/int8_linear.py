@@ -5,7 +5,7 @@ are a quarter of the bytes. Weights are quantized symmetrically per output chann
 max |w| / 127). Each input row (one token) is scaled by its own max |x| and quantized with
 fixed parameters, and fbgemm's int8 GEMM runs on the result
 (`quantized::linear_with_input_q_dq_qweight_dq_output_fp32`, part of torch), or, where the C++
-kernels are built with AVX-512 VNNI, their int8_gemm with the same arithmetic
+kernels are built (AVX-512 VNNI or AVX2), their int8_gemm with the same arithmetic
 (velocity.model.int8_rows). A row's output is therefore the same, bit for bit, alone or beside
 any other rows.
 
@@ -56,9 +56,9 @@ def activation_bits() -> int:
 
 class Int8Linear(nn.Module):
     """nn.Linear's forward with int8 weights (per output channel) and int8 input rows (per row).
-    kernels: the C++ CPU kernels (velocity.model.cpu_kernels.kernels()): where they have
-    int8_gemm (AVX-512 VNNI) and the rows get 8 bits, it runs on them instead of fbgemm's op, on
-    the weights in its own layout (one copy either way; velocity.model.int8_rows)."""
+    kernels: the C++ CPU kernels (velocity.model.cpu_kernels.kernels()): where their int8_gemm is
+    built for this row width (8 bits with AVX-512 VNNI, 7 with AVX2), it runs on them instead of
+    fbgemm's op, on the weights in its own layout (one copy either way; velocity.model.int8_rows)."""
 
     def __init__(self, linear: nn.Linear, bits: int | None = None, kernels=None) -> None:
         super().__init__()
@@ -74,7 +74,7 @@ class Int8Linear(nn.Module):
             q = torch.quantize_per_channel(w, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0,
                                            torch.qint8)
             self.gemm = None
-            if (kernels is not None and self.bits == 8 and kernels.has_int8_gemm()
+            if (kernels is not None and self.bits == kernels.int8_gemm_bits()
                     and self.out_features % 16 == 0 and self.in_features % 4 == 0):
                 qw = q.int_repr()                                    # [out, in] int8
                 self.gemm = kernels.int8_gemm
