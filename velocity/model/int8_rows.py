@@ -45,6 +45,27 @@ torch::Tensor int8_pack(torch::Tensor w) {
   return w.contiguous().view({N / 16, 16, K / 4, 4}).permute({0, 2, 1, 3}).contiguous();
 }
 
+// q[i] = round(x[i] L + Z) clamped to [0, 2 L + 1] as uint8: fbgemm's rounding, of the product and
+// sum in one step (fused), ties to even
+static void quantize_rows(const float* x, uint8_t* q, int64_t n, float L, float Z) {
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 l = _mm256_set1_ps(L), z = _mm256_set1_ps(Z), lo = _mm256_setzero_ps(), hi = _mm256_set1_ps(2 * L + 1);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);   // the packs' dwords back in row order
+  for (; i + 32 <= n; i += 32) {
+    __m256i v[4];
+    for (int j = 0; j < 4; ++j) {
+      const __m256 r = _mm256_round_ps(_mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8 * j), l, z),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      v[j] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+    }
+    const __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(v[0], v[1]), _mm256_packus_epi32(v[2], v[3]));
+    _mm256_storeu_si256((__m256i*)(q + i), _mm256_permutevar8x32_epi32(b, order));
+  }
+#endif
+  for (; i < n; ++i) q[i] = (uint8_t)std::min(2 * L + 1, std::max(0.f, std::nearbyint(std::fma(x[i], L, Z))));
+}
+
 // x: [T, K] float32 rows scaled into [-1, 1]; wp: int8_pack(w) of w [N, K] (per output channel
 // scale s, symmetric); wsum: [N] int32, each row of w summed; ws: [N] float32, s / L -> [T, N]
 // float32: sum_k (q_k - Z) w[n, k] * ws[n], q = round(L x + Z) with L = 2^(bits - 1) - 1 and Z = L + 1
@@ -63,8 +84,7 @@ torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor wp, torch::Tensor wsum, t
   std::vector<int32_t> qx(T * G);                 // the rows as uint8, 4 to an int32 (one broadcast a group)
   uint8_t* q8 = reinterpret_cast<uint8_t*>(qx.data());
   const float* xp = x.data_ptr<float>();
-  for (int64_t i = 0; i < T * K; ++i)             // fbgemm's rounding: of x * L + Z in one step (fused)
-    q8[i] = (uint8_t)std::min(2 * L + 1, std::max(0.f, std::nearbyint(std::fma(xp[i], L, Z))));
+  at::parallel_for(0, T, 8, [&](int64_t t0, int64_t t1) { quantize_rows(xp + t0 * K, q8 + t0 * K, (t1 - t0) * K, L, Z); });
   const int8_t* wb0 = wp.data_ptr<int8_t>();
   const int32_t* sp = wsum.data_ptr<int32_t>();
   const float* sc = ws.data_ptr<float>();
