@@ -199,3 +199,49 @@ def test_the_cpp_int8_gemm_is_fbgemms_op_where_it_is_built(inp, out):
     for i, j in ((0, 0), (0, 1), (2, 10)):
         assert torch.equal(ours(x[i, j:j + 1]), b[i, j:j + 1]), (i, j)
     assert torch.equal(ours(x[:, ::3].contiguous()), b[:, ::3])
+
+
+def test_the_int8_prefill_runs_on_the_cpp_rows_as_the_torch_prefill_does(tmp_path):
+    """A prefill through ModelRunner with in_place_prefill (each new token a row that reads the
+    cache up to its own position: LlamaBody.forward_int8, velocity.model.int8_rows) against the same
+    prefill on torch's operations (a causal mask over the tables): two sequences, one with 5 tokens
+    already in the cache. Equal within float rounding, bounded at 1e-4 as the decode step above;
+    the keys written alike. Without the kernels' rows the flag takes no effect."""
+    from checkpoints import tiny_checkpoint
+    from velocity.engine.cache_engine import CacheEngine
+    from velocity.engine.model_runner import ModelRunner
+    from velocity.engine.sequence import Sequence
+    from velocity.model.cpu_kernels import int8_rows_kernels, kernels, paged_decode_kernel
+    from velocity.model.int8_linear import quantize_linears
+    from velocity.model.llama import LlamaLayer
+    from velocity.model.loader import load_model
+
+    cpu = torch.device("cpu")
+    model = load_model(tiny_checkpoint(tmp_path / "tiny", seed=0), cpu, torch.float32)
+    quantize_linears(model, LlamaLayer, kernels())
+    body = model.model
+    body.int8_rows = int8_rows_kernels(body)
+    assert body.int8_rows is not None, "the C++ kernels did not build"
+    S, N = 16, 8
+    cache = CacheEngine(model, N, 0, S, cpu, torch.float32)
+    g = torch.Generator().manual_seed(0)
+    start = [(torch.randn_like(layer.self_attn.k_cache), torch.randn_like(layer.self_attn.v_cache))
+              for layer in body.layers]
+    a = Sequence("a", torch.randint(3, 200, (21,), generator=g).tolist(), SamplingParams())
+    b = Sequence("b", torch.randint(3, 200, (9,), generator=g).tolist(), SamplingParams())
+    a.block_table, b.block_table = [5, 2], [7]
+    a.num_computed_tokens = 5                       # a prefix already in the cache
+    out = {}
+    for flag in (False, True):
+        for layer, (k, v) in zip(body.layers, start):
+            layer.self_attn.k_cache.copy_(k)
+            layer.self_attn.v_cache.copy_(v)
+        runner = ModelRunner(model, S, cache.scratch_block, N * S, 4, cpu, False, paged_decode_kernel(),
+                             in_place_prefill=flag)
+        assert runner.in_place_prefill == flag
+        out[flag] = (runner.run([a, b]), body.layers[-1].self_attn.k_cache.clone())
+    err = float((out[True][0] - out[False][0]).norm() / out[False][0].norm())
+    assert 0 <= err < 1e-4, err
+    torch.testing.assert_close(out[True][1], out[False][1], rtol=1e-4, atol=1e-4)
+    assert not ModelRunner(model, S, cache.scratch_block, N * S, 4, cpu, False, None,
+                           in_place_prefill=True).in_place_prefill

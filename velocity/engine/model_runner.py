@@ -46,9 +46,12 @@ class ModelRunner:
     def __init__(self, model: nn.Module, block_size: int, scratch_block: int, max_model_len: int,
                  max_num_seqs: int, device: torch.device, use_cuda_graphs: bool,
                  decode_kernel: Callable | None = None, in_place_decode: bool = False,
-                 graph_sampler: GraphSampler | None = None) -> None:
+                 graph_sampler: GraphSampler | None = None, in_place_prefill: bool = False) -> None:
         self.model = model
         self.decode_kernel = decode_kernel
+        # prefills too as rows that each read the cache in place up to their own position (the
+        # decode kernel's metadata, a table per row): the int8 CPU layer's one path (forward_int8)
+        self.in_place_prefill = in_place_prefill and decode_kernel is not None
         self.in_place_decode = in_place_decode   # the model's GPU kernels read the cache in place
         # the decode graphs sample too (one graph per batch size: with in_place only): see codes
         self.graph_sampler = graph_sampler if in_place_decode else None
@@ -96,6 +99,10 @@ class ModelRunner:
                                block_tables=torch.tensor(tables, device=dev), attn_mask=None)
         Q = max(len(r) for r in q_rows)
         if Q == 1 and self.in_place:   # decode only, read in place: no mask needed
+            self.in_place_md(md, pos_t)
+        elif self.in_place_prefill:    # every token a row with its sequence's table, read up to its position
+            rows = torch.tensor([b for b, r in enumerate(q_rows) for _ in r], device=dev)
+            md.block_tables = md.block_tables[rows]                                 # [T, W]
             self.in_place_md(md, pos_t)
         elif Q == 1:   # decode only
             md.attn_mask = build_attn_mask(pos_t[:, None], W * S)

@@ -65,7 +65,8 @@ class Worker:
         kernel = paged_decode_kernel() if cpu_f32 and config.cpu_kernel else None
         self.runner = ModelRunner(self.model, config.block_size, self.cache.scratch_block, self.max_model_len,
                                   config.max_num_seqs, self.device, use_graphs, kernel, in_place_decode=fused,
-                                  graph_sampler=self._graph_sampler() if use_graphs and fused else None)
+                                  graph_sampler=self._graph_sampler() if use_graphs and fused else None,
+                                  in_place_prefill=getattr(getattr(self.model, "model", None), "int8_rows", None) is not None)
         self.sampler = Sampler(sort_rows_kernel() if self.device.type == "cpu" and config.cpu_kernel else None)
 
     def _use_gpu_kernels(self) -> bool:

@@ -6,7 +6,7 @@ scripts/setup.sh, or on first use:
 - sort_rows: the sampler's sort of each row's values, with the ids of the row's c best (a radix
   sort, rows in parallel: numpy sorts values alone but on one thread, torch orders indices too);
 - the int8 decode layer's row operations between its linears, and the int8 linears themselves
-  where built with AVX-512 VNNI or AVX2 (velocity.model.int8_rows).
+  where built with AVX-512 VNNI or AVX2 (velocity.model.int8_rows, velocity.model.int8_gemm).
 
 The build (about 30 s) is cached inside the Python environment (sys.prefix/velocity-kernels), so
 checkouts with venvs of their own never rebuild each other's; torch's default cache is used
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from velocity.model import int8_rows
+from velocity.model import int8_gemm, int8_rows
 from velocity.model.cpu_isa import compiler_flags
 
 logger = logging.getLogger(__name__)
@@ -72,14 +72,19 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   const int64_t* cl = context_lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const float sc = (float)scale;
+  // each thread takes a contiguous range of tasks: alternating short and long rows (a prefill's
+  // first and last tokens) keeps their work even
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, mx(Hq), sum(Hq);
-    for (int64_t b = begin; b < end; ++b) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t b = i % 2 == 0 ? i / 2 : B - 1 - i / 2;
       const int64_t ctx = cl[b];
       const float* qb = qp + b * q_stride;
+      const int64_t* table = bt + b * W;
+      auto token_row = [&](const float* cache, int64_t t) { return cache + (table[t / S] * S + t % S) * Hkv * D; };
       scores.assign(ctx * Hq, 0.f);
       for (int64_t t = 0; t < ctx; ++t) {                 // pass 1: q . k for every head
-        const float* row = kp + (bt[b * W + t / S] * S + t % S) * Hkv * D;
+        const float* row = token_row(kp, t);
         for (int64_t h = 0; h < Hq; ++h) {
           const float* kv = row + (h / group) * D;
           const float* qv = qb + h * D;
@@ -100,7 +105,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
         }
       float* ob = op + b * Hq * D;
       for (int64_t t = 0; t < ctx; ++t) {                 // pass 2: weighted sum of v
-        const float* row = vp + (bt[b * W + t / S] * S + t % S) * Hkv * D;
+        const float* row = token_row(vp, t);
         for (int64_t h = 0; h < Hq; ++h) {
           const float p = scores[t * Hq + h] / sum[h];
           const float* vv = row + (h / group) * D;
@@ -176,8 +181,8 @@ bool built_with_openmp() {
 _module = None
 _tried = False
 CFLAGS = ["-O3", "-fopenmp", *compiler_flags()]    # -fopenmp: without it at::parallel_for runs on one thread
-SOURCES = SOURCE + int8_rows.SOURCE
-FUNCTIONS = ["paged_decode", "sort_rows", "built_with_openmp", *int8_rows.FUNCTIONS]
+SOURCES = SOURCE + int8_rows.SOURCE + int8_gemm.SOURCE
+FUNCTIONS = ["paged_decode", "sort_rows", "built_with_openmp", *int8_rows.FUNCTIONS, *int8_gemm.FUNCTIONS]
 
 
 def module_name() -> str:

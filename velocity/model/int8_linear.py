@@ -6,7 +6,7 @@ max |w| / 127). Each input row (one token) is scaled by its own max |x| and quan
 fixed parameters, and fbgemm's int8 GEMM runs on the result
 (`quantized::linear_with_input_q_dq_qweight_dq_output_fp32`, part of torch), or, where the C++
 kernels are built (AVX-512 VNNI or AVX2), their int8_gemm with the same arithmetic
-(velocity.model.int8_rows). A row's output is therefore the same, bit for bit, alone or beside
+(velocity.model.int8_gemm). A row's output is therefore the same, bit for bit, alone or beside
 any other rows.
 
 Why per row: on a real pretrained model (SmolLM2-135M, tests/test_int8_quality.py) one scale
@@ -58,7 +58,7 @@ class Int8Linear(nn.Module):
     """nn.Linear's forward with int8 weights (per output channel) and int8 input rows (per row).
     kernels: the C++ CPU kernels (velocity.model.cpu_kernels.kernels()): where their int8_gemm is
     built for this row width (8 bits with AVX-512 VNNI, 7 with AVX2), it runs on them instead of
-    fbgemm's op, on the weights in its own layout (one copy either way; velocity.model.int8_rows)."""
+    fbgemm's op, on the weights in its own layout (one copy either way; velocity.model.int8_gemm)."""
 
     def __init__(self, linear: nn.Linear, bits: int | None = None, kernels=None) -> None:
         super().__init__()

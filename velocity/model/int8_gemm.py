@@ -1,0 +1,152 @@
+"""The int8 linears' GEMM in C++ (built with velocity.model.cpu_kernels), where the kernels are
+built with AVX-512 VNNI or AVX2 (`int8_gemm_bits`); Int8Linear (velocity.model.int8_linear) runs
+on it there, on weights in `int8_pack`'s layout.
+
+The 16 output channels of each 64 bytes of weights are summed in the lanes of one register (AVX2:
+two), with no horizontal sums. Each row is quantized as fbgemm quantizes it (round(L x + L + 1),
+uint8; L = 127 with VNNI, 63 with AVX2, where fbgemm's pairs of products in int16 need 7-bit rows)
+and its products summed in int32 as fbgemm sums them. At one row it reads the weights once, front
+to back, nearer the memory bound than fbgemm's op; with more rows, 8 rows (AVX2: 4) share each
+weight load (docs/benchmarks.md, "int8 on CPU", measures both). Elsewhere Int8Linear keeps fbgemm.
+"""
+
+SOURCE = r"""
+#include <immintrin.h>
+
+// The row width int8_gemm is built for: 8 bits with AVX-512 VNNI (4 products summed in int32), 7
+// with AVX2 alone (pairs of products summed in int16, which 7-bit rows keep from saturating, as
+// fbgemm's reduce_range does), 0 where neither is in the compiler's flags (-march=native, less
+// what a --cpu-isa cap leaves out): no int8_gemm.
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+constexpr int64_t kGemmBits = 8;
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int64_t kGemmBits = 7;
+#else
+constexpr int64_t kGemmBits = 0;
+#endif
+int64_t int8_gemm_bits() { return kGemmBits; }
+
+// w: [N, K] int8 -> [N / 16, K / 4, 16, 4]: each 64 bytes hold 16 output channels' weights for one
+// group of 4 inputs, the layout _mm512_dpbusd_epi32 sums into 16 lanes (AVX2: two halves of 8)
+torch::Tensor int8_pack(torch::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kChar, "w: int8 [N, K]");
+  const int64_t N = w.size(0), K = w.size(1);
+  TORCH_CHECK(N % 16 == 0 && K % 4 == 0, "int8_pack: N a multiple of 16 and K of 4, got ", N, " x ", K);
+  return w.contiguous().view({N / 16, 16, K / 4, 4}).permute({0, 2, 1, 3}).contiguous();
+}
+
+// q[i] = round(x[i] L + Z) clamped to [0, 2 L + 1] as uint8: fbgemm's rounding, of the product and
+// sum in one step (fused), ties to even
+static void quantize_rows(const float* x, uint8_t* q, int64_t n, float L, float Z) {
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 l = _mm256_set1_ps(L), z = _mm256_set1_ps(Z), lo = _mm256_setzero_ps(), hi = _mm256_set1_ps(2 * L + 1);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);   // the packs' dwords back in row order
+  for (; i + 32 <= n; i += 32) {
+    __m256i v[4];
+    for (int j = 0; j < 4; ++j) {
+      const __m256 r = _mm256_round_ps(_mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8 * j), l, z),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      v[j] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+    }
+    const __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(v[0], v[1]), _mm256_packus_epi32(v[2], v[3]));
+    _mm256_storeu_si256((__m256i*)(q + i), _mm256_permutevar8x32_epi32(b, order));
+  }
+#endif
+  for (; i < n; ++i) q[i] = (uint8_t)std::min(2 * L + 1, std::max(0.f, std::nearbyint(std::fma(x[i], L, Z))));
+}
+
+// x: [T, K] float32 rows scaled into [-1, 1]; wp: int8_pack(w) of w [N, K] (per output channel
+// scale s, symmetric); wsum: [N] int32, each row of w summed; ws: [N] float32, s / L -> [T, N]
+// float32: sum_k (q_k - Z) w[n, k] * ws[n], q = round(L x + Z) with L = 2^(bits - 1) - 1 and Z = L + 1
+// (fbgemm's quint8, scale 1 / L, zero point Z, rounded as fbgemm rounds): the output before the
+// rows' scales (Int8Linear.scaled)
+torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor wp, torch::Tensor wsum, torch::Tensor ws) {
+  TORCH_CHECK(kGemmBits > 0, "int8_gemm: built without AVX-512 VNNI or AVX2 (int8_gemm_bits() is 0)");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat, "x: contiguous float32 [T, K]");
+  TORCH_CHECK(wp.dim() == 4 && wp.is_contiguous() && wp.size(2) == 16 && wp.size(3) == 4 && wp.size(1) * 4 == x.size(1),
+              "wp: int8_pack of [N, K] weights, K = x's columns");
+  const int64_t T = x.size(0), K = x.size(1), G = K / 4, NB = wp.size(0), N = NB * 16;
+  TORCH_CHECK(wsum.numel() == N && ws.numel() == N, "wsum, ws: [N]");
+  auto out = torch::empty({T, N}, x.options());
+  if (T == 0) return out;
+  constexpr float L = kGemmBits ? (1 << (kGemmBits - 1)) - 1 : 1, Z = L + 1;
+  std::vector<int32_t> qx(T * G);                 // the rows as uint8, 4 to an int32 (one broadcast a group)
+  uint8_t* q8 = reinterpret_cast<uint8_t*>(qx.data());
+  const float* xp = x.data_ptr<float>();
+  at::parallel_for(0, T, 8, [&](int64_t t0, int64_t t1) { quantize_rows(xp + t0 * K, q8 + t0 * K, (t1 - t0) * K, L, Z); });
+  const int8_t* wb0 = wp.data_ptr<int8_t>();
+  const int32_t* sp = wsum.data_ptr<int32_t>();
+  const float* sc = ws.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  constexpr int64_t TB = 8;                       // rows that share each load of 64 weight bytes
+  at::parallel_for(0, NB, 4, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int8_t* wb = wb0 + b * G * 64;
+      const __m512i zero = _mm512_mullo_epi32(_mm512_loadu_si512(sp + b * 16), _mm512_set1_epi32((int)Z));
+      const __m512 scale = _mm512_loadu_ps(sc + b * 16);
+      for (int64_t t0 = 0; t0 < T; t0 += TB) {
+        const int64_t tn = std::min(TB, T - t0);
+        const int32_t* xq = qx.data() + t0 * G;
+        __m512i acc[TB];
+        for (int64_t i = 0; i < TB; ++i) acc[i] = _mm512_setzero_si512();
+        // the rows' dot products, the count a constant for a full block (its sums stay in registers)
+        auto dot = [&](auto rows) {
+          for (int64_t g = 0; g < G; ++g) {
+            const __m512i w = _mm512_loadu_si512(wb + g * 64);
+            for (int64_t i = 0; i < rows; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], _mm512_set1_epi32(xq[i * G + g]), w);
+          }
+        };
+        if (tn == TB) dot(std::integral_constant<int64_t, TB>{}); else dot(tn);
+        for (int64_t i = 0; i < tn; ++i)
+          _mm512_storeu_ps(op + (t0 + i) * N + b * 16,
+                           _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i], zero)), scale));
+      }
+    }
+  });
+#elif defined(__AVX2__) && defined(__FMA__)
+  constexpr int64_t TB = 4;                       // rows that share each load (2 x 8 sums a row: 8 registers)
+  const __m256i ones = _mm256_set1_epi16(1);
+  at::parallel_for(0, NB, 4, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int8_t* wb = wb0 + b * G * 64;
+      __m256i zero[2];
+      __m256 scale[2];
+      for (int h = 0; h < 2; ++h) {
+        zero[h] = _mm256_mullo_epi32(_mm256_loadu_si256((const __m256i*)(sp + b * 16 + h * 8)),
+                                     _mm256_set1_epi32((int)Z));
+        scale[h] = _mm256_loadu_ps(sc + b * 16 + h * 8);
+      }
+      for (int64_t t0 = 0; t0 < T; t0 += TB) {
+        const int64_t tn = std::min(TB, T - t0);
+        const int32_t* xq = qx.data() + t0 * G;
+        __m256i acc[2 * TB];
+        for (int64_t i = 0; i < 2 * TB; ++i) acc[i] = _mm256_setzero_si256();
+        // per half of 8 channels: pairs of products in int16 (at most 2 x 127 x 127 with 7-bit
+        // rows: no saturation), the pairs summed into int32 by a multiply-add with ones
+        auto dot = [&](auto rows) {
+          for (int64_t g = 0; g < G; ++g) {
+            const __m256i w0 = _mm256_loadu_si256((const __m256i*)(wb + g * 64));
+            const __m256i w1 = _mm256_loadu_si256((const __m256i*)(wb + g * 64 + 32));
+            for (int64_t i = 0; i < rows; ++i) {
+              const __m256i q = _mm256_set1_epi32(xq[i * G + g]);
+              acc[2 * i] = _mm256_add_epi32(acc[2 * i], _mm256_madd_epi16(_mm256_maddubs_epi16(q, w0), ones));
+              acc[2 * i + 1] = _mm256_add_epi32(acc[2 * i + 1], _mm256_madd_epi16(_mm256_maddubs_epi16(q, w1), ones));
+            }
+          }
+        };
+        if (tn == TB) dot(std::integral_constant<int64_t, TB>{}); else dot(tn);
+        for (int64_t i = 0; i < tn; ++i)
+          for (int h = 0; h < 2; ++h)
+            _mm256_storeu_ps(op + (t0 + i) * N + b * 16 + h * 8,
+                             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc[2 * i + h], zero[h])), scale[h]));
+      }
+    }
+  });
+#endif
+  return out;
+}
+"""
+
+FUNCTIONS = ["int8_gemm_bits", "int8_pack", "int8_gemm"]
