@@ -127,6 +127,7 @@ torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor wp, torch::Tensor wsum, t
         // rows: no saturation), the pairs summed into int32 by a multiply-add with ones
         auto dot = [&](auto rows) {
           for (int64_t g = 0; g < G; ++g) {
+            _mm_prefetch((const char*)(wb + g * 64 + 1024), _MM_HINT_T0);   // 16 groups ahead
             const __m256i w0 = _mm256_loadu_si256((const __m256i*)(wb + g * 64));
             const __m256i w1 = _mm256_loadu_si256((const __m256i*)(wb + g * 64 + 32));
             for (int64_t i = 0; i < rows; ++i) {
