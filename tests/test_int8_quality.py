@@ -26,7 +26,10 @@ BOUNDS = {8: (1.06, 0.88), 7: (1.16, 0.80)}     # bits -> (perplexity ratio belo
 # The engine against the int8 model: measured largest gap 2.6% and 93.5% best with 8-bit rows,
 # 4.6% and 91.4% with 7-bit; with the decode's C++ rows (velocity.model.int8_rows, 8-bit), 1.8%
 # and 90.3%: its other rounding moves other near ties.
-ENGINE_BOUNDS = {8: (0.05, 0.85), 7: (0.10, 0.85)}   # bits -> (largest gap below, share of best above)
+# bits -> (largest gap below, share of best above). The int8 model keeps its own greedy choice under
+# 1e-6 input noise at 89.5% of positions with 8-bit rows and 81.2% with 7-bit
+# (docs/benchmarks/int8/quality.json): each share bound sits below its own width's noise floor
+ENGINE_BOUNDS = {8: (0.05, 0.85), 7: (0.10, 0.75)}
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +99,8 @@ def test_the_int8_engine_runs_the_int8_model_measured_above(smollm, tok, english
     across a step moves the logits. The int8 model itself keeps its argmax at 89.5% of positions
     when its input embeddings move by 1e-6 (float32: 100%). So each choice must be within 5% of
     the logit range of the best (ENGINE_BOUNDS: 5%, or 10% with 7-bit rows), and 85% must be
-    the best. A wiring fault (a wrong fused split or scale, the head quantized) misses both."""
+    the best (75% with 7-bit rows, whose own floor is 81.2%). A wiring fault (a wrong fused split
+    or scale, the head quantized) misses both."""
     prompts = halves(tok, english)
     llm = LLM(smollm, device="cpu", quantize="int8")
     assert sum(isinstance(m, Int8Linear) for m in llm.engine.worker.model.modules()) == 4 * 30   # fused qkv, gate_up
