@@ -28,8 +28,9 @@ BOUNDS = {8: (1.06, 0.88), 7: (1.16, 0.80)}     # bits -> (perplexity ratio belo
 # and 90.3%: its other rounding moves other near ties.
 # bits -> (largest gap below, share of best above). The int8 model keeps its own greedy choice under
 # 1e-6 input noise at 89.5% of positions with 8-bit rows and 81.2% with 7-bit
-# (docs/benchmarks/int8/quality.json): each share bound sits below its own width's noise floor
-ENGINE_BOUNDS = {8: (0.05, 0.85), 7: (0.10, 0.75)}
+# (docs/benchmarks/int8/quality.json); the engine's C++ rows differ from torch's by about that much.
+# Each share bound is its width's floor less 3 standard errors of a share over the test's 216 choices.
+ENGINE_BOUNDS = {8: (0.05, 0.83), 7: (0.10, 0.73)}
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +99,8 @@ def test_the_int8_engine_runs_the_int8_model_measured_above(smollm, tok, english
     coarse where a row has an outlier (a step of max |x| / 127), so float rounding that moves a value
     across a step moves the logits. The int8 model itself keeps its argmax at 89.5% of positions
     when its input embeddings move by 1e-6 (float32: 100%). So each choice must be within 5% of
-    the logit range of the best (ENGINE_BOUNDS: 5%, or 10% with 7-bit rows), and 85% must be
-    the best (75% with 7-bit rows, whose own floor is 81.2%). A wiring fault (a wrong fused split
+    the logit range of the best (ENGINE_BOUNDS: 5%, or 10% with 7-bit rows), and 83% must be
+    the best (73% with 7-bit rows, whose own floor is 81.2%). A wiring fault (a wrong fused split
     or scale, the head quantized) misses both."""
     prompts = halves(tok, english)
     llm = LLM(smollm, device="cpu", quantize="int8")
