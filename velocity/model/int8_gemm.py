@@ -125,19 +125,36 @@ torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor wp, torch::Tensor wsum, t
         for (int64_t i = 0; i < 2 * TB; ++i) acc[i] = _mm256_setzero_si256();
         // per half of 8 channels: pairs of products in int16 (at most 2 x 127 x 127 with 7-bit
         // rows: no saturation), the pairs summed into int32 by a multiply-add with ones
+        auto sums = [&](__m256i q, __m256i w) { return _mm256_madd_epi16(_mm256_maddubs_epi16(q, w), ones); };
         auto dot = [&](auto rows) {
-          for (int64_t g = 0; g < G; ++g) {
-            _mm_prefetch((const char*)(wb + g * 64 + 1024), _MM_HINT_T0);   // 16 groups ahead
+          int64_t g = 0;
+          if (rows > 1)          // two groups a pass, their sums added first: fewer dependent adds
+            for (; g + 2 <= G; g += 2) {
+              _mm_prefetch((const char*)(wb + g * 64 + 1024), _MM_HINT_T0);   // 16 groups ahead
+              _mm_prefetch((const char*)(wb + g * 64 + 1088), _MM_HINT_T0);
+              const __m256i* w = (const __m256i*)(wb + g * 64);
+              const __m256i w0 = _mm256_loadu_si256(w), w1 = _mm256_loadu_si256(w + 1);
+              const __m256i w2 = _mm256_loadu_si256(w + 2), w3 = _mm256_loadu_si256(w + 3);
+              for (int64_t i = 0; i < rows; ++i) {
+                const __m256i q = _mm256_set1_epi32(xq[i * G + g]), r = _mm256_set1_epi32(xq[i * G + g + 1]);
+                acc[2 * i] = _mm256_add_epi32(acc[2 * i], _mm256_add_epi32(sums(q, w0), sums(r, w2)));
+                acc[2 * i + 1] = _mm256_add_epi32(acc[2 * i + 1], _mm256_add_epi32(sums(q, w1), sums(r, w3)));
+              }
+            }
+          for (; g < G; ++g) {   // one row (a decode at batch 1: memory-bound) or the last group
+            _mm_prefetch((const char*)(wb + g * 64 + 1024), _MM_HINT_T0);
             const __m256i w0 = _mm256_loadu_si256((const __m256i*)(wb + g * 64));
             const __m256i w1 = _mm256_loadu_si256((const __m256i*)(wb + g * 64 + 32));
             for (int64_t i = 0; i < rows; ++i) {
               const __m256i q = _mm256_set1_epi32(xq[i * G + g]);
-              acc[2 * i] = _mm256_add_epi32(acc[2 * i], _mm256_madd_epi16(_mm256_maddubs_epi16(q, w0), ones));
-              acc[2 * i + 1] = _mm256_add_epi32(acc[2 * i + 1], _mm256_madd_epi16(_mm256_maddubs_epi16(q, w1), ones));
+              acc[2 * i] = _mm256_add_epi32(acc[2 * i], sums(q, w0));
+              acc[2 * i + 1] = _mm256_add_epi32(acc[2 * i + 1], sums(q, w1));
             }
           }
         };
-        if (tn == TB) dot(std::integral_constant<int64_t, TB>{}); else dot(tn);
+        if (tn == TB) dot(std::integral_constant<int64_t, TB>{});
+        else if (tn == 1) dot(std::integral_constant<int64_t, 1>{});      // a decode at batch 1: its sums in registers
+        else dot(tn);
         for (int64_t i = 0; i < tn; ++i)
           for (int h = 0; h < 2; ++h)
             _mm256_storeu_ps(op + (t0 + i) * N + b * 16 + h * 8,
