@@ -35,13 +35,14 @@ class Worker:
         self.model = load_model(config.model, self.device, self.dtype)
         if self.device.type == "cpu":
             logger.info("CPU vector instructions: %s", cpu_isa.describe())
+        int8_rows = None                                 # the int8 layers' C++ rows, for decodes and prefills
         if config.quantize == "int8":
             n = quantize_linears(self.model, LlamaLayer, kernels() if config.cpu_kernel else None)
             on_cpp = sum(m.gemm is not None for m in self.model.modules() if isinstance(m, Int8Linear))
             logger.info("CPU: %d linears of the transformer layers on int8 weights (quantize=int8; %d of them "
                         "on the C++ int8_gemm, the rest on fbgemm)", n, on_cpp)
-            if config.cpu_kernel:                        # the decode layer's other operations in C++
-                self.model.model.int8_rows = int8_rows_kernels(self.model.model)
+            if config.cpu_kernel:                        # the layer's other operations in C++
+                int8_rows = self.model.model.int8_rows = int8_rows_kernels(self.model.model)
         # (on a CPU only under Triton's interpreter, which the tests use)
         fused = config.gpu_kernels and (self.device.type == "cuda" or gpu_kernels.interpreted()) \
             and self._use_gpu_kernels()
@@ -66,7 +67,7 @@ class Worker:
         self.runner = ModelRunner(self.model, config.block_size, self.cache.scratch_block, self.max_model_len,
                                   config.max_num_seqs, self.device, use_graphs, kernel, in_place_decode=fused,
                                   graph_sampler=self._graph_sampler() if use_graphs and fused else None,
-                                  in_place_prefill=getattr(getattr(self.model, "model", None), "int8_rows", None) is not None)
+                                  in_place_prefill=int8_rows is not None)
         self.sampler = Sampler(sort_rows_kernel() if self.device.type == "cpu" and config.cpu_kernel else None)
 
     def _use_gpu_kernels(self) -> bool:
