@@ -27,7 +27,8 @@ SLACK_S = {"mp3": 0.15, "aac": 0.15, "opus": 0.025, "flac": 0.0, "wav": 0.0, "pc
 @pytest.fixture(scope="module")
 def gateway(tts_server):
     """The gateway serve.sh started beside the server (GATEWAY_PORT)."""
-    assert f"[serve] OpenAI  http://localhost:{tts_server.gateway_port}/v1/audio/speech" in tts_server.log()
+    # the whole log: log() is its last 20,000 characters, and serve.sh names the gateway first
+    assert f"[serve] OpenAI  http://localhost:{tts_server.gateway_port}/v1/audio/speech" in tts_server.log_path.read_text()
     assert wait_for(lambda: gateway_healthy(tts_server.gateway_url), 60), tts_server.log()
     return tts_server.gateway_url
 

@@ -1,12 +1,13 @@
 """The gateways' side of Triton: one `tritonclient.grpc.aio` client, a `tts` stream per request,
 and Triton's errors turned into HTTP-style statuses (ApiError) that the OpenAI API answers with
 and the Wyoming server reports."""
+import asyncio
 import contextlib
 import functools
 import json
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 from velocity.gateway.health_reason import HealthReason
 from velocity.gateway.pace import Pacer, read_ahead
@@ -97,6 +98,7 @@ class Gateway:
         self.retry = Retry(len(self.urls) - 1 if retries is None else retries)
         self._clients: dict = {}
         self._names: dict[str, str] | None = None
+        self._unary: set[asyncio.Task] = set()      # unary calls in flight (uncancelled)
         self._turn = 0                              # round robin over the upstreams
 
     def client_for(self, url: str):
@@ -105,8 +107,27 @@ class Gateway:
             self._clients[url] = grpcclient.InferenceServerClient(url, channel_args=channel_args())
         return self._clients[url]
 
+    def uncancelled(self, call: Awaitable):
+        """`call`, a unary gRPC call to Triton, run to its end even when its caller is cancelled
+        meanwhile (a client that hung up, a stream's Pacer closed): the caller stops waiting, the
+        call is not cancelled. A unary infer cancelled as it completes can crash Triton 2.51's
+        gRPC frontend, the pytriton wheel's (SIGSEGV; triton-inference-server/server#8034, fixed
+        in 25.04). These calls are short. A stream's cancel is another handler and stays."""
+        task = asyncio.ensure_future(call)
+        self._unary.add(task)
+        task.add_done_callback(self._unary_done)
+        return asyncio.shield(task)
+
+    def _unary_done(self, task: asyncio.Task) -> None:
+        self._unary.discard(task)
+        if not task.cancelled():
+            task.exception()                        # retrieved: its caller may have left
+
     async def close(self) -> None:
-        """Close the gRPC channels (an aio channel left to interpreter exit can crash it)."""
+        """Close the gRPC channels (an aio channel left to interpreter exit can crash it), once
+        the unary calls in flight are done (closing cancels them), 2 s at most."""
+        if self._unary:
+            await asyncio.wait(set(self._unary), timeout=2)
         clients, self._clients = list(self._clients.values()), {}
         for c in clients:
             await c.close()
@@ -123,7 +144,7 @@ class Gateway:
         failed = []
         for url in self.urls:
             try:
-                await self.client_for(url).infer("text_frontend", make_inputs(grpcclient, values))
+                await self.uncancelled(self.client_for(url).infer("text_frontend", make_inputs(grpcclient, values)))
                 return
             except InferenceServerException as e:
                 if e.status() == "StatusCode.INVALID_ARGUMENT":
@@ -137,14 +158,15 @@ class Gateway:
         """Some upstream's `tts` is ready and that server is not draining (its `voices` says)."""
         for url in self.urls:
             try:
-                if await self.client_for(url).is_model_ready("tts") and not (await self._listing(url))["draining"]:
+                ready = await self.uncancelled(self.client_for(url).is_model_ready("tts"))
+                if ready and not (await self._listing(url))["draining"]:
                     return True
             except Exception:
                 continue
         return False
 
     async def _listing(self, url: str) -> dict:
-        res = await self.client_for(url).infer("voices", [])
+        res = await self.uncancelled(self.client_for(url).infer("voices", []))
         return json.loads(res.as_numpy("VOICES").reshape(-1)[0])
 
     async def voices(self) -> dict:
@@ -254,4 +276,4 @@ class Gateway:
         """Tell the server how far the client of stream `ref` has read (velocity.gateway.pace)."""
         import tritonclient.grpc.aio as grpcclient
 
-        await self.client_for(url).infer("pace", pace_inputs(grpcclient, ref, taken))
+        await self.uncancelled(self.client_for(url).infer("pace", pace_inputs(grpcclient, ref, taken)))
