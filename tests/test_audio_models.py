@@ -69,3 +69,20 @@ def test_wrong_shape_names_file_and_tensor(ckpt, tmp_path):
     save_file(t, str(f))
     with pytest.raises(WeightError, match=r"Vocos.safetensors: tensor 'backbone.embed.weight' has shape"):
         load_vocos(out)
+
+
+def test_loading_every_model_imports_no_compiler_machinery(ckpt):
+    """The GPT, the DVAE and the Vocos built on the meta device and filled, in a fresh process,
+    import neither torch._dynamo nor sympy: their first use (an nn.init initialiser or to_empty
+    run on torch's Python reference kernels) took seconds of every server process's start."""
+    import subprocess
+    import sys
+
+    code = (f"import sys, torch\nfrom velocity.model.loader import load_model\n"
+            f"from velocity.model.audio_models import load_dvae, load_vocos\n"
+            f"load_model({str(ckpt)!r}, torch.device('cpu'), torch.float32)\n"
+            f"load_dvae({str(ckpt)!r}); load_vocos({str(ckpt)!r})\n"
+            f"print(sorted(m for m in ('torch._dynamo', 'sympy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout

@@ -30,12 +30,27 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(old)
 
 
+class NoInit(torch.overrides.TorchFunctionMode):
+    """torch.nn.init's in-place initialisers (normal_, uniform_, ...) as no-ops, in this thread.
+    On the meta device they compute nothing anyway, but some run there on torch's Python
+    reference kernels, whose first call imports torch._dynamo: seconds of every model process's
+    start."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
+
+
 def build_empty(factory: Callable[[], nn.Module], device: torch.device, dtype: torch.dtype) -> nn.Module:
     """Construct on the meta device (no memory, no init), then allocate uninitialised storage.
     Modules with computed (non-checkpoint) buffers refill them in init_buffers()."""
-    with default_dtype(dtype), torch.device("meta"):
+    with default_dtype(dtype), torch.device("meta"), NoInit():
         model = factory()
-    model = model.to_empty(device=device)
+    # model.to_empty(device=device), on torch.empty: to_empty's empty_like runs a Python reference
+    # kernel from the meta device whose first call imports sympy (most of a second)
+    model = model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
     for m in model.modules():
         if hasattr(m, "init_buffers"):
             m.init_buffers()
