@@ -1,7 +1,8 @@
 """Write what the request table (velocity/serving/input_table.py) defines into the files that cannot
-import it: the `tts` ensemble's inputs and their map into text_frontend
-(model_repository/tts/config.pbtxt: an ensemble has no auto-complete), and the inputs table of
-docs/api.md. text_frontend and tts_offline declare theirs at load (auto_complete_config).
+import it: the inputs of the `tts` ensemble (and their map into text_frontend), of text_frontend
+and of tts_offline, in their config.pbtxt, and the inputs table of docs/api.md. serve.sh runs
+Triton without auto-complete (each Python model's auto-complete is a stub process of its own at
+every start), so the configs are whole as written.
 
     .venv/bin/python scripts/gen_inputs.py            # write them
     .venv/bin/python scripts/gen_inputs.py --check    # exit 1 and show the difference if stale
@@ -19,16 +20,31 @@ sys.path.insert(0, str(ROOT))
 
 from velocity.serving.input_table import INPUTS, triton_inputs  # noqa: E402
 
-CONFIG = ROOT / "model_repository" / "tts" / "config.pbtxt"
+REPO = ROOT / "model_repository"
+CONFIG = REPO / "tts" / "config.pbtxt"
+# text_frontend's one input of its own: tts_offline's check of a request (PROBLEM says what is wrong
+# with it, "" if nothing, as a result: a BLS caller gets an error response's code as INTERNAL)
+CHECK_ONLY = {"name": "CHECK_ONLY", "data_type": "TYPE_BOOL", "dims": [1], "optional": True}
 API = ROOT / "docs" / "api.md"
 BEGIN, END = "<!-- inputs: written by scripts/gen_inputs.py -->", "<!-- end of inputs -->"
 
 
+def model_inputs(model: str) -> list[dict]:
+    return triton_inputs(model) + ([CHECK_ONLY] if model == "text_frontend" else [])
+
+
+def with_inputs(text: str, model: str) -> str:
+    """A config.pbtxt with its input block (before its output block) from the table."""
+    rows = ",\n".join(f'  {{ name: "{i["name"]}", data_type: {i["data_type"]}, '
+                      f'dims: [ {", ".join(map(str, i["dims"]))} ], optional: {str(i["optional"]).lower()} }}'
+                      for i in model_inputs(model))
+    text = re.sub(r"(?ms)^input \[\n.*?^\]\n", "", text, count=1)
+    return text.replace("output [\n", f"input [\n{rows}\n]\noutput [\n", 1)
+
+
 def config_text(text: str) -> str:
     """The ensemble's config with its input block and text_frontend's input_map from the table."""
-    rows = ",\n".join(f'  {{ name: "{i["name"]}", data_type: {i["data_type"]}, dims: [ 1, 1 ], optional: true }}'
-                      for i in triton_inputs("tts"))
-    text = re.sub(r"(?ms)^input \[\n.*?^\]\n", lambda _: f"input [\n{rows}\n]\n", text, count=1)
+    text = with_inputs(text, "tts")
     maps = "".join(f'      input_map {{ key: "{i.name}" value: "{i.name}" }}\n' for i in INPUTS)
     return re.sub(r'(?s)(model_name: "text_frontend"\n      model_version: -1\n)(?:      input_map [^\n]*\n)*',
                   lambda m: m[1] + maps, text, count=1)
@@ -46,10 +62,14 @@ def api_text(text: str) -> str:
     return re.sub(f"(?s){re.escape(BEGIN)}.*?{re.escape(END)}", lambda _: f"{BEGIN}\n{table}\n{END}", text, count=1)
 
 
+FILES = [(CONFIG, config_text), (API, api_text)] + [
+    (REPO / m / "config.pbtxt", lambda text, m=m: with_inputs(text, m)) for m in ("text_frontend", "tts_offline")]
+
+
 def stale() -> list[str]:
     """A unified diff for each file that differs from what the table writes (empty: up to date)."""
     out = []
-    for path, make in ((CONFIG, config_text), (API, api_text)):
+    for path, make in FILES:
         old = path.read_text()
         new = make(old)
         if new != old:
@@ -66,7 +86,7 @@ def main() -> int:
         diffs = stale()
         sys.stdout.write("".join(diffs))
         return 1 if diffs else 0
-    for path, make in ((CONFIG, config_text), (API, api_text)):
+    for path, make in FILES:
         path.write_text(make(path.read_text()))
     return 0
 

@@ -80,7 +80,11 @@ esac
 
 args=(--model-repository="$REPO" --http-port="$HTTP_PORT" --grpc-port="$GRPC_PORT"
       --metrics-port="$METRICS_PORT" --exit-timeout-secs="$EXIT_TIMEOUT"
-      --http-address="$BIND" --grpc-address="$BIND" --metrics-address="$BIND" --exit-on-error=false)
+      --http-address="$BIND" --grpc-address="$BIND" --metrics-address="$BIND" --exit-on-error=false
+      --disable-auto-complete-config --model-load-thread-count=8)
+# The configs are whole (scripts/gen_inputs.py writes the request table's inputs into them):
+# auto-complete would start each Python model once more in a stub of its own, at every start.
+# Every model of the repository (7) loads on its own thread (Triton's default is 4).
 if command -v tritonserver >/dev/null 2>&1; then
     server="$(command -v tritonserver)"          # NGC container: its own python backend
 else

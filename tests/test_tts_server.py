@@ -270,8 +270,8 @@ def test_each_chunk_says_its_sentence_its_sample_offset_and_the_sentences_text(s
 
 
 def test_the_models_declare_the_request_tables_inputs(server):
-    """text_frontend and tts_offline declare their inputs at load (auto_complete_config) from
-    velocity/serving/input_table.py; the ensemble's are written from it (test_inputs.py checks that).
+    """The inputs of text_frontend, tts_offline and the ensemble, written into their configs from
+    velocity/serving/input_table.py (test_inputs.py checks the files), are what the server loaded.
     text_frontend has one more, CHECK_ONLY (tts_offline's check of a request)."""
     from velocity.serving.input_table import triton_inputs
 

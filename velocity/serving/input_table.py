@@ -3,8 +3,8 @@
 Each row names an input, its Triton type, what its absence means, its range or choices, its help
 text, the models that take it and, where it has one, its field in the OpenAI API's body and its
 `velocity-tts-client` option. From the table come: the parser (`read_inputs`, one pass, errors
-naming the input and its range), the Triton configs' inputs (`triton_inputs`: the Python models
-auto-complete theirs, the `tts` ensemble's are written by scripts/gen_inputs.py), the gateway's
+naming the input and its range), the Triton configs' inputs (`triton_inputs`, written into the
+config.pbtxt of `tts`, text_frontend and tts_offline by scripts/gen_inputs.py), the gateway's
 body fields, the client's options and the inputs table of docs/api.md.
 
 Numpy only (no torch): the gateway and the clients import it.

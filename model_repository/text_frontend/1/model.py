@@ -2,22 +2,11 @@
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from velocity.serving.input_table import triton_inputs
 from velocity.serving.passed_inputs import flag_input, input_reader, params_arrays
 from velocity.serving.tts_request import TTSFront, parse_triton_request, parse_tts_request
 
 
 class TritonPythonModel:
-    @staticmethod
-    def auto_complete_config(config):
-        """The inputs from the request table (velocity/serving/input_table.py)."""
-        for spec in triton_inputs("text_frontend"):
-            config.add_input(spec)
-        # tts_offline's check: PROBLEM says what is wrong with the request ("" if nothing), as a
-        # result (a BLS caller gets an error response's code as INTERNAL whatever it was)
-        config.add_input({"name": "CHECK_ONLY", "data_type": "TYPE_BOOL", "dims": [1], "optional": True})
-        return config
-
     def initialize(self, args: dict) -> None:
         self.front = TTSFront.from_env("text_frontend", pb_utils)
 

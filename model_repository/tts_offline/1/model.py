@@ -4,19 +4,11 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from velocity.serving.input_table import triton_inputs
 from velocity.serving.settings import Settings
 from velocity.serving.stub_exit import end_quickly
 
 
 class TritonPythonModel:
-    @staticmethod
-    def auto_complete_config(config):
-        """The inputs from the request table (velocity/serving/input_table.py)."""
-        for spec in triton_inputs("tts_offline"):
-            config.add_input(spec)
-        return config
-
     def initialize(self, args: dict) -> None:
         Settings.from_env().configure_logging()
         end_quickly()                   # no interpreter teardown at unload (velocity.serving.stub_exit)

@@ -26,8 +26,8 @@ from velocity.serving.passed_inputs import input_reader
 from velocity.serving.settings import Settings
 from velocity.serving.stub_exit import end_quickly
 from velocity.serving.stream_board import CANCELLED, FAILED, StreamBoard
-# torch and the decoders are imported in initialize: Triton's auto-complete step also runs this
-# file, in a stub of its own, and needs none of them
+# torch and the decoders are imported in initialize: where Triton's auto-complete is on (a
+# bare tritonserver; serve.sh turns it off) it runs this file in a stub of its own, which needs none of them
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 log = logging.getLogger("velocity.vocoder")
