@@ -74,7 +74,7 @@ def test_wrong_shape_names_file_and_tensor(ckpt, tmp_path):
 def test_loading_every_model_imports_no_compiler_machinery(ckpt):
     """The GPT, the DVAE and the Vocos built on the meta device and filled, in a fresh process,
     import neither torch._dynamo nor sympy: their first use (an nn.init initialiser or to_empty
-    run on torch's Python reference kernels) took seconds of every server process's start."""
+    run on torch's Python reference kernels) slowed every server process's start."""
     import subprocess
     import sys
 

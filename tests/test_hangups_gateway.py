@@ -70,7 +70,8 @@ def test_unary_calls_whose_callers_leave_leave_triton_up(tts_server):
     cancelled at any moment, 2,000 times, as clients that hang up cancel them. Triton 2.51's gRPC
     frontend (the pytriton wheel's) crashes on a unary infer cancelled as it completes
     (triton-inference-server/server#8034): without Gateway.uncancelled this killed the server
-    within 2,000-3,000 calls here. The calls run to their end, and tritonserver stays the same."""
+    within these calls here (docs/operations.md). The calls run to their end, and tritonserver
+    stays the same."""
     import asyncio
     import random
 

@@ -72,9 +72,9 @@ def test_the_python_snippet(tts_server):
             if short != i.name and (short == "MAX_NEW_TOKENS" or "REFINE" in one):
                 one += f', inp({short!r}, {values[short]!r}, "INT32")'
         variants[i.name] = code.replace(line, one + "]").replace("localhost:8001", tts_server.grpc_url)
-    # one process runs every variant, each in a fresh namespace (a process each took 20 s), and
-    # ends at once when they are done: its teardown with the variants' 23 gRPC channels once hung
-    # past the timeout after every variant had its audio (a clean-clone CI run, 2026-11-27). The
+    # one process runs every variant, each in a fresh namespace (a process each was slow), and
+    # ends at once when they are done: its teardown with the variants' gRPC channels once hung
+    # past the timeout after every variant had its audio (a clean-clone CI run). The
     # snippet as a user runs it, one stream and a normal exit, is run_snippet's, which a hang fails.
     driver = ("import json, os, sys\nout = {}\nfor name, src in json.load(sys.stdin).items():\n"
               "    ns = {}\n    exec(src, ns)\n    out[name] = len(ns['audio'])\nprint(json.dumps(out), flush=True)\n"

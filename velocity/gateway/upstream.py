@@ -118,6 +118,10 @@ class Gateway:
         task.add_done_callback(self._unary_done)
         return asyncio.shield(task)
 
+    def infer(self, url: str, model: str, inputs: list):
+        """A unary infer of `model` on upstream `url`, never cancelled in flight (uncancelled)."""
+        return self.uncancelled(self.client_for(url).infer(model, inputs))
+
     def _unary_done(self, task: asyncio.Task) -> None:
         self._unary.discard(task)
         if not task.cancelled():
@@ -144,7 +148,7 @@ class Gateway:
         failed = []
         for url in self.urls:
             try:
-                await self.uncancelled(self.client_for(url).infer("text_frontend", make_inputs(grpcclient, values)))
+                await self.infer(url, "text_frontend", make_inputs(grpcclient, values))
                 return
             except InferenceServerException as e:
                 if e.status() == "StatusCode.INVALID_ARGUMENT":
@@ -166,7 +170,7 @@ class Gateway:
         return False
 
     async def _listing(self, url: str) -> dict:
-        res = await self.uncancelled(self.client_for(url).infer("voices", []))
+        res = await self.infer(url, "voices", [])
         return json.loads(res.as_numpy("VOICES").reshape(-1)[0])
 
     async def voices(self) -> dict:
@@ -276,4 +280,4 @@ class Gateway:
         """Tell the server how far the client of stream `ref` has read (velocity.gateway.pace)."""
         import tritonclient.grpc.aio as grpcclient
 
-        await self.uncancelled(self.client_for(url).infer("pace", pace_inputs(grpcclient, ref, taken)))
+        await self.infer(url, "pace", pace_inputs(grpcclient, ref, taken))

@@ -33,8 +33,8 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
 class NoInit(torch.overrides.TorchFunctionMode):
     """torch.nn.init's in-place initialisers (normal_, uniform_, ...) as no-ops, in this thread.
     On the meta device they compute nothing anyway, but some run there on torch's Python
-    reference kernels, whose first call imports torch._dynamo: seconds of every model process's
-    start."""
+    reference kernels, whose first call imports torch._dynamo, a slow part of every model
+    process's start."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -49,7 +49,7 @@ def build_empty(factory: Callable[[], nn.Module], device: torch.device, dtype: t
     with default_dtype(dtype), torch.device("meta"), NoInit():
         model = factory()
     # model.to_empty(device=device), on torch.empty: to_empty's empty_like runs a Python reference
-    # kernel from the meta device whose first call imports sympy (most of a second)
+    # kernel from the meta device whose first call imports sympy
     model = model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
     for m in model.modules():
         if hasattr(m, "init_buffers"):
