@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.harness import alternating, bench_texts, exit_on_sigterm, finish, save  # noqa: E402
 from benchmarks.sweep import run_level  # noqa: E402
-from benchmarks.replicas import Balancer, Replica, tts_requests  # noqa: E402
+from benchmarks.replicas import Balancer, Replica, tts_requests, tts_served  # noqa: E402
 from benchmarks.server import TritonServer, free_port  # noqa: E402
 
 
@@ -81,7 +81,8 @@ def main() -> None:
                     time.sleep(1.0)                            # first health checks
                     before = [tts_requests(metrics(s)) for s in servers]
                     got = run_level(lb.url, texts, args.concurrency, args.requests, values, bar)
-                    got["per_replica"] = [tts_requests(metrics(s)) - b for s, b in zip(servers, before)]
+                    got["per_replica"] = tts_served([metrics(s) for s in servers], before,
+                                                    args.requests - got["errors"])
                 rounds["1 replica" if n == 1 else "2 replicas"].append(got)
     finally:
         for s in servers:

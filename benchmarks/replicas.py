@@ -130,6 +130,18 @@ def tts_requests(metrics_url: str) -> float:
     return model_metric(fetch_metrics(metrics_url), "nv_inference_request_success", "tts")
 
 
+def tts_served(metrics_urls: list[str], before: list[float], total: int, timeout: float = 10.0) -> list[float]:
+    """Each server's `tts` requests since `before`, read once they add up to `total` (or after
+    `timeout` seconds): Triton counts a request when it releases it, which can come just after
+    the client has had its final response."""
+    deadline = time.monotonic() + timeout
+    while True:
+        served = [tts_requests(u) - b for u, b in zip(metrics_urls, before)]
+        if sum(served) >= total or time.monotonic() > deadline:
+            return served
+        time.sleep(0.05)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.replicas", description=__doc__.split("\n\n")[0])
     ap.add_argument("--listen", type=int, default=9001, help="the balancer's gRPC port")
