@@ -181,9 +181,9 @@ def offline(s: TritonServer) -> Client:
         import tritonclient.http as httpclient
 
         from velocity.serving.input_table import make_inputs
-        c = httpclient.InferenceServerClient(s.http_url.removeprefix("http://"), network_timeout=120)
-        threading.Timer(0.5, first).start()
-        c.infer("tts_offline", make_inputs(httpclient, {"TEXT": LONG, "MAX_NEW_TOKENS": 2000}))
+        with httpclient.InferenceServerClient(s.http_url.removeprefix("http://"), network_timeout=120) as c:
+            threading.Timer(0.5, first).start()
+            c.infer("tts_offline", make_inputs(httpclient, {"TEXT": LONG, "MAX_NEW_TOKENS": 2000}))
     return Client("offline", run)
 
 
@@ -240,9 +240,9 @@ def offline_speaks(s: TritonServer) -> bool:
     import tritonclient.http as httpclient
 
     from velocity.serving.input_table import make_inputs
-    c = httpclient.InferenceServerClient(s.http_url.removeprefix("http://"), network_timeout=60)
-    return c.infer("tts_offline", make_inputs(httpclient, {"TEXT": "Whole.", "MAX_NEW_TOKENS": 30})
-                   ).as_numpy("WAVEFORM").size > 0
+    with httpclient.InferenceServerClient(s.http_url.removeprefix("http://"), network_timeout=60) as c:
+        return c.infer("tts_offline", make_inputs(httpclient, {"TEXT": "Whole.", "MAX_NEW_TOKENS": 30})
+                       ).as_numpy("WAVEFORM").size > 0
 
 
 def test_each_part_that_dies_is_told_seen_and_replaced(served):

@@ -109,9 +109,9 @@ def test_threads_at_the_same_metrics_leave_the_server_up(smoke_server):
     import tritonclient.http as httpclient
 
     from velocity.serving.input_table import array_inputs
-    c = httpclient.InferenceServerClient(smoke_server.http_url)
-    for _ in range(3):
-        res = c.infer("metrics_threads", array_inputs(httpclient, {"OPS": np.array([2000], dtype=np.int32)}))
-        assert int(res.as_numpy("DONE")[0]) == 4 * 2000
+    with httpclient.InferenceServerClient(smoke_server.http_url) as c:
+        for _ in range(3):
+            res = c.infer("metrics_threads", array_inputs(httpclient, {"OPS": np.array([2000], dtype=np.int32)}))
+            assert int(res.as_numpy("DONE")[0]) == 4 * 2000
     assert smoke_server.ready() and 'velocity_vocoder_dropped_chunks_total{model="metrics_threads"} 24000' in \
         smoke_server.metrics()

@@ -154,8 +154,8 @@ def test_offline_equals_stream_over_grpc_and_http(server):
     g = grpcclient.InferenceServerClient(server.grpc_url)
     whole = g.infer("tts_offline", make_inputs(grpcclient, GOOD)).as_numpy("WAVEFORM").reshape(-1)
     np.testing.assert_allclose(whole, streamed, rtol=0, atol=0)
-    h = httpclient.InferenceServerClient(server.http_url)
-    via_http = h.infer("tts_offline", make_inputs(httpclient, GOOD)).as_numpy("WAVEFORM").reshape(-1)
+    with httpclient.InferenceServerClient(server.http_url) as h:
+        via_http = h.infer("tts_offline", make_inputs(httpclient, GOOD)).as_numpy("WAVEFORM").reshape(-1)
     np.testing.assert_array_equal(via_http, streamed)
 
 
@@ -226,8 +226,10 @@ def test_bad_inputs_invalid_arg_then_good_request(server, bad, match):
     with pytest.raises(InferenceServerException) as e:
         grpcclient.InferenceServerClient(server.grpc_url).infer("tts_offline", make_inputs(grpcclient, bad))
     assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and re.search(match, e.value.message()), e.value
-    with pytest.raises(InferenceServerException) as e:
-        httpclient.InferenceServerClient(server.http_url).infer("tts_offline", make_inputs(httpclient, bad))
+    # closed here: the exception's traceback would hold its connection open until a garbage
+    # collection, and Triton waits for open HTTP connections when it stops
+    with httpclient.InferenceServerClient(server.http_url) as h, pytest.raises(InferenceServerException) as e:
+        h.infer("tts_offline", make_inputs(httpclient, bad))
     assert e.value.status() == "400" and re.search(match, e.value.message()), e.value
     ok, err2 = stream_tts(server.grpc_url, {"TEXT": "fine.", "MAX_NEW_TOKENS": 8, "SEED": 1})
     assert err2 is None and ok
