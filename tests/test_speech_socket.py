@@ -139,6 +139,28 @@ def test_a_client_that_leaves_stops_the_work(gateway, tts_server):
     assert_work_stops(tts_server, time.monotonic())
 
 
+def test_a_client_that_cancels_then_leaves_is_gone_not_an_error(gateway, tts_server):
+    """A cancel and the close right after it: the gateway's "cancelled" finds the socket closed.
+    That is a client that left (logged as such, its work stopped), not a failed message with a
+    traceback in the log."""
+    import socket
+    import struct
+
+    start = len(tts_server.log_path.read_text(errors="replace"))
+    with connect(ws_url(gateway)) as ws:
+        speak_long_text(ws)
+        assert isinstance(ws.recv(timeout=60), bytes)
+        send(ws, type="cancel")
+        # gone at once, without a closing handshake (a reset): the gateway's "cancelled" comes after
+        ws.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        ws.socket.close()
+    assert_work_stops(tts_server, time.monotonic())
+    assert wait_for(lambda: "websocket: the client closed the connection: its speech is stopped"
+                    in tts_server.log_path.read_text(errors="replace")[start:], 5), tts_server.log()[-3000:]
+    log = tts_server.log_path.read_text(errors="replace")[start:]
+    assert "a message failed" not in log and "Traceback" not in log, log[-3000:]
+
+
 @pytest.mark.parametrize("msg,says,param", [
     ('{"type": "text", "text": "Hi."}', 'send a "setup" message before "text"', "type"),
     ("not json", "a message must be JSON", None),

@@ -13,18 +13,39 @@ SERVICE_RESTART = 1012       # the server restarts after a part died: try again 
 
 
 class ClientGone(Exception):
-    """The client took none of its audio for the send timeout."""
+    """The client is gone: it took none of its audio for the send timeout, or it closed the
+    connection before a send."""
+
+
+def once(f: Callable[[], None]) -> Callable[[], None]:
+    """f, run at its first call only (a hang-up is counted once, whichever path sees it first)."""
+    done = False
+
+    def first() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            f()
+    return first
+
+
+def _closed_errors() -> tuple[type[BaseException], ...]:
+    """What a send to a client that has closed its connection raises: starlette's
+    WebSocketDisconnect and WebSocketDisconnected (a send after the close), the server's OSError."""
+    from starlette import websockets
+    return tuple(filter(None, (websockets.WebSocketDisconnect, getattr(websockets, "WebSocketDisconnected", None),
+                               OSError)))
 
 
 async def send_within(send: Awaitable, timeout: float) -> None:
-    """Await a send; ClientGone once it has waited `timeout` seconds (0: no limit)."""
-    if timeout <= 0:
-        await send
-        return
+    """Await a send; ClientGone once it has waited `timeout` seconds (0: no limit), or when the
+    client has closed the connection (a client that leaves is not the server's fault)."""
     try:
-        await asyncio.wait_for(send, timeout)
+        await (send if timeout <= 0 else asyncio.wait_for(send, timeout))
     except asyncio.TimeoutError as e:
         raise ClientGone(f"the client took none of its audio for {timeout:g} s") from e
+    except _closed_errors() as e:
+        raise ClientGone("the client closed the connection") from e
 
 
 async def close_socket(ws, code: int, reason: str) -> None:

@@ -29,7 +29,7 @@ import json
 import logging
 
 from velocity.gateway import json_body
-from velocity.gateway.client_io import (POLICY, SERVICE_RESTART, ClientGone, close_socket, receive_unless_idle,
+from velocity.gateway.client_io import (POLICY, SERVICE_RESTART, ClientGone, close_socket, once, receive_unless_idle,
                                         send_within, server_failed)
 from velocity.gateway.encode import Encoder
 from velocity.gateway.sentences import SentenceBuffer, SentencePipe
@@ -120,7 +120,7 @@ class ElevenLabsSocket:
         """left(): called once if the client leaves with speech still to come (a hang-up, counted);
         send_timeout: a client that takes nothing for this long is gone (client_io);
         idle_timeout: a socket with no message and no speech for this long is closed (0: never)."""
-        self.ws, self.gw, self.values_of, self.rate, self.left = ws, gw, values_of, rate, left
+        self.ws, self.gw, self.values_of, self.rate, self.left = ws, gw, values_of, rate, once(left)
         self.send_timeout, self.idle_timeout = send_timeout, idle_timeout
         self.contexts: dict[str, Context] = {}
         self.lock = asyncio.Lock()

@@ -28,7 +28,7 @@ import json
 import logging
 
 from velocity.gateway import json_body
-from velocity.gateway.client_io import (POLICY, SERVICE_RESTART, ClientGone, close_socket, receive_unless_idle,
+from velocity.gateway.client_io import (POLICY, SERVICE_RESTART, ClientGone, close_socket, once, receive_unless_idle,
                                         send_within, server_failed)
 from velocity.gateway.encode import pcm16
 from velocity.gateway.sentences import SentenceBuffer, SentencePipe
@@ -50,7 +50,7 @@ class SpeechSocket:
         left(): called once if the client leaves with speech still to come (a hang-up, counted);
         send_timeout: a client that takes nothing for this long is gone (client_io);
         idle_timeout: a socket with no message and no speech for this long is closed (0: never)."""
-        self.ws, self.gw, self.values_of, self.left = ws, gw, values_of, left
+        self.ws, self.gw, self.values_of, self.left = ws, gw, values_of, once(left)
         self.send_timeout, self.idle_timeout = send_timeout, idle_timeout
         self.setup: dict | None = None
         self.text = SentenceBuffer()
