@@ -134,12 +134,13 @@ def tts_served(metrics_urls: list[str], before: list[float], total: int, timeout
     """Each server's `tts` requests since `before`, read once they add up to `total` (or after
     `timeout` seconds): Triton counts a request when it releases it, which can come just after
     the client has had its final response."""
-    deadline = time.monotonic() + timeout
-    while True:
-        served = [tts_requests(u) - b for u, b in zip(metrics_urls, before)]
-        if sum(served) >= total or time.monotonic() > deadline:
-            return served
-        time.sleep(0.05)
+    from benchmarks.server import wait_for
+
+    def served() -> list[float]:
+        return [tts_requests(u) - b for u, b in zip(metrics_urls, before)]
+
+    wait_for(lambda: sum(served()) >= total, timeout)
+    return served()
 
 
 def main(argv: list[str] | None = None) -> int:
