@@ -140,8 +140,8 @@ def test_a_client_that_leaves_stops_the_work(gateway, tts_server):
 
 
 def test_a_client_that_cancels_then_leaves_is_gone_not_an_error(gateway, tts_server):
-    """A cancel and the close right after it: the gateway's "cancelled" finds the socket closed.
-    That is a client that left (logged as such, its work stopped), not a failed message with a
+    """A cancel and the close right after it: the gateway's "cancelled" finds the socket closed (or
+    its reader sees the reset first). That is a client that left (logged as such, its work stopped), not a failed message with a
     traceback in the log."""
     import socket
     import struct
@@ -155,8 +155,12 @@ def test_a_client_that_cancels_then_leaves_is_gone_not_an_error(gateway, tts_ser
         ws.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         ws.socket.close()
     assert_work_stops(tts_server, time.monotonic())
-    assert wait_for(lambda: "websocket: the client closed the connection: its speech is stopped"
-                    in tts_server.log_path.read_text(errors="replace")[start:], 5), tts_server.log()[-3000:]
+    # which the gateway sees first, the reset or its own "cancelled" failing, is a race: either is a
+    # client that left
+    gone = ("websocket: the client closed the connection: its speech is stopped",
+            "websocket: the client left; its speech is stopped")
+    assert wait_for(lambda: any(g in tts_server.log_path.read_text(errors="replace")[start:] for g in gone),
+                    5), tts_server.log()[-3000:]
     log = tts_server.log_path.read_text(errors="replace")[start:]
     assert "a message failed" not in log and "Traceback" not in log, log[-3000:]
 
