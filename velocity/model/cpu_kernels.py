@@ -8,7 +8,7 @@ scripts/setup.sh, or on first use:
 - the int8 decode layer's row operations between its linears, and the int8 linears themselves
   where built with AVX-512 VNNI or AVX2 (velocity.model.int8_rows, velocity.model.int8_gemm).
 
-The build (about 30 s) is cached inside the Python environment (sys.prefix/velocity-kernels), so
+The build is cached inside the Python environment (sys.prefix/velocity-kernels), so
 checkouts with venvs of their own never rebuild each other's; torch's default cache is used
 where that folder is not writable. A built module is named by a hash of its source, flags
 (-march=native, less what a --cpu-isa cap leaves out: velocity.model.cpu_isa), torch version and
@@ -34,9 +34,17 @@ from velocity.model.cpu_isa import compiler_flags
 
 logger = logging.getLogger(__name__)
 
+# The headers each take what the kernels use: torch/extension.h (the whole C++ frontend) would
+# cost the build three times the seconds to parse.
 SOURCE = r"""
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/Exceptions.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -45,13 +53,13 @@ SOURCE = r"""
 // [N, S, Hkv, D]; block_tables: [B, W]; context_lens: [B] -> [B, Hq, D]. q, k and v may be row
 // slices of a wider tensor (any stride between rows; each row's heads contiguous).
 // One task per sequence; each cached token row (all heads) is read once, front to back.
-torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor slot_mapping,
-                           torch::Tensor k_cache, torch::Tensor v_cache,
-                           torch::Tensor block_tables, torch::Tensor context_lens, double scale) {
+at::Tensor paged_decode(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor slot_mapping,
+                           at::Tensor k_cache, at::Tensor v_cache,
+                           at::Tensor block_tables, at::Tensor context_lens, double scale) {
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && block_tables.is_contiguous()
               && context_lens.is_contiguous() && slot_mapping.is_contiguous(), "contiguous caches and tables expected");
   for (const auto& t : {q, k, v})
-    TORCH_CHECK(t.scalar_type() == torch::kFloat && t.dim() == 3 && t.stride(2) == 1 && t.stride(1) == t.size(2),
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.dim() == 3 && t.stride(2) == 1 && t.stride(1) == t.size(2),
                 "q, k, v: float32 [B, H, D] with each row's heads contiguous");
   const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
   const int64_t S = k_cache.size(1), Hkv = k_cache.size(2), W = block_tables.size(1);
@@ -64,7 +72,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
     std::memcpy(vcw + slots[b] * row, v.data_ptr<float>() + b * v.stride(0), row * sizeof(float));
   }
   const int64_t q_stride = q.stride(0);
-  auto out = torch::zeros({B, Hq, D}, q.options());
+  auto out = at::zeros({B, Hq, D}, q.options());
   const float* qp = q.data_ptr<float>();
   const float* kp = k_cache.data_ptr<float>();
   const float* vp = v_cache.data_ptr<float>();
@@ -122,13 +130,13 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
 // x: [R, V] float32 -> (x's rows sorted ascending [R, V], their c largest values descending [R, c],
 // and those values' ids [R, c]). Per row an LSD radix sort, 8 bits a pass, of (key, id) pairs: the
 // key orders as the float does; stable, so of equal values the higher id comes first among the c.
-std::vector<torch::Tensor> sort_rows(torch::Tensor x, int64_t c) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat, "contiguous [R, V] float32 expected");
+std::vector<at::Tensor> sort_rows(at::Tensor x, int64_t c) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, "contiguous [R, V] float32 expected");
   const int64_t R = x.size(0), V = x.size(1);
   TORCH_CHECK(0 < c && c <= V && V < (int64_t(1) << 32), "need 0 < c <= V < 2^32");
-  auto asc = torch::empty_like(x);
-  auto top = torch::empty({R, c}, x.options());
-  auto ids = torch::empty({R, c}, x.options().dtype(torch::kLong));
+  auto asc = at::empty_like(x);
+  auto top = at::empty({R, c}, x.options());
+  auto ids = at::empty({R, c}, x.options().dtype(at::kLong));
   const uint32_t* xp = reinterpret_cast<const uint32_t*>(x.data_ptr<float>());
   uint32_t* ap = reinterpret_cast<uint32_t*>(asc.data_ptr<float>());
   uint32_t* tp = reinterpret_cast<uint32_t*>(top.data_ptr<float>());
@@ -206,6 +214,21 @@ def load_built(name: str, folder: str | None):
     return module
 
 
+def build(name: str, folder: str | None):
+    """Compile SOURCES with a pybind11 module of FUNCTIONS into folder (None: torch's default) and
+    import it. cpp_extension's load_inline would put torch/extension.h in front of the source."""
+    import tempfile
+
+    from torch.utils.cpp_extension import load
+
+    # wrap_pybind_function: a failed TORCH_CHECK is a RuntimeError with its message, as load_inline makes it
+    binds = "\n".join(f'  m.def("{f}", torch::wrap_pybind_function({f}));' for f in FUNCTIONS)
+    source = Path(folder or tempfile.mkdtemp(prefix="velocity-kernels-")) / f"{name}.cpp"
+    source.write_text(f"{SOURCES}\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n{binds}\n}}\n")
+    return load(name=name, sources=[str(source)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], verbose=False,
+                build_directory=folder)
+
+
 def kernels():
     """The compiled module (paged_decode, sort_rows, int8_rows' functions), or None where it cannot be
     built (EngineConfig.cpu_kernel=False, in serving VELOCITY_CPU_KERNEL=0, does without it).
@@ -218,11 +241,8 @@ def kernels():
     try:
         _module = load_built(name, folder)
         if _module is None:
-            from torch.utils.cpp_extension import load_inline
-
-            logger.info("building the C++ CPU kernels (about 30 s, once)")
-            _module = load_inline(name=name, cpp_sources=SOURCES, functions=FUNCTIONS, extra_cflags=CFLAGS,
-                                  extra_ldflags=["-fopenmp"], verbose=False, build_directory=folder)
+            logger.info("building the C++ CPU kernels (once)")
+            _module = build(name, folder)
         logger.info("using the C++ CPU kernels (paged decode attention, the sampler's sort, int8 rows and GEMM)")
     except Exception as e:   # no compiler or ninja: the torch and numpy paths serve
         logger.warning("C++ CPU kernels unavailable, using the slower torch paths: %s "

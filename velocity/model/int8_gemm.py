@@ -28,8 +28,8 @@ int64_t int8_gemm_bits() { return kGemmBits; }
 
 // w: [N, K] int8 -> [N / 16, K / 4, 16, 4]: each 64 bytes hold 16 output channels' weights for one
 // group of 4 inputs, the layout _mm512_dpbusd_epi32 sums into 16 lanes (AVX2: two halves of 8)
-torch::Tensor int8_pack(torch::Tensor w) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kChar, "w: int8 [N, K]");
+at::Tensor int8_pack(at::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kChar, "w: int8 [N, K]");
   const int64_t N = w.size(0), K = w.size(1);
   TORCH_CHECK(N % 16 == 0 && K % 4 == 0, "int8_pack: N a multiple of 16 and K of 4, got ", N, " x ", K);
   return w.contiguous().view({N / 16, 16, K / 4, 4}).permute({0, 2, 1, 3}).contiguous();
@@ -61,14 +61,14 @@ static void quantize_rows(const float* x, uint8_t* q, int64_t n, float L, float 
 // float32: sum_k (q_k - Z) w[n, k] * ws[n], q = round(L x + Z) with L = 2^(bits - 1) - 1 and Z = L + 1
 // (fbgemm's quint8, scale 1 / L, zero point Z, rounded as fbgemm rounds): the output before the
 // rows' scales (Int8Linear.scaled)
-torch::Tensor int8_gemm(torch::Tensor x, torch::Tensor wp, torch::Tensor wsum, torch::Tensor ws) {
+at::Tensor int8_gemm(at::Tensor x, at::Tensor wp, at::Tensor wsum, at::Tensor ws) {
   TORCH_CHECK(kGemmBits > 0, "int8_gemm: built without AVX-512 VNNI or AVX2 (int8_gemm_bits() is 0)");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat, "x: contiguous float32 [T, K]");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, "x: contiguous float32 [T, K]");
   TORCH_CHECK(wp.dim() == 4 && wp.is_contiguous() && wp.size(2) == 16 && wp.size(3) == 4 && wp.size(1) * 4 == x.size(1),
               "wp: int8_pack of [N, K] weights, K = x's columns");
   const int64_t T = x.size(0), K = x.size(1), G = K / 4, NB = wp.size(0), N = NB * 16;
   TORCH_CHECK(wsum.numel() == N && ws.numel() == N, "wsum, ws: [N]");
-  auto out = torch::empty({T, N}, x.options());
+  auto out = at::empty({T, N}, x.options());
   if (T == 0) return out;
   constexpr float L = kGemmBits ? (1 << (kGemmBits - 1)) - 1 : 1, Z = L + 1;
   std::vector<int32_t> qx(T * G);                 // the rows as uint8, 4 to an int32 (one broadcast a group)

@@ -36,14 +36,14 @@ static inline void scale_row(float* p, float* s, int64_t n) {
 // x: [T, H] the residual stream, updated in place by y * ys first (y: [T, H] a linear's output
 // before its row scales ys [T, 1]; empty: nothing to add); w: [H] -> (rms_norm(x) * w [T, H], its
 // rows scaled into [-1, 1] when `scaled`; the scales [T, 1])
-std::vector<torch::Tensor> add_norm_scale(torch::Tensor x, torch::Tensor y, torch::Tensor ys, torch::Tensor w,
+std::vector<at::Tensor> add_norm_scale(at::Tensor x, at::Tensor y, at::Tensor ys, at::Tensor w,
                                           double eps, bool scaled) {
-  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && x.scalar_type() == torch::kFloat, "contiguous float32 x, w");
+  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && x.scalar_type() == at::kFloat, "contiguous float32 x, w");
   const int64_t T = x.size(0), H = x.size(1);
   const bool add = y.numel() > 0;
   TORCH_CHECK(!add || (y.is_contiguous() && y.sizes() == x.sizes() && ys.numel() == T), "y: [T, H], ys: [T, 1]");
-  auto out = torch::empty_like(x);
-  auto s = torch::ones({T, 1}, x.options());
+  auto out = at::empty_like(x);
+  auto s = at::ones({T, 1}, x.options());
   float *xp = x.data_ptr<float>(), *op = out.data_ptr<float>(), *sp = s.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   const float* yp = add ? y.data_ptr<float>() : nullptr;
@@ -73,9 +73,9 @@ std::vector<torch::Tensor> add_norm_scale(torch::Tensor x, torch::Tensor y, torc
 // y: [T, (Hq + 2 Hkv) D] the qkv linear's output before its row scales ys [T, 1]; cos, sin: [T, D]
 // (HF's rotate_half layout) -> (attention over the paged cache (this step's k, v written first)
 // [T, Hq D], rows scaled into [-1, 1]; the scales [T, 1]). y is rotated in place.
-std::vector<torch::Tensor> rope_attend_scale(torch::Tensor y, torch::Tensor ys, torch::Tensor cos, torch::Tensor sin,
-                                             torch::Tensor slot_mapping, torch::Tensor k_cache, torch::Tensor v_cache,
-                                             torch::Tensor block_tables, torch::Tensor context_lens, double scale,
+std::vector<at::Tensor> rope_attend_scale(at::Tensor y, at::Tensor ys, at::Tensor cos, at::Tensor sin,
+                                             at::Tensor slot_mapping, at::Tensor k_cache, at::Tensor v_cache,
+                                             at::Tensor block_tables, at::Tensor context_lens, double scale,
                                              int64_t Hq, int64_t Hkv) {
   TORCH_CHECK(y.is_contiguous() && cos.is_contiguous() && sin.is_contiguous(), "contiguous y, cos, sin");
   const int64_t T = y.size(0), W = y.size(1), D = cos.size(1), half = D / 2;
@@ -104,7 +104,7 @@ std::vector<torch::Tensor> rope_attend_scale(torch::Tensor y, torch::Tensor ys, 
   auto k = y.narrow(1, Hq * D, Hkv * D).view({T, Hkv, D});
   auto v = y.narrow(1, (Hq + Hkv) * D, Hkv * D).view({T, Hkv, D});
   auto o = paged_decode(q, k, v, slot_mapping, k_cache, v_cache, block_tables, context_lens, scale).view({T, Hq * D});
-  auto s = torch::empty({T, 1}, y.options());
+  auto s = at::empty({T, 1}, y.options());
   float *op = o.data_ptr<float>(), *sp = s.data_ptr<float>();
   for (int64_t t = 0; t < T; ++t) scale_row(op + t * Hq * D, sp + t, Hq * D);
   return {o, s};
@@ -139,11 +139,11 @@ static inline __m256 exp256(__m256 x) {
 
 // y: [T, 2 I] the gate_up linear's output before its row scales ys [T, 1] -> (silu(gate) * up
 // [T, I], rows scaled into [-1, 1]; the scales [T, 1])
-std::vector<torch::Tensor> silu_mul_scale(torch::Tensor y, torch::Tensor ys) {
-  TORCH_CHECK(y.is_contiguous() && y.scalar_type() == torch::kFloat, "contiguous float32 y");
+std::vector<at::Tensor> silu_mul_scale(at::Tensor y, at::Tensor ys) {
+  TORCH_CHECK(y.is_contiguous() && y.scalar_type() == at::kFloat, "contiguous float32 y");
   const int64_t T = y.size(0), I = y.size(1) / 2;
-  auto out = torch::empty({T, I}, y.options());
-  auto s = torch::empty({T, 1}, y.options());
+  auto out = at::empty({T, I}, y.options());
+  auto s = at::empty({T, 1}, y.options());
   const float *yp = y.data_ptr<float>(), *ysp = ys.data_ptr<float>();
   float *op = out.data_ptr<float>(), *sp = s.data_ptr<float>();
   at::parallel_for(0, T, 4, [&](int64_t begin, int64_t end) {
