@@ -64,7 +64,7 @@ def wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> bool:
     while time.monotonic() < end:
         if cond():
             return True
-        time.sleep(0.2)
+        time.sleep(0.05)
     return cond()
 
 
@@ -139,7 +139,7 @@ class TritonServer:
             if until == "ready" and "failed to load all models" in self.log():    # up, but never ready
                 self.stop()
                 raise RuntimeError(f"tritonserver failed to load its models:\n{self.log()}")
-            time.sleep(0.5)
+            time.sleep(0.1)
         self.stop()
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f}s:\n{self.log()}")
 
