@@ -34,8 +34,8 @@ from velocity.model.cpu_isa import compiler_flags
 
 logger = logging.getLogger(__name__)
 
-# The headers each take what the kernels use: torch/extension.h (the whole C++ frontend) would
-# cost the build three times the seconds to parse.
+# Only the headers the kernels use: torch/extension.h (the whole C++ frontend) would be most of
+# the build's time, spent parsing.
 SOURCE = r"""
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/Exceptions.h>
