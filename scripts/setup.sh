@@ -22,7 +22,7 @@
 #                    with PIP_INDEX_URL pointing at the CUDA wheel index)
 #   VENV             where the venv goes             (default <repo>/.venv)
 #   INSTALLER        uv or pip                        (default uv: pip installs uv into the venv,
-#                    and uv installs the rest from where pip would, several times faster;
+#                    and uv installs the rest from where pip would, in parallel;
 #                    where uv cannot be installed, pip does it all)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
