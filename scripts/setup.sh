@@ -23,7 +23,8 @@
 #   VENV             where the venv goes             (default <repo>/.venv)
 #   INSTALLER        uv or pip                        (default uv: pip installs uv into the venv,
 #                    and uv installs the rest from where pip would, in parallel;
-#                    where uv cannot be installed, pip does it all)
+#                    where uv cannot be installed, pip does it all, and from a step uv
+#                    fails on, pip does that step and the rest)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${VELOCITY_PYTHON:-/usr/bin/python3.11}"
@@ -108,14 +109,25 @@ if [[ "$have" != "$want" && "$have" != "$want_dev" ]]; then
         while IFS= read -r opt; do
             if [[ "$opt" == SSL_CERT_FILE=* ]]; then export "$opt"; else uv_opts+=("$opt"); fi
         done < <("$VENV/bin/python" "$ROOT/scripts/uv_args.py" "$VENV/bin/python")
-        # bytecode compiled now, as pip compiles it: where PYTHONDONTWRITEBYTECODE is set, every
-        # import would compile its module again
-        install() { "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --compile-bytecode "${uv_opts[@]}" "$@"; }
+        use_uv=1
     else
         if [[ "$INSTALLER" == uv ]]; then log "uv could not be installed: pip installs the packages"; fi
         "$VENV/bin/python" -m pip install -q --upgrade pip
-        install() { "$VENV/bin/python" -m pip install -q "$@"; }
+        use_uv=0
     fi
+    # A step uv fails (its error above) is done again by pip, and so is every step after it.
+    install() {
+        if [[ $use_uv == 1 ]]; then
+            # bytecode compiled now, as pip compiles it: where PYTHONDONTWRITEBYTECODE is set,
+            # every import would compile its module again
+            "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --compile-bytecode "${uv_opts[@]}" "$@" \
+                && return 0
+            log "uv failed (above): pip installs the rest (INSTALLER=pip skips uv)"
+            use_uv=0
+            "$VENV/bin/python" -m pip install -q --upgrade pip
+        fi
+        "$VENV/bin/python" -m pip install -q "$@"
+    }
     install "$TORCH_SPEC" "ninja>=1.11"
     if kernels_needed; then
         log "building the C++ CPU kernels beside the install (once)"
