@@ -54,8 +54,8 @@ SOURCE = r"""
 // slices of a wider tensor (any stride between rows; each row's heads contiguous).
 // One task per sequence; each cached token row (all heads) is read once, front to back.
 at::Tensor paged_decode(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor slot_mapping,
-                           at::Tensor k_cache, at::Tensor v_cache,
-                           at::Tensor block_tables, at::Tensor context_lens, double scale) {
+                        at::Tensor k_cache, at::Tensor v_cache,
+                        at::Tensor block_tables, at::Tensor context_lens, double scale) {
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && block_tables.is_contiguous()
               && context_lens.is_contiguous() && slot_mapping.is_contiguous(), "contiguous caches and tables expected");
   for (const auto& t : {q, k, v})

@@ -37,7 +37,7 @@ static inline void scale_row(float* p, float* s, int64_t n) {
 // before its row scales ys [T, 1]; empty: nothing to add); w: [H] -> (rms_norm(x) * w [T, H], its
 // rows scaled into [-1, 1] when `scaled`; the scales [T, 1])
 std::vector<at::Tensor> add_norm_scale(at::Tensor x, at::Tensor y, at::Tensor ys, at::Tensor w,
-                                          double eps, bool scaled) {
+                                       double eps, bool scaled) {
   TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && x.scalar_type() == at::kFloat, "contiguous float32 x, w");
   const int64_t T = x.size(0), H = x.size(1);
   const bool add = y.numel() > 0;
@@ -74,9 +74,9 @@ std::vector<at::Tensor> add_norm_scale(at::Tensor x, at::Tensor y, at::Tensor ys
 // (HF's rotate_half layout) -> (attention over the paged cache (this step's k, v written first)
 // [T, Hq D], rows scaled into [-1, 1]; the scales [T, 1]). y is rotated in place.
 std::vector<at::Tensor> rope_attend_scale(at::Tensor y, at::Tensor ys, at::Tensor cos, at::Tensor sin,
-                                             at::Tensor slot_mapping, at::Tensor k_cache, at::Tensor v_cache,
-                                             at::Tensor block_tables, at::Tensor context_lens, double scale,
-                                             int64_t Hq, int64_t Hkv) {
+                                          at::Tensor slot_mapping, at::Tensor k_cache, at::Tensor v_cache,
+                                          at::Tensor block_tables, at::Tensor context_lens, double scale,
+                                          int64_t Hq, int64_t Hkv) {
   TORCH_CHECK(y.is_contiguous() && cos.is_contiguous() && sin.is_contiguous(), "contiguous y, cos, sin");
   const int64_t T = y.size(0), W = y.size(1), D = cos.size(1), half = D / 2;
   TORCH_CHECK(W == (Hq + 2 * Hkv) * D && cos.size(0) == T, "y: [T, (Hq + 2 Hkv) D], cos: [T, D]");
