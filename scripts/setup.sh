@@ -102,16 +102,17 @@ if [[ -n "$test_tools" ]]; then want="$want_dev"; extra=dev; else want="$base"; 
 have="$(cat "$stamp" 2>/dev/null || true)"
 if [[ "$have" != "$want" && "$have" != "$want_dev" ]]; then
     log "installing $TORCH_SPEC and velocity[$extra] (with $INSTALLER)"
-    if [[ "$INSTALLER" == uv ]] && "$VENV/bin/python" -m pip install -q uv; then
-        # uv reads none of pip's configuration: the indexes, find-links, constraints and certificate
-        # pip would use, as uv's options (scripts/uv_args.py)
+    # uv reads none of pip's configuration: the indexes, find-links, constraints and certificate
+    # pip would use, as uv's options (scripts/uv_args.py)
+    if [[ "$INSTALLER" == uv ]] && "$VENV/bin/python" -m pip install -q uv \
+            && opts="$("$VENV/bin/python" "$ROOT/scripts/uv_args.py" "$VENV/bin/python")"; then
         uv_opts=()
         while IFS= read -r opt; do
-            if [[ "$opt" == SSL_CERT_FILE=* ]]; then export "$opt"; else uv_opts+=("$opt"); fi
-        done < <("$VENV/bin/python" "$ROOT/scripts/uv_args.py" "$VENV/bin/python")
+            if [[ "$opt" == SSL_CERT_FILE=* ]]; then export "$opt"; elif [[ -n "$opt" ]]; then uv_opts+=("$opt"); fi
+        done <<< "$opts"
         use_uv=1
     else
-        if [[ "$INSTALLER" == uv ]]; then log "uv could not be installed: pip installs the packages"; fi
+        if [[ "$INSTALLER" == uv ]]; then log "uv could not be installed or given pip's configuration: pip installs the packages"; fi
         "$VENV/bin/python" -m pip install -q --upgrade pip
         use_uv=0
     fi

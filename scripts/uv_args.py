@@ -20,7 +20,8 @@ MULTI = {"extra-index-url": "--extra-index-url", "find-links": "--find-links", "
 
 def pip_config(python: str) -> dict[str, str]:
     """key -> value, each from the source pip would take it from."""
-    out = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    # check: a pip that cannot say its configuration must not leave uv on its own defaults
+    out = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True, check=True).stdout
     ranked: dict[str, tuple[int, str]] = {}
     for line in out.splitlines():
         source_key, sep, value = line.partition("=")
