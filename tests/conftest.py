@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from triton_server import ROOT, TESTS_REPO, TritonServer, finish_stops, stop_later
+from triton_server import ROOT, TESTS_REPO, TritonServer
 
 
 @pytest.fixture
@@ -23,7 +23,8 @@ def start_triton(tmp_path: Path) -> Iterator[Callable[..., TritonServer]]:
         return s.start(timeout=timeout, until=until)
 
     yield start
-    stop_later(*servers)
+    for s in servers:
+        s.stop()
 
 
 def add_sample_voice(ckpt, name: str = "clone", text: str = "the sample text") -> str:
@@ -57,7 +58,7 @@ def tts_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServe
                           "VELOCITY_CHUNK_REST": "8", "VELOCITY_LOOKAHEAD": "4"})
     s.start(timeout=400)
     yield s
-    stop_later(s)
+    s.stop()
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +108,7 @@ def smoke_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonSer
                      log_path=tmp_path_factory.mktemp("smoke") / "server.log")
     s.start()
     yield s
-    stop_later(s)
+    s.stop()
 
 
 @pytest.fixture
@@ -135,9 +136,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """The servers stopped in the background (stop_later) have ended; test_installs' venvs go."""
     import sys
 
-    finish_stops()
     if (module := sys.modules.get("test_installs")) is not None:
         module.Installs.remove()

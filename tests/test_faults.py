@@ -105,5 +105,8 @@ def test_an_llm_config_without_decoupled_fails_to_load_and_says_why(start_triton
     cfg.write_text(cfg.read_text().replace("model_transaction_policy { decoupled: true }", ""))
     s = start_triton(repo, env={"VELOCITY_WEIGHTS": str(good), "VELOCITY_KV_CACHE_BYTES": str(8 << 20)},
                      until="live")
-    assert wait_for(lambda: "must keep model_transaction_policy" in s.log(), timeout=120), s.log()
-    assert not model_ready(s, "llm")
+    try:
+        assert wait_for(lambda: "must keep model_transaction_policy" in s.log(), timeout=120), s.log()
+        assert not model_ready(s, "llm")
+    finally:
+        s.stop()

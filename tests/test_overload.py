@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from client.triton import ServerError, stream_grpc
-from triton_server import ROOT, TritonServer, assert_same_audio, stop_later, wait_for
+from triton_server import ROOT, TritonServer, assert_same_audio, wait_for
 from checkpoints import tiny_checkpoint
 
 pytestmark = pytest.mark.server
@@ -51,4 +51,4 @@ def test_four_times_more_streams_than_the_cache_holds(tmp_path):
         # the gauges are sampled four times a second
         assert wait_for(lambda: s.metric("velocity_kv_blocks_used") == 0 and s.metric("velocity_running_sequences") == 0)
     finally:
-        stop_later(s)
+        s.stop()

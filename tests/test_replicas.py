@@ -22,7 +22,7 @@ import pytest
 from benchmarks.replicas import Balancer, Replica, stop_group, tts_requests, tts_served
 from client.triton import ServerError, parse_metric, stream_grpc
 from test_lifecycle import LONG, Listener
-from triton_server import ROOT, TritonServer, free_port, listening, side_by_side, stop_later, wait_for
+from triton_server import ROOT, TritonServer, free_port, listening, side_by_side, wait_for
 from checkpoints import tiny_checkpoint
 
 pytestmark = pytest.mark.server
@@ -148,4 +148,4 @@ def test_two_replicas_behind_a_balancer(tmp_path):
             stop_group(gateway, 20)
         if lb is not None:
             lb.stop()
-        stop_later(*[s for s in (r1, r2, r1b) if s is not None])
+        side_by_side(TritonServer.stop, [s for s in (r1, r2, r1b) if s is not None])   # each stop is mostly unloading

@@ -14,7 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 from benchmarks.soak import TEXTS, soak
 from client.triton import array_inputs
-from triton_server import ROOT, TritonServer, stop_later, wait_for
+from triton_server import ROOT, TritonServer, wait_for
 from checkpoints import tiny_checkpoint
 
 pytestmark = pytest.mark.server
@@ -31,7 +31,7 @@ def server(tmp_path_factory):
                           "VELOCITY_VOCODER_BATCH": "4"})
     s.start(timeout=400)
     yield s
-    stop_later(s)
+    s.stop()
 
 
 def vocoder_inputs(codes: np.ndarray, context: int, length: int, index: int) -> list:

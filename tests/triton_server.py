@@ -126,29 +126,6 @@ def side_gateway(server: TritonServer, log_path: Path, with_process: bool = Fals
         stop_group(gw, 20)
 
 
-_stopping: list = []        # the threads of stop_later's stops, joined by finish_stops
-
-
-def stop_later(*servers: TritonServer) -> None:
-    """Stop the servers on threads of their own, for a test or fixture that is done with them and
-    checks nothing of their stop: the next test starts meanwhile (a stop is mostly Triton's
-    unloading, which waits a second at a time, and takes little CPU). The stop itself is
-    TritonServer.stop's, with its check for processes left behind; finish_stops (the end of the
-    session) waits for every one."""
-    import threading
-
-    for s in servers:
-        t = threading.Thread(target=s.stop, name=f"stop {s.log_path.name}")
-        t.start()
-        _stopping.append(t)
-
-
-def finish_stops() -> None:
-    """Wait for every stop_later stop to end."""
-    while _stopping:
-        _stopping.pop().join()
-
-
 def side_by_side(action, servers) -> None:
     """action(server) for each server at the same time, in threads (a server's start is mostly
     loading, its stop unloading: two take little longer than one); the first error raised."""
