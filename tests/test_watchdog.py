@@ -6,14 +6,16 @@ whole path with a real server: tests/test_part_death.py.)"""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from triton_server import alive, wait_for
-from velocity.serving.watchdog import Watchdog, group_stubs
+from velocity.serving.watchdog import STUB as STUB_NAME, Watchdog, group_stubs
 
 
 @contextlib.contextmanager
@@ -112,3 +114,33 @@ def test_a_server_that_died_and_was_restarted_between_two_looks_is_counted(group
     with new_server(tmp_path):
         w.poll()
         assert 'velocity_part_failures_total{part="tritonserver"} 1' in w.metrics()
+
+
+def test_a_stubs_own_child_is_no_part_and_its_end_no_failure(group, tmp_path):
+    """A stub that forks (a subprocess, a worker) has a child with the stub's command line until
+    it execs, or for good: it is not counted as a part, and its end kills nothing. (This fixture's
+    own stubs fork `sleep`, so the first assert also covers the window before that exec.)"""
+    leader, stubs = group
+    # sh runs the parenthesised list in a forked subshell, which keeps sh's argv; sh waits, then sleeps on
+    parent = subprocess.Popen(["/x/triton_python_backend_stub", "-c", "(sleep 60; :); sleep 60; :", "llm_1_0"],
+                              executable="/bin/sh", process_group=leader.pid)
+    try:
+        assert wait_for(lambda: _children(parent.pid), 5), "the stub's subshell did not start"
+        child = _children(parent.pid)[0]
+        assert STUB_NAME in Path(f"/proc/{child}/cmdline").read_text()
+        w = Watchdog(tmp_path, lambda: True)
+        w.poll()
+        assert group_stubs(leader.pid) == {**{p.pid: m for m, p in stubs.items()}, parent.pid: "llm"}
+        os.kill(child, signal.SIGKILL)
+        assert wait_for(lambda: not alive(child), 5)
+        w.poll()
+        assert w.status("ready") == (True, "ready") and "} 1" not in w.metrics()
+        assert leader.poll() is None, "the group was killed for a stub's child"
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
+            for c in (t / "children").read_text().split()]

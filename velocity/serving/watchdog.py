@@ -50,8 +50,11 @@ def stat_fields(pid_dir: Path) -> list[str]:
 
 
 def group_stubs(pgid: int, proc: Path = Path("/proc")) -> dict[int, str]:
-    """{pid: model} of the python stubs in process group `pgid` (Linux /proc)."""
-    stubs = {}
+    """{pid: model} of the python stubs in process group `pgid` (Linux /proc).
+
+    A stub's own child is not a stub: between its fork and its exec (or for good, if it never
+    execs) it carries the stub's command line, and its end is no part's death."""
+    found = {}                                                       # pid -> (ppid, model)
     for d in proc.iterdir():
         if not d.name.isdigit():
             continue
@@ -59,13 +62,14 @@ def group_stubs(pgid: int, proc: Path = Path("/proc")) -> dict[int, str]:
             fields = stat_fields(d)
             if int(fields[2]) != pgid or fields[0] == "Z":        # its group; not a zombie
                 continue
+            ppid = int(fields[1])
             args = (d / "cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError, IndexError):                  # gone meanwhile
             continue
         if args and args[0].decode(errors="replace").endswith(STUB):
             model = next((m.group(1) for a in args[1:] if (m := INSTANCE.match(a.decode(errors="replace")))), "?")
-            stubs[int(d.name)] = model
-    return stubs
+            found[int(d.name)] = (ppid, model)
+    return {pid: model for pid, (ppid, model) in found.items() if ppid not in found}
 
 
 def alive(pid: int) -> bool:
