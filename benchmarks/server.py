@@ -189,13 +189,26 @@ class TritonServer:
         """serve.sh, the server and its stubs."""
         return [self.proc.pid, *descendants(self.proc.pid)] if self.proc else []
 
-    def stop(self, timeout: float = 60.0) -> None:
-        """SIGTERM serve.sh (which stops its process group), then make sure of it."""
+    def interrupt_twice(self) -> None:
+        """Ctrl-C twice to serve.sh: the second skips the drain and kills the server's group."""
+        self.proc.send_signal(signal.SIGINT)
+        # the second counts once serve.sh's stop has begun: it logs one of these first
+        wait_for(lambda: self.proc.poll() is not None or any(
+            m in self.log() for m in ("[serve] draining", "[serve] stopping")), 10)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+
+    def stop(self, timeout: float = 60.0, at_once: bool = False) -> None:
+        """SIGTERM serve.sh (which drains, then stops its process group), then make sure of it.
+        at_once: interrupt_twice instead (no drain, no unload): for a stop whose grace nothing checks."""
         if self.proc is None:
             return
         pids = self.processes()
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            if at_once:
+                self.interrupt_twice()
+            else:
+                self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:

@@ -206,7 +206,7 @@ stop() {
     kill -TERM -- "-$pid" 2>/dev/null || true
     for _ in $(seq $((EXIT_TIMEOUT * 10 + 50))); do
         kill -0 -- "-$pid" 2>/dev/null || break
-        [[ $hurry == 1 ]] && break
+        [[ $hurry == 1 ]] && { echo "[serve] second Ctrl-C: not waiting for the unload"; break; }
         sleep 0.1
     done
     kill -KILL -- "-$pid" 2>/dev/null || true

@@ -24,7 +24,7 @@ def start_triton(tmp_path: Path) -> Iterator[Callable[..., TritonServer]]:
 
     yield start
     for s in servers:
-        s.stop()
+        s.stop(at_once=True)            # a test that checks a stop stops its server itself
 
 
 def add_sample_voice(ckpt, name: str = "clone", text: str = "the sample text") -> str:
@@ -58,7 +58,7 @@ def tts_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServe
                           "VELOCITY_CHUNK_REST": "8", "VELOCITY_LOOKAHEAD": "4"})
     s.start(timeout=400)
     yield s
-    s.stop()
+    s.stop(at_once=True)
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def smoke_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonSer
                      log_path=tmp_path_factory.mktemp("smoke") / "server.log")
     s.start()
     yield s
-    s.stop()
+    s.stop(at_once=True)
 
 
 @pytest.fixture

@@ -109,4 +109,4 @@ def test_an_llm_config_without_decoupled_fails_to_load_and_says_why(start_triton
         assert wait_for(lambda: "must keep model_transaction_policy" in s.log(), timeout=120), s.log()
         assert not model_ready(s, "llm")
     finally:
-        s.stop()
+        s.stop(at_once=True)

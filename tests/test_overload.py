@@ -51,4 +51,4 @@ def test_four_times_more_streams_than_the_cache_holds(tmp_path):
         # the gauges are sampled four times a second
         assert wait_for(lambda: s.metric("velocity_kv_blocks_used") == 0 and s.metric("velocity_running_sequences") == 0)
     finally:
-        s.stop()
+        s.stop(at_once=True)

@@ -148,4 +148,4 @@ def test_two_replicas_behind_a_balancer(tmp_path):
             stop_group(gateway, 20)
         if lb is not None:
             lb.stop()
-        side_by_side(TritonServer.stop, [s for s in (r1, r2, r1b) if s is not None])   # each stop is mostly unloading
+        side_by_side(lambda s: s.stop(at_once=True), [s for s in (r1, r2, r1b) if s is not None])

@@ -66,11 +66,13 @@ def test_http_generate_stream(smoke_server):
 
 
 def test_serve_sh_stop_leaves_nothing(tmp_path):
-    """SIGTERM to one serve.sh, Ctrl-C's SIGINT to another, and a third whose EXIT_WITH_PID
-    process ends (what a test runner that dies does to the servers it started), side by side
-    (each start is mostly loading): each stops its server and every stub, with its exit code."""
+    """SIGTERM to one serve.sh, Ctrl-C's SIGINT to another, Ctrl-C twice to a third (no drain,
+    the group killed: the tests' stop where its grace is not checked), and a fourth whose
+    EXIT_WITH_PID process ends (what a test runner that dies does to the servers it started), side
+    by side (each start is mostly loading): each stops its server and every stub, with its exit
+    code, and its shared memory is gone."""
     runner = subprocess.Popen(["sleep", "600"])
-    cases = [(signal.SIGTERM, 143), (signal.SIGINT, 130), ("EXIT_WITH_PID", 143)]
+    cases = [(signal.SIGTERM, 143), (signal.SIGINT, 130), ("twice", 130), ("EXIT_WITH_PID", 143)]
     servers = [TritonServer(repo=TESTS_REPO, log_path=tmp_path / f"server{i}.log",
                             env={"EXIT_WITH_PID": str(runner.pid)} if how == "EXIT_WITH_PID" else {})
                for i, (how, _) in enumerate(cases)]
@@ -84,6 +86,8 @@ def test_serve_sh_stop_leaves_nothing(tmp_path):
             if how == "EXIT_WITH_PID":
                 runner.kill()
                 runner.wait()
+            elif how == "twice":
+                s.interrupt_twice()
             else:
                 s.proc.send_signal(how)
         rcs = [s.proc.wait(timeout=60) for s in servers]
@@ -97,7 +101,8 @@ def test_serve_sh_stop_leaves_nothing(tmp_path):
         assert rc == code, (name, s.log())
         assert lost == [], f"left running after {name}: {lost}\n{s.log()}"
         assert glob.glob(shm_pattern(s)) == []
-    assert "(EXIT_WITH_PID) has ended: stopping" in servers[2].log()
+    assert "[serve] second Ctrl-C: not waiting for the" in servers[2].log()
+    assert "(EXIT_WITH_PID) has ended: stopping" in servers[3].log()
 
 
 def test_threads_at_the_same_metrics_leave_the_server_up(smoke_server):

@@ -31,7 +31,7 @@ def server(tmp_path_factory):
                           "VELOCITY_VOCODER_BATCH": "4"})
     s.start(timeout=400)
     yield s
-    s.stop()
+    s.stop(at_once=True)
 
 
 def vocoder_inputs(codes: np.ndarray, context: int, length: int, index: int) -> list:
