@@ -109,7 +109,7 @@ def test_two_replicas_behind_a_balancer(tmp_path):
         # 3. the restarted replica takes streams again
         r1b = replica(tmp_path, ckpt, "r1-restarted", like=r1)
         start_all(r1b)
-        time.sleep(1.5)                                   # two good checks bring it back
+        assert wait_for(lambda: "replicas/r0 is UP" in lb_log(), 10), lb_log()   # two good checks bring it back
         again = tts_requests(metrics_url(r1b))
         assert load(lb.url, 8, 4, first_seed=200, retries=0) == [None] * 8
         assert tts_served([metrics_url(r1b)], [again], 2)[0] >= 2
