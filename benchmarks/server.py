@@ -114,7 +114,7 @@ class TritonServer:
 
     def start(self, timeout: float = 240.0, until: str = "ready") -> "TritonServer":
         """Start serve.sh; wait until /v2/health/{until} ("ready", or "live" for a server whose
-        models may fail to load). A server that fails to load a model is stopped at once when
+        models may fail to load) and the metrics port listens. A server that fails to load a model is stopped at once when
         waiting for "ready" (RuntimeError with its log)."""
         ports = {"HTTP_PORT": self.http_port, "GRPC_PORT": self.grpc_port, "METRICS_PORT": self.metrics_port,
                  "HEALTH_PORT": self.health_port, "GATEWAY_PORT": self.gateway_port}
@@ -134,7 +134,9 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"tritonserver exited with {self.proc.returncode}:\n{self.log()}")
-            if self.health(until):
+            # Triton starts its metrics service just after the HTTP one (tens of ms): a scrape
+            # right after "ready" could be refused
+            if self.health(until) and listening(self.metrics_port):
                 return self
             if until == "ready" and "failed to load all models" in self.log():    # up, but never ready
                 self.stop()
