@@ -14,8 +14,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from client.pace_teller import PaceTeller
 from client.triton import ServerError
-from velocity.serving.tts_responses import READ_AHEAD_S, ReadPosition, end_frame
+from velocity.serving.tts_responses import READ_AHEAD_S, end_frame
 
 HELD_MAX = round(READ_AHEAD_S * 24000)     # samples of a generate_stream read ahead of its caller at most
 
@@ -50,11 +51,11 @@ def chunk_end(event: dict) -> int:
     return end_frame(one("SAMPLE_OFFSET"), event["WAVEFORM"].size, one("SENTENCE_INDEX"))
 
 
-def http_events(r: http.client.HTTPResponse, pos: ReadPosition, stop,
+def http_events(r: http.client.HTTPResponse, teller: PaceTeller, stop,
                 held_max: int = HELD_MAX) -> Iterator[tuple[dict, int]]:
     """The server-sent events of a generate_stream response (WAVEFORM as a flat float32 array),
     each with the frame where its chunk ends (chunk_end; 0 without audio), read by a thread of
-    their own as they come (pos.arrive: how far the stream's audio arrived),
+    their own as they come (teller.arrive: how far the stream's audio arrived),
     while at most `held_max` samples wait for the caller; the reader's errors in turn. stop():
     ends the reader's blocking read when the caller leaves (shuts the connection's socket)."""
     got: queue.Queue = queue.Queue()
@@ -68,7 +69,7 @@ def http_events(r: http.client.HTTPResponse, pos: ReadPosition, stop,
                     if "WAVEFORM" in event:
                         event["WAVEFORM"] = np.asarray(event["WAVEFORM"], np.float32).reshape(-1)
                         n, end = event["WAVEFORM"].size, chunk_end(event)
-                        pos.arrive(end)
+                        teller.arrive(end, int(np.ravel(event.get("STREAM", [0]))[0]))
                     got.put((event, end))
                     with room:                      # the caller takes it and frees its room (any order)
                         held[0] += n
@@ -106,7 +107,7 @@ def stream_http(url: str, values: dict, timeout: float = 600) -> Iterator[tuple[
     body = json.dumps({k: v for k, v in values.items() if v is not None}).encode()
     host, _, port = url.rpartition(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
-    pos, pace = ReadPosition(), True
+    teller = PaceTeller(lambda ref, taken: tell_pace_http(url, ref, taken))
 
     def stop() -> None:
         with contextlib.suppress(OSError, AttributeError):
@@ -121,15 +122,12 @@ def stream_http(url: str, values: dict, timeout: float = 600) -> Iterator[tuple[
         r = conn.getresponse()
         if r.status != 200:
             raise ServerError(f"HTTP {r.status}: {r.read().decode(errors='replace')}")
-        for event, end in http_events(r, pos, stop):
+        for event, end in http_events(r, teller, stop):
             if "error" in event:
                 raise ServerError(event["error"])
             if "WAVEFORM" in event:
                 yield int(np.ravel(event["CHUNK_INDEX"])[0]), event["WAVEFORM"]
-                pos.take(end)
-                ref = int(np.ravel(event.get("STREAM", [0]))[0])
-                if pace and ref and (w := pos.due()) is not None:
-                    pace = tell_pace_http(url, ref, w)
+                teller.take(end)
     except http.client.IncompleteRead as e:
         raise ServerError(f"the stream from http://{url} was cut short: the server stopped or restarted "
                           "mid-stream (its log says why); try again") from e
@@ -137,4 +135,5 @@ def stream_http(url: str, values: dict, timeout: float = 600) -> Iterator[tuple[
         raise ServerError(f"http://{url} does not answer as Triton's HTTP endpoint ({type(e).__name__}: {e}); "
                           "is that the gRPC port? HTTP listens on 8000 by default") from e
     finally:
+        teller.close()
         conn.close()

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from velocity.serving.input_table import array_inputs, make_inputs  # noqa: F401 (re-exported)
-from velocity.serving.tts_responses import AudioChunk, ReadPosition, Retry, pace_inputs, stream_ref
+from client.pace_teller import PaceTeller
+from velocity.serving.tts_responses import AudioChunk, Retry, pace_inputs, stream_ref
 
 RETRY_PAUSE = 0.5     # seconds: a balancer that checks every 300 ms has seen a drain by then
 
@@ -43,8 +44,9 @@ def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True
     Closing the iterator early (Ctrl-C, a closed pipe) cancels the stream: the server stops its
     work on it within a second. A caller that takes the chunks slower than they come (a player
     at real time behind a pipe) paces the stream: once it is 2 s of audio behind, the server's
-    `pace` model is told how far it took them, and the server pauses the stream with
-    VELOCITY_BACKLOG_SECONDS of audio not yet taken (ReadPosition).
+    `pace` model is told how far it took them (at once, even while the caller is still on a chunk:
+    client.pace_teller), and the server pauses the stream with VELOCITY_BACKLOG_SECONDS of audio
+    not yet taken (ReadPosition).
     retries: a request refused before its first chunk (server busy or draining) is sent again,
     up to this many times, after a pause that grows by RETRY_PAUSE each time: behind a balancer
     the next try goes to another replica (the pause gives the balancer time to see a drain)."""
@@ -84,18 +86,18 @@ def _stream_grpc(url: str, values: dict, timeout: float, check: bool, texts: lis
     if check:
         check_ready(client, "tts", url)
     got: queue.Queue = queue.Queue()
-    pos, pace = ReadPosition(), True
+    teller = PaceTeller(lambda ref, taken: tell_pace(client, ref, taken))
 
     def came(result, error) -> None:                   # on tritonclient's thread, as each response comes
         c = None
         if error is None and (wav := result.as_numpy("WAVEFORM")) is not None:
             c = AudioChunk.of(result, wav)                 # as the gateway reads a chunk
-            pos.arrive(c.end)
+            teller.arrive(c.end, stream_ref(result))
         got.put((result, error, c))
 
-    client.start_stream(callback=came)
     ended = False        # the server ended the request (final flag or error): nothing to cancel
     try:
+        client.start_stream(callback=came)
         client.async_stream_infer("tts", make_inputs(grpcclient, values), enable_empty_final_response=True,
                                   timeout=None if deadline is None else max(1, round(deadline * 1e6)))
         while True:
@@ -112,12 +114,11 @@ def _stream_grpc(url: str, values: dict, timeout: float, check: bool, texts: lis
                 if marks is not None:
                     marks.append((index, c.sentence, c.offset, c.text))
                 yield index, c.audio
-                pos.take(c.end)                                # the caller took it
-                if pace and (ref := stream_ref(result)) and (w := pos.due()) is not None:
-                    pace = tell_pace(client, ref, w)
+                teller.take(c.end)                             # the caller took it
             if ended:
                 return
     finally:
+        teller.close()
         client.stop_stream(cancel_requests=not ended)    # cancel only a stream left early
         client.close()
 
