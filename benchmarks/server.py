@@ -114,8 +114,8 @@ class TritonServer:
 
     def start(self, timeout: float = 240.0, until: str = "ready") -> "TritonServer":
         """Start serve.sh; wait until /v2/health/{until} ("ready", or "live" for a server whose
-        models may fail to load) and the metrics port listens. A server that fails to load a model is stopped at once when
-        waiting for "ready" (RuntimeError with its log)."""
+        models may fail to load) and the metrics port listens. A server that fails to load a model
+        is stopped at once when waiting for "ready" (RuntimeError with its log)."""
         ports = {"HTTP_PORT": self.http_port, "GRPC_PORT": self.grpc_port, "METRICS_PORT": self.metrics_port,
                  "HEALTH_PORT": self.health_port, "GATEWAY_PORT": self.gateway_port}
         cmd = (["make", "-s", "serve"] if self.via_make else

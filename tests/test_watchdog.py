@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.soak import descendants
 from triton_server import alive, wait_for
 from velocity.serving.watchdog import STUB as STUB_NAME, Watchdog, group_stubs
 
@@ -125,8 +126,8 @@ def test_a_stubs_own_child_is_no_part_and_its_end_no_failure(group, tmp_path):
     parent = subprocess.Popen(["/x/triton_python_backend_stub", "-c", "(sleep 60; :); sleep 60; :", "llm_1_0"],
                               executable="/bin/sh", process_group=leader.pid)
     try:
-        assert wait_for(lambda: _children(parent.pid), 5), "the stub's subshell did not start"
-        child = _children(parent.pid)[0]
+        assert wait_for(lambda: descendants(parent.pid), 5), "the stub's subshell did not start"
+        child = descendants(parent.pid)[0]              # its direct children come first: the subshell
         assert STUB_NAME in Path(f"/proc/{child}/cmdline").read_text()
         w = Watchdog(tmp_path, lambda: True)
         w.poll()
@@ -139,8 +140,3 @@ def test_a_stubs_own_child_is_no_part_and_its_end_no_failure(group, tmp_path):
     finally:
         parent.kill()
         parent.wait()
-
-
-def _children(pid: int) -> list[int]:
-    return [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
-            for c in (t / "children").read_text().split()]
