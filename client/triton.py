@@ -24,13 +24,22 @@ class ServerError(RuntimeError):
     """The server is unreachable, the model not ready, or the request failed."""
 
 
+class NotServing(ServerError):
+    """The server did not answer, or said that it or the model is not ready: nothing was sent
+    yet, so another try (behind a balancer, another replica) is safe."""
+
+
 def check_ready(client, model: str, where: str) -> None:
     try:
         live = client.is_server_live()
     except Exception as e:
-        raise ServerError(f"no Triton server at {where} ({e}); start one with `make serve`") from e
-    if not live or not client.is_model_ready(model):
-        raise ServerError(f"model '{model}' is not ready on {where}; see the server log (make serve)")
+        raise NotServing(f"no Triton server at {where} ({e}); start one with `make serve`") from e
+    try:
+        ready = live and client.is_model_ready(model)
+    except Exception as e:                    # a server shutting down answers "Server not ready"
+        raise NotServing(f"model '{model}' is not ready on {where} ({e}); see the server log (make serve)") from e
+    if not ready:
+        raise NotServing(f"model '{model}' is not ready on {where}; see the server log (make serve)")
 
 
 def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True,
@@ -47,9 +56,10 @@ def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True
     `pace` model is told how far it took them (at once, even while the caller is still on a chunk:
     client.pace_teller), and the server pauses the stream with VELOCITY_BACKLOG_SECONDS of audio
     not yet taken (ReadPosition).
-    retries: a request refused before its first chunk (server busy or draining) is sent again,
-    up to this many times, after a pause that grows by RETRY_PAUSE each time: behind a balancer
-    the next try goes to another replica (the pause gives the balancer time to see a drain)."""
+    retries: a request refused before its first chunk (server busy, draining, or not serving:
+    NotServing) is sent again, up to this many times, after a pause that grows by RETRY_PAUSE each
+    time: behind a balancer the next try goes to another replica (the pause gives the balancer
+    time to see a drain)."""
     retry = Retry(retries, RETRY_PAUSE)
     for attempt in range(retries + 1):
         started = False
@@ -60,7 +70,7 @@ def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True
                     yield item
             return
         except ServerError as e:
-            if not retry.again(attempt, started, str(e)):
+            if not retry.again(attempt, started, str(e), unreachable=isinstance(e, NotServing)):
                 raise
         time.sleep(retry.wait(attempt))
 

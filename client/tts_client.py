@@ -148,7 +148,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="gRPC stream: seconds the server may take for the request (Triton's request timeout): past it "
                          "the server stops it and the client reports the error")
     ap.add_argument("--retries", type=int, default=0,
-                    help="gRPC stream: send a request refused before its first chunk (busy, draining) "
+                    help="gRPC stream: send a request refused before its first chunk (busy, draining, not serving) "
                          "again, up to this many times (behind a balancer: to another replica)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--http", action="store_true", help="HTTP generate_stream instead of a gRPC stream")

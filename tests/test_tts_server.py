@@ -411,6 +411,16 @@ def test_client_cli_errors_exit_with_one_line_and_never_hang(server, tmp_path):
     assert not (tmp_path / "x.wav").exists()
 
 
+def test_a_server_that_is_not_serving_is_a_retryable_refusal():
+    """No server: the readiness check's refusal is NotServing, which stream_grpc's retries try
+    again (behind a balancer, a replica shutting down answers its readiness calls so), and after
+    the last try it is raised with the address."""
+    from client.triton import NotServing, stream_grpc
+    url = f"localhost:{free_port()}"
+    with pytest.raises(NotServing, match=f"no Triton server at {url}"):
+        list(stream_grpc(url, {"TEXT": "Hi."}, retries=1))
+
+
 def test_client_cli_says_when_the_server_is_down(tmp_path, caplog):
     out = tmp_path / "x.wav"
     assert client_main(["hi", "-o", str(out), "--url", f"localhost:{free_port()}"]) == 1
