@@ -14,9 +14,10 @@ setup:
 serve: setup
 	@bash scripts/serve.sh $(if $(WEIGHTS),--weights $(WEIGHTS))
 
+# The server tests and the others as two pytests at once (scripts/test.sh says how).
 test:
 	@bash scripts/setup.sh --test-tools
-	@$(PY) -m pytest $(PYTEST_ARGS)
+	@PY=$(PY) bash scripts/test.sh $(PYTEST_ARGS)
 
 # The inner loop: every test that starts no server and runs no real pretrained model (about
 # a minute). CI runs `make test`.

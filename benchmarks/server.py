@@ -116,6 +116,9 @@ class TritonServer:
         """Start serve.sh; wait until /v2/health/{until} ("ready", or "live" for a server whose
         models may fail to load) and the metrics port listens. A server that fails to load a model
         is stopped at once when waiting for "ready" (RuntimeError with its log)."""
+        if os.environ.get("TESTS_WITHOUT_SERVERS") == "1":     # scripts/test.sh's second pytest
+            raise RuntimeError("a test without the `server` mark starts a Triton server: mark it "
+                               "(pytestmark = pytest.mark.server), so that scripts/test.sh runs it in the foreground")
         ports = {"HTTP_PORT": self.http_port, "GRPC_PORT": self.grpc_port, "METRICS_PORT": self.metrics_port,
                  "HEALTH_PORT": self.health_port, "GATEWAY_PORT": self.gateway_port}
         cmd = (["make", "-s", "serve"] if self.via_make else
