@@ -433,6 +433,9 @@ def test_one_retry_policy_for_the_gateway_and_the_client():
     r = Retry(2, 0.5)
     assert r.again(0, False, "server busy: 64 requests in flight") and r.again(1, False, "shutting down")
     assert r.again(0, False, "connection refused", unreachable=True)
+    stopping = ("in ensemble 'tts', [request id: <id_unknown>] Server is stopping, scheduler for model has "
+                "stopped accepting new inference requests")       # Triton's own, once the drain is over
+    assert r.again(0, False, stopping)
     assert not r.again(2, False, "server busy")                     # out of tries
     assert not r.again(0, True, "server busy")                      # the client already has audio
     assert not r.again(0, False, "TEXT is required")                # the request's own fault
@@ -454,6 +457,10 @@ def test_a_servers_error_names_the_body_field_of_the_input_it_names():
                            ("the llm says no", None)]:
         e = triton_error(message)
         assert (e.status, e.param) == (400, param), message
+    # Triton refusing a request once its stop began (after serve.sh's drain) is no fault of the request's
+    e = triton_error("in ensemble 'tts', [request id: <id_unknown>] Server is stopping, scheduler for model has "
+                     "stopped accepting new inference requests")
+    assert (e.status, e.code) == (503, "server_busy") and "shutting down" in e.message, e.message
 
 
 def test_a_check_goes_to_the_next_upstream_when_one_is_down(tts_server):

@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator, Awaitable
 from velocity.gateway.health_reason import HealthReason
 from velocity.gateway.pace import Pacer, read_ahead
 from velocity.serving.input_table import INPUTS
-from velocity.serving.tts_responses import RETRYABLE, AudioChunk, Retry, pace_inputs, stream_ref  # noqa: F401 (the gateway's names)
+from velocity.serving.tts_responses import (RETRYABLE, TRITON_STOPPING, AudioChunk, Retry,  # noqa: F401 (the gateway's names)
+                                             pace_inputs, stream_ref)
 from velocity.serving.watchdog import DIED
 
 # the body field behind each `tts` input: the request table's, and those the gateway makes of others
@@ -39,6 +40,8 @@ class ApiError(Exception):
 def triton_error(message: str) -> ApiError:
     """A `tts` stream's error -> 503 (retry: busy, draining), 504 (its timeout passed), 500 (our
     fault) or 400 (the request's)."""
+    if TRITON_STOPPING in message:                # past the drain: Triton itself refuses
+        return ApiError(503, f"the server is shutting down ({message}): try again", code="server_busy")
     if any(m in message for m in RETRYABLE):
         return ApiError(503, message, code="server_busy")
     if DIED in message:                           # the llm named a part that died (velocity.serving.drain)

@@ -10,7 +10,10 @@ import numpy as np
 
 from velocity.tts.chunking import FRAMES_PER_SECOND
 
-RETRYABLE = ("server busy", "shutting down")   # Triton errors worth another try (another replica)
+# Triton's own refusal once its stop has begun (after serve.sh's drain): "Server is stopping,
+# scheduler for model has stopped accepting new inference requests"
+TRITON_STOPPING = "Server is stopping"
+RETRYABLE = ("server busy", "shutting down", TRITON_STOPPING)   # Triton errors worth another try (another replica)
 
 
 @dataclass(frozen=True, slots=True)
