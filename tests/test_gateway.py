@@ -67,13 +67,13 @@ def ffprobe_seconds(data: bytes, fmt: str, tmp_path) -> float:
     return sum(float(line.split(",")[0]) for line in out.stdout.split())
 
 
-REQ = {"input": "Hello from the gateway.", "seed": 3, "temperature": 0.5}
+REQ = {"input": "Hello from the gateway.", "seed": 3, "temperature": 0.5, "max_new_tokens": 60}   # frames: its length is not tested
 
 
 def served_seconds(tts_server, voice: str = "amber") -> float:
-    audio = np.concatenate([a for _, a in stream_grpc(tts_server.grpc_url, {"TEXT": REQ["input"], "SEED": 3,
-                                                                           "TEMPERATURE": 0.5, "VOICE": voice,
-                                                                           "PROMPT": "[speed_5]"}, timeout=120)])
+    values = {"TEXT": REQ["input"], "SEED": 3, "TEMPERATURE": 0.5, "VOICE": voice,
+              "MAX_NEW_TOKENS": REQ["max_new_tokens"], "PROMPT": "[speed_5]"}
+    audio = np.concatenate([a for _, a in stream_grpc(tts_server.grpc_url, values, timeout=120)])
     return len(audio) / 24000
 
 
@@ -82,7 +82,7 @@ def test_every_format_decodes_to_the_streamed_audio(openai_client, tts_server, f
     """Decoded by PyAV and measured by ffprobe: both the length `tts` streamed."""
     want = served_seconds(tts_server)
     data = openai_client.audio.speech.create(model="tts-1", voice="amber", response_format=fmt, **{
-        "input": REQ["input"], "extra_body": {"seed": 3, "temperature": 0.5}}).read()
+        "input": REQ["input"], "extra_body": {"seed": 3, "temperature": 0.5, "max_new_tokens": REQ["max_new_tokens"]}}).read()
     for got in (decoded_seconds(data, fmt), ffprobe_seconds(data, fmt, tmp_path)):
         assert want - 0.001 <= got <= want + SLACK_S[fmt] + 0.001, (fmt, got, want)
     if fmt == "wav":
@@ -91,7 +91,7 @@ def test_every_format_decodes_to_the_streamed_audio(openai_client, tts_server, f
 
 def test_streamed_response_arrives_in_pieces_and_equals_the_whole(openai_client):
     kw = dict(model="chattts", voice="basil", input="One. Two. Three.", response_format="pcm",
-              extra_body={"seed": 1})
+              extra_body={"seed": 1, "max_new_tokens": 40})     # 3 sentences of 40 frames: several chunks
     whole = openai_client.audio.speech.create(**kw).read()
     with openai_client.audio.speech.with_streaming_response.create(**kw) as r:
         parts = [p for p in r.iter_bytes() if p]
@@ -105,7 +105,7 @@ def test_concurrent_requests_each_get_their_own_audio(openai_client):
 
     def speak(seed: int) -> bytes:
         return openai_client.audio.speech.create(model="tts-1", voice="amber", input=f"Stream number {seed}.",
-                                                 response_format="pcm", extra_body={"seed": seed}).read()
+                                                 response_format="pcm", extra_body={"seed": seed, "max_new_tokens": 60}).read()
 
     alone = [speak(s) for s in range(4)]
     with ThreadPoolExecutor(4) as pool:
