@@ -15,9 +15,13 @@ from velocity.release import SHA256, sha256_file
 from checkpoints import tiny_checkpoint
 
 
+def command(script: str, *args: str) -> list[str]:
+    return [sys.executable, str(ROOT / "scripts" / script), *args]
+
+
 def run(script: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **(env or {})})
+    return subprocess.run(command(script, *args), capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
 
 
 def test_check_weights_names_every_file_that_is_not_the_release_then_speaks_a_matching_folder(tmp_path):
@@ -63,8 +67,7 @@ def test_the_demo_is_rebuilt_when_an_older_velocity_wrote_it(tmp_path):
     (out / "stale-file").write_text("from the old folder")
     # two servers started at once (two test runs, two `make serve`): each writes beside the folder
     # and renames its copy into place, so neither reads a half-written demo nor fails
-    cmd = [sys.executable, str(ROOT / "scripts" / "make_demo_checkpoint.py"), "--size", "tiny", "--out", str(out),
-           "--unless-current"]
+    cmd = command("make_demo_checkpoint.py", "--size", "tiny", "--out", str(out), "--unless-current")
     both = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     outputs = [p.communicate(timeout=300)[0] for p in both]
     assert [p.returncode for p in both] == [0, 0], outputs
