@@ -210,10 +210,18 @@ def test_our_clients_stream_taken_slower_than_it_is_made_pauses_its_generation(t
     chunks = (stream_grpc(tts_server.grpc_url, values, timeout=60) if over == "grpc" else
               stream_http(tts_server.http_url.removeprefix("http://"), values, timeout=60))
 
+    held = 0                                        # samples of the chunk in hand not yet played
+
     def take() -> int:
-        _, audio = next(chunks)
-        time.sleep(3 * len(audio) / 24000)
-        return len(audio)
+        """A tenth of a second of audio at most, in three times as long: the next chunk is asked
+        for once the last one is played, and the loop can stop soon after the server is told."""
+        nonlocal held
+        if not held:
+            held = len(next(chunks)[1])
+        n = min(held, 2400)
+        time.sleep(3 * n / 24000)
+        held -= n
+        return n
 
     try:
         taken, generated, told = take_slowly(tts_server, take)
