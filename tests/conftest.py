@@ -44,13 +44,13 @@ def add_sample_voice(ckpt, name: str = "clone", text: str = "the sample text") -
 
 @pytest.fixture(scope="session")
 def tts_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
-    """model_repository/ on the tiny demo checkpoint (frames per sentence capped at 200, small
-    chunks; the vocoder's stateful decoders, on by default, run in every test through it), shared
+    """model_repository/ on the tiny demo checkpoint with small audio models (frames per sentence
+    capped at 200, small chunks; the vocoder's stateful decoders, on by default, run in every test through it), shared
     by tests/test_tts_server.py, tests/test_readme.py and others."""
     from checkpoints import tiny_checkpoint
 
     d = tmp_path_factory.mktemp("tts")
-    ckpt = tiny_checkpoint(d / "tiny", seed=0)
+    ckpt = tiny_checkpoint(d / "tiny", seed=0, small_audio=True)
     add_sample_voice(ckpt)
     s = TritonServer(repo=ROOT / "model_repository", log_path=d / "server.log",
                      env={"VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_KV_CACHE_BYTES": str(32 << 20),

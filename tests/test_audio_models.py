@@ -59,6 +59,28 @@ def test_one_frame_is_two_mels_and_512_samples(ckpt):
     torch.testing.assert_close(vocos(dvae(codes[1:])), audio[1:], rtol=1e-4, atol=1e-6)
 
 
+def test_audio_models_load_at_the_sizes_their_files_have(ckpt, tmp_path):
+    """The release's sizes from the release-size files; the small demo folder's (narrow, shallow
+    stacks, as the server tests use) from its files, every tensor filled, and a frame still two
+    mel frames and 512 samples."""
+    from dataclasses import replace
+
+    from velocity.demo.audio_weights import SMALL_STACK, SMALL_VOCOS
+    from velocity.model.audio_models import load_decoder
+    from velocity.model.dvae_config import DVAEConfig, decoder_config
+    from velocity.model.vocos import VocosConfig
+
+    assert (load_dvae(ckpt).cfg, load_vocos(ckpt).cfg) == (DVAEConfig(), VocosConfig())
+    assert load_decoder(ckpt).cfg == decoder_config(64)
+    small = tiny_checkpoint(tmp_path / "small", seed=1, small_audio=True)
+    dvae, decoder, vocos = load_dvae(small), load_decoder(small), load_vocos(small)
+    assert dvae.cfg == replace(DVAEConfig(), **SMALL_STACK) and vocos.cfg == SMALL_VOCOS
+    assert decoder.cfg == replace(decoder_config(64), **SMALL_STACK)
+    assert len(vocos.backbone.convnext) == SMALL_VOCOS.num_layers and len(dvae.decoder.decoder_block) == 2
+    audio = vocos(dvae(torch.randint(0, 625, (1, 4, 11))))
+    assert audio.shape == (1, 11 * 512) and torch.isfinite(audio).all() and audio.abs().max() > 0
+
+
 def test_wrong_shape_names_file_and_tensor(ckpt, tmp_path):
     import shutil
     out = tmp_path / "c"
@@ -86,3 +108,29 @@ def test_loading_every_model_imports_no_compiler_machinery(ckpt):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+def test_the_text_front_end_reads_sample_strings_without_the_encoder_and_loads_it_for_a_recording(ckpt):
+    """What the text_frontend stub builds (TTSFront.from_env's parts), in a fresh process: a voice
+    sample string is read and checked without the DVAE encoder (not even its module imported);
+    the first recording loads it, and its codes are those of an encoder loaded directly."""
+    import subprocess
+    import sys
+
+    code = (f"import sys\nimport numpy as np\nfrom velocity.tts.frontend import TextFrontend\n"
+            f"from velocity.tts.speaker import encode_sample\nfrom velocity.tts.voice_sample import VoiceEncoder\n"
+            f"from velocity.tts.voices import Voices\n"
+            f"text = TextFrontend({str(ckpt)!r}, None)\nenc = VoiceEncoder({str(ckpt)!r})\n"
+            f"Voices({str(ckpt)!r}, text.speaker_dim, text.speaker_stats, None, None)\n"
+            f"codes = enc.sample_codes(encode_sample(np.arange(12).reshape(4, 3) % 625))\n"
+            f"print(codes.shape, 'velocity.model.dvae' in sys.modules)\n"
+            f"t = np.arange(12000) / 24000\n"
+            f"print(enc.encode((0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)).tolist())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    first, codes = out.stdout.strip().splitlines()[-2:]
+    assert first == "(4, 3) False", out.stdout
+    t = torch.arange(12000, dtype=torch.float64) / 24000
+    with torch.inference_mode():
+        want = load_dvae(ckpt, encoder=True).encode((0.3 * torch.sin(2 * torch.pi * 220 * t)).float())
+    assert eval(codes) == want.tolist()

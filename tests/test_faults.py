@@ -22,7 +22,7 @@ pytestmark = pytest.mark.server
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory):
-    return tiny_checkpoint(tmp_path_factory.mktemp("good") / "tiny", seed=0)
+    return tiny_checkpoint(tmp_path_factory.mktemp("good") / "tiny", seed=0, small_audio=True)
 
 
 def truncated(good, d):

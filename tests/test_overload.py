@@ -24,7 +24,7 @@ def run(url, values):
 
 
 def test_four_times_more_streams_than_the_cache_holds(tmp_path):
-    ckpt = tiny_checkpoint(tmp_path / "tiny", seed=0)
+    ckpt = tiny_checkpoint(tmp_path / "tiny", seed=0, small_audio=True)
     # 16 blocks of 16 tokens: about 4 streams of ~20 prompt tokens + 40 frames at once
     s = TritonServer(repo=ROOT / "model_repository", log_path=tmp_path / "server.log",
                      env={"VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_KV_CACHE_BYTES": str(16 * BLOCK_BYTES),

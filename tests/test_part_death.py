@@ -54,7 +54,7 @@ def served(tmp_path_factory):
     """`make serve` with Wyoming on; the last test of the module stops it (a SIGTERM)."""
     d = tmp_path_factory.mktemp("part_death")
     s = TritonServer(repo=ROOT / "model_repository", log_path=d / "server.log", via_make=True,
-                     env={"VELOCITY_WEIGHTS": str(tiny_checkpoint(d / "tiny", seed=0)),
+                     env={"VELOCITY_WEIGHTS": str(tiny_checkpoint(d / "tiny", seed=0, small_audio=True)),
                           "WYOMING_PORT": str(free_port()), "DRAIN_TIMEOUT": str(DRAIN), "EXIT_TIMEOUT": "10"}).start()
     s.wyoming_port = int(s.env["WYOMING_PORT"])
     s.ckpt = d / "tiny"

@@ -1,4 +1,5 @@
-"""Text -> audio in one process on the tiny demo checkpoint."""
+"""Text -> audio in one process on the tiny demo checkpoint with small audio models (the
+release-size decoders: tests/test_streaming.py)."""
 import numpy as np
 import pytest
 
@@ -11,7 +12,7 @@ from velocity.tts.stateful_decoder import StatefulDecoder
 
 @pytest.fixture(scope="module")
 def pipe(tmp_path_factory):
-    ckpt = tiny_checkpoint(tmp_path_factory.mktemp("pipe") / "tiny", seed=4)
+    ckpt = tiny_checkpoint(tmp_path_factory.mktemp("pipe") / "tiny", seed=4, small_audio=True)
     return TTSPipeline(ckpt, device="cpu", schedule=ChunkSchedule(4, 8), num_kv_blocks=256, block_size=8)
 
 
@@ -162,7 +163,7 @@ def test_the_server_path_runs_without_transformers(tmp_path):
     import sys
     from pathlib import Path
 
-    ckpt = tiny_checkpoint(tmp_path / "tiny", seed=4)
+    ckpt = tiny_checkpoint(tmp_path / "tiny", seed=4, small_audio=True)
     run = subprocess.run([sys.executable, "-c", SERVER_PATH_WITHOUT_TRANSFORMERS, str(ckpt)],
                          cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -66,7 +66,7 @@ def metrics_url(s: TritonServer) -> str:
 
 
 def test_two_replicas_behind_a_balancer(tmp_path):
-    ckpt = tiny_checkpoint(tmp_path / "tiny", seed=0)
+    ckpt = tiny_checkpoint(tmp_path / "tiny", seed=0, small_audio=True)
     r1, r2 = replica(tmp_path, ckpt, "r1"), replica(tmp_path, ckpt, "r2")
     lb = None
     gateway = None

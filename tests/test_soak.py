@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,6 +33,18 @@ def server(tmp_path_factory):
     s.start(timeout=400)
     yield s
     s.stop(at_once=True)
+
+
+def test_the_server_runs_on_the_folder_the_reference_loaded(server):
+    """The served folder (the release-size audio models: the other servers' small ones the
+    reference cannot load) is byte for byte the one the conformance fixtures were recorded on,
+    which the reference loaded strictly: `make serve` on a reference-loadable folder is ready."""
+    from test_conformance import MANIFEST
+    from velocity.release import sha256_file
+
+    folder = Path(server.env["VELOCITY_WEIGHTS"])
+    for name, sha in MANIFEST["demo"]["sha256"].items():
+        assert sha256_file(folder / name) == sha, name
 
 
 def vocoder_inputs(codes: np.ndarray, context: int, length: int, index: int) -> list:

@@ -78,17 +78,6 @@ def test_velocitys_log_lines_reach_the_server_log(server):
     assert "[velocity] INFO velocity.engine.worker: CPU:" in log, log[-3000:]
 
 
-def test_the_server_runs_on_the_folder_the_reference_loaded(server):
-    """The served folder is byte for byte the one the conformance fixtures were recorded on,
-    which the reference loaded strictly: `make serve` on a reference-loadable folder is ready."""
-    from test_conformance import MANIFEST
-    from velocity.release import sha256_file
-
-    folder = Path(server.env["VELOCITY_WEIGHTS"])
-    for name, sha in MANIFEST["demo"]["sha256"].items():
-        assert sha256_file(folder / name) == sha, name
-
-
 @pytest.mark.parametrize("decoder", ["hidden", "codes"])
 def test_served_audio_equals_the_in_process_pipeline_for_both_decoders(server, decoder):
     """The same seeded request through tts and through TTSPipeline with the server's chunking:
@@ -460,7 +449,7 @@ def test_the_llm_borrows_the_idle_vocoders_threads_only_while_it_is_idle(server)
 def test_bench_ab_runs_all_three_arms(server, tmp_path):
     """benchmarks/bench_ab.py: paired rounds of the server, the server without lending, and in-process."""
 
-    ckpt = tiny_checkpoint(tmp_path / "tiny", seed=0)                 # the server's weights
+    ckpt = tiny_checkpoint(tmp_path / "tiny", seed=0, small_audio=True)                 # the server's weights
     out = tmp_path / "ab"
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_ab.py"), "--arms", "triton,triton-nolend,in-process",
                         "--url", server.grpc_url, "--metrics-url", f"http://localhost:{server.metrics_port}/metrics", "--rounds", "2", "--requests", "2", "--max-new-tokens", "8",

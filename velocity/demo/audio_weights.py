@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 import torch
 from torch import nn
 
-from velocity.model.dvae import DVAE, DVAEConfig, decoder_config
+from velocity.model.dvae import DVAE
+from velocity.model.dvae_config import DVAEConfig, decoder_config
 from velocity.model.vocos import Vocos, VocosConfig
 
 LAYER_SCALE = re.compile(r"decoder_block\.\d+\.weight$")     # the DVAE's ConvNeXt layer scales
@@ -50,18 +52,27 @@ def mel_buffers(prefix: str, n_fft: int = 1024, n_mels: int = 100, sample_rate: 
             f"{prefix}.mel_spec.mel_scale.fb": mel_filterbank(n_fft, n_mels, sample_rate)}
 
 
-def random_dvae_tensors(g: torch.Generator) -> dict[str, torch.Tensor]:
+# The audio models of the tests' small demo folders (write_checkpoint(..., small_audio=True)):
+# the release's files, names and inputs, with narrow, shallow stacks (the loaders read their
+# sizes from the files): a frame then costs the vocoder almost nothing.
+SMALL_STACK = dict(hidden=32, n_layer=2, bn_dim=16, odim=32)
+SMALL_VOCOS = VocosConfig(dim=32, intermediate_dim=64, num_layers=2)
+
+
+def random_dvae_tensors(g: torch.Generator, small: bool = False) -> dict[str, torch.Tensor]:
     """asset/DVAE.safetensors, the whole file: decoder and encoder sides."""
-    return _randomise(DVAE(DVAEConfig(), encoder=True), g) | mel_buffers("preprocessor_mel")
+    cfg = replace(DVAEConfig(), **SMALL_STACK) if small else DVAEConfig()
+    return _randomise(DVAE(cfg, encoder=True), g) | mel_buffers("preprocessor_mel")
 
 
-def random_decoder_tensors(g: torch.Generator, gpt_hidden: int = 768) -> dict[str, torch.Tensor]:
+def random_decoder_tensors(g: torch.Generator, gpt_hidden: int = 768, small: bool = False) -> dict[str, torch.Tensor]:
     """asset/Decoder.safetensors for a GPT of this hidden size (the release's: 768)."""
-    return _randomise(DVAE(decoder_config(gpt_hidden)), g)
+    cfg = decoder_config(gpt_hidden)
+    return _randomise(DVAE(replace(cfg, **SMALL_STACK) if small else cfg), g)
 
 
-def random_vocos_tensors(g: torch.Generator) -> dict[str, torch.Tensor]:
-    cfg = VocosConfig()
+def random_vocos_tensors(g: torch.Generator, small: bool = False) -> dict[str, torch.Tensor]:
+    cfg = SMALL_VOCOS if small else VocosConfig()
     t = _randomise(Vocos(cfg), g)
     t["head.out.weight"] *= 0.1          # keep the random magnitudes moderate
     t |= mel_buffers("feature_extractor", cfg.n_fft, cfg.n_mels, cfg.sample_rate)

@@ -126,11 +126,14 @@ def is_current(out: str | Path, size: str = "tiny", seed: int = 0) -> bool:
         meta = json.loads((Path(out) / "velocity-demo.json").read_text())
     except (OSError, ValueError):
         return False
-    return (meta.get("format"), meta.get("size"), meta.get("seed")) == (DEMO_FORMAT, size, seed)
+    return (meta.get("format"), meta.get("size"), meta.get("seed"), meta.get("small_audio", False)) == \
+        (DEMO_FORMAT, size, seed, False)
 
 
-def write_checkpoint(out: str | Path, size: str = "tiny", seed: int = 0) -> Path:
-    """Write out/asset/... in the release's layout; returns out."""
+def write_checkpoint(out: str | Path, size: str = "tiny", seed: int = 0, small_audio: bool = False) -> Path:
+    """Write out/asset/... in the release's layout; returns out. small_audio: the DVAE's and the
+    Decoder's stacks and Vocos narrow and shallow (velocity.demo.audio_weights.SMALL_STACK), for
+    tests that need audio but not the release's vocoder."""
     if size not in SIZES:
         raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
     s, out = SIZES[size], Path(out)
@@ -142,12 +145,13 @@ def write_checkpoint(out: str | Path, size: str = "tiny", seed: int = 0) -> Path
     save_file(gpt, str(asset / "gpt" / "model.safetensors"))
     (asset / "gpt" / "config.json").write_text(json.dumps(gpt_config(s), indent=2))
     save_file(emb, str(asset / "Embed.safetensors"))
-    save_file(random_dvae_tensors(g), str(asset / "DVAE.safetensors"))
-    save_file(random_vocos_tensors(g), str(asset / "Vocos.safetensors"))
-    save_file(random_decoder_tensors(g, s.hidden), str(asset / "Decoder.safetensors"))
+    save_file(random_dvae_tensors(g, small_audio), str(asset / "DVAE.safetensors"))
+    save_file(random_vocos_tensors(g, small_audio), str(asset / "Vocos.safetensors"))
+    save_file(random_decoder_tensors(g, s.hidden, small_audio), str(asset / "Decoder.safetensors"))
     write_speaker_stats(asset / "spk_stat.pt", s.hidden, seed)
     write_tokenizer(asset / "tokenizer", s.text_vocab)
     (out / "velocity-demo.json").write_text(json.dumps(
-        {"note": "seeded random weights: noise, not speech", "format": DEMO_FORMAT, "size": size, "seed": seed, "gpt": asdict(s)}, indent=2))
+        {"note": "seeded random weights: noise, not speech", "format": DEMO_FORMAT, "size": size, "seed": seed, "gpt": asdict(s),
+         "small_audio": small_audio}, indent=2))
     logger.info("wrote %s checkpoint (seed %d) to %s", size, seed, out)
     return out

@@ -29,7 +29,9 @@ class VoiceCarrier:
         """The release's DVAE encoder side, and its decoders (given, or loaded here on the CPU)."""
         if decoder is None:
             decoder = AudioDecoder.load(folder, pack=False)
-        return cls(decoder, VoiceEncoder(folder))
+        encoder = VoiceEncoder(folder)
+        encoder.dvae            # loaded here with the decoders, not at the first carried request
+        return cls(decoder, encoder)
 
     @torch.inference_mode()
     def sample(self, frames: list[tuple[int, ...]], hidden: list[np.ndarray] | None) -> list[tuple[int, ...]]:

@@ -8,30 +8,44 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 
+from velocity.model.dvae_config import DVAEConfig
 from velocity.tts.audio_file import SAMPLE_RATE, looks_like_audio, read_audio
 from velocity.tts.speaker import SpeakerError, decode_sample
 
 
 class VoiceEncoder:
     """The release's DVAE encoder side: 24 kHz audio -> codes [num_vq, T] (Chat.sample_audio_speaker
-    before compression), and sample strings read and checked for the model."""
+    before compression), and sample strings read and checked for the model. The encoder (and
+    torch) loads at the first recording to encode: a sample string needs neither, so a process
+    that only reads strings (the text front end, mostly) starts without them."""
 
     def __init__(self, folder: str | Path, max_seconds: float = 20.0) -> None:
-        from velocity.model.audio_models import load_dvae
-
-        self.dvae = load_dvae(folder, encoder=True)
-        cfg = self.dvae.cfg
+        cfg = DVAEConfig()
+        self.folder = Path(folder)
         self.num_vq = cfg.groups * cfg.residuals
         self.num_codes = int(np.prod(cfg.levels))
         self.max_seconds = max_seconds
         self.max_frames = int(max_seconds * SAMPLE_RATE / 512) + 1
+        self._dvae = None
 
-    @torch.inference_mode()
+    @property
+    def dvae(self):
+        """velocity.model.dvae.DVAE with its encoder side, loaded at the first use."""
+        if self._dvae is None:
+            from velocity.model.audio_models import load_dvae
+
+            self._dvae = load_dvae(self.folder, encoder=True)
+        return self._dvae
+
     def encode(self, audio: np.ndarray) -> np.ndarray:
         """24 kHz mono float32 audio -> codes [num_vq, T] (int64)."""
-        return self.dvae.encode(torch.from_numpy(np.ascontiguousarray(audio, dtype=np.float32))).numpy().astype(np.int64)
+        import torch
+
+        dvae = self.dvae
+        with torch.inference_mode():
+            x = torch.from_numpy(np.ascontiguousarray(audio, dtype=np.float32))
+            return dvae.encode(x).numpy().astype(np.int64)
 
     def sample_codes(self, data: bytes | str, what: str = "SPEAKER_SAMPLE") -> np.ndarray:
         """A sample string, or an audio file's bytes -> codes [num_vq, T]; ValueError naming `what`."""
