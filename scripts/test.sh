@@ -10,6 +10,10 @@
 #   nice 19 where chrt is missing), so they take the idle CPU without starving the servers.
 #   Their output is kept and printed after the foreground's. A Triton server started there is
 #   an error that asks for the mark (TESTS_WITHOUT_SERVERS, benchmarks/server.py).
+# - The servers wait passively between their torch threads' parallel regions
+#   (OMP_WAIT_POLICY=PASSIVE, unless set): by default OpenMP's threads spin there, which on two
+#   cores takes the CPU that the other stubs and the second pytest need. `make serve` keeps the
+#   default (docs/benchmarks.md, "The test suite's time").
 # Each keeps its own pytest cache, so `--lf` and `--ff` work through this script too.
 # The exit status is the first failure's (pytest's 5, "no tests collected", counts only when
 # neither pytest collected a test). Ctrl-C stops both.
@@ -19,6 +23,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PY:-$ROOT/.venv/bin/python}"
 cd "$ROOT"
 others_args=(-m "not server" -o cache_dir=.pytest_cache/without-servers)
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 
 if [[ "${SERIAL:-0}" == 1 ]]; then
     "$PY" -m pytest -m server "$@"; a=$?

@@ -155,15 +155,15 @@ def test_bench_step_profile_counts_every_frame_and_the_host_time(tmp_path):
 
 
 def test_bench_first_audio_splits_the_first_audio_at_the_chunk_it_waits_for(tmp_path):
-    """bench_first_audio, in process (no server), on the tiny checkpoint: the first chunk waits for
-    exactly its frames and its lookahead (the prefill makes the first frame, a decode step each of
-    the others), and its parts add up to the first audio, none below zero."""
+    """bench_first_audio, in process (no server), on the tiny checkpoint (small audio models): the
+    first chunk waits for exactly its frames and its lookahead (the prefill makes the first frame,
+    a decode step each of the others), and its parts add up to the first audio, none below zero."""
     import subprocess
     import sys
 
     from checkpoints import tiny_checkpoint
 
-    ck = tiny_checkpoint(tmp_path / "tiny", seed=0)
+    ck = tiny_checkpoint(tmp_path / "tiny", seed=0, small_audio=True)
     env = {**os.environ, "VELOCITY_CHUNK_FIRST": "6", "VELOCITY_LOOKAHEAD": "5"}
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_first_audio.py"), "--weights", str(ck),
                           "--no-triton", "--rounds", "1", "--out", str(tmp_path / "fa")],
