@@ -93,30 +93,32 @@ def test_wrong_shape_names_file_and_tensor(ckpt, tmp_path):
         load_vocos(out)
 
 
+def fresh_process(code: str) -> list[str]:
+    """The lines `code` prints, run in a fresh interpreter (what a server process imports)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()
+
+
 def test_loading_every_model_imports_no_compiler_machinery(ckpt):
     """The GPT, the DVAE and the Vocos built on the meta device and filled, in a fresh process,
     import neither torch._dynamo nor sympy: their first use (an nn.init initialiser or to_empty
     run on torch's Python reference kernels) slowed every server process's start."""
-    import subprocess
-    import sys
-
     code = (f"import sys, torch\nfrom velocity.model.loader import load_model\n"
             f"from velocity.model.audio_models import load_dvae, load_vocos\n"
             f"load_model({str(ckpt)!r}, torch.device('cpu'), torch.float32)\n"
             f"load_dvae({str(ckpt)!r}); load_vocos({str(ckpt)!r})\n"
             f"print(sorted(m for m in ('torch._dynamo', 'sympy') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+    assert fresh_process(code)[-1] == "[]"
 
 
 def test_the_text_front_end_reads_sample_strings_without_the_encoder_and_loads_it_for_a_recording(ckpt):
     """What the text_frontend stub builds (TTSFront.from_env's parts), in a fresh process: a voice
     sample string is read and checked without the DVAE encoder (not even its module imported);
     the first recording loads it, and its codes are those of an encoder loaded directly."""
-    import subprocess
-    import sys
-
     code = (f"import sys\nimport numpy as np\nfrom velocity.tts.frontend import TextFrontend\n"
             f"from velocity.tts.speaker import encode_sample\nfrom velocity.tts.voice_sample import VoiceEncoder\n"
             f"from velocity.tts.voices import Voices\n"
@@ -126,10 +128,8 @@ def test_the_text_front_end_reads_sample_strings_without_the_encoder_and_loads_i
             f"print(codes.shape, 'velocity.model.dvae' in sys.modules)\n"
             f"t = np.arange(12000) / 24000\n"
             f"print(enc.encode((0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)).tolist())\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    first, codes = out.stdout.strip().splitlines()[-2:]
-    assert first == "(4, 3) False", out.stdout
+    first, codes = fresh_process(code)[-2:]
+    assert first == "(4, 3) False", first
     t = torch.arange(12000, dtype=torch.float64) / 24000
     with torch.inference_mode():
         want = load_dvae(ckpt, encoder=True).encode((0.3 * torch.sin(2 * torch.pi * 220 * t)).float())
