@@ -151,7 +151,7 @@ def write_checkpoint(out: str | Path, size: str = "tiny", seed: int = 0, small_a
     write_speaker_stats(asset / "spk_stat.pt", s.hidden, seed)
     write_tokenizer(asset / "tokenizer", s.text_vocab)
     (out / "velocity-demo.json").write_text(json.dumps(
-        {"note": "seeded random weights: noise, not speech", "format": DEMO_FORMAT, "size": size, "seed": seed, "gpt": asdict(s),
-         "small_audio": small_audio}, indent=2))
+        {"note": "seeded random weights: noise, not speech", "format": DEMO_FORMAT, "size": size, "seed": seed,
+         "gpt": asdict(s), "small_audio": small_audio}, indent=2))
     logger.info("wrote %s checkpoint (seed %d) to %s", size, seed, out)
     return out
