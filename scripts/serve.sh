@@ -158,7 +158,7 @@ gateway=0; wyoming=0
 
 start_server() {
     # a stale llm's drain files and the dead server's shared memory go first
-    rm -f "$VELOCITY_RUN_DIR"/serving.* "$VELOCITY_RUN_DIR"/failed "$VELOCITY_RUN_DIR"/told.*
+    rm -f "$VELOCITY_RUN_DIR"/serving.* "$VELOCITY_RUN_DIR"/failed "$VELOCITY_RUN_DIR"/told.* "$VELOCITY_RUN_DIR"/relayed.*
     [[ -z "$shm_prefix" ]] || rm -f /dev/shm/"$shm_prefix"*
     setsid "$server" "${args[@]}" "${extra[@]}" &
     pid=$!                     # setsid makes the server its own process-group leader

@@ -140,3 +140,30 @@ def test_a_stubs_own_child_is_no_part_and_its_end_no_failure(group, tmp_path):
     finally:
         parent.kill()
         parent.wait()
+
+
+def test_the_kill_waits_until_the_vocoder_has_sent_on_the_llms_errors(tmp_path, monkeypatch):
+    """A part off the streams' path died: tell() writes `failed`, and returns (the kill follows)
+    only once an llm has written `told` and the vocoders' `relayed` counts reach the errors it
+    says go through them (velocity.serving.drain). The files are written here as the llm and
+    the vocoder write them; TELL_S is raised so that only the handshake can end the wait."""
+    import threading
+
+    from velocity.serving import watchdog
+    from velocity.serving.drain import Drain, Relay
+    from velocity.serving.protocol import STREAM_PART_DIED
+
+    monkeypatch.setattr(watchdog, "TELL_S", 60.0)
+    w = Watchdog(tmp_path, lambda: True)
+    teller = threading.Thread(target=w.tell, args=("text_frontend",), daemon=True)
+    teller.start()
+    assert wait_for(lambda: (tmp_path / "failed").exists(), 5) and (tmp_path / "failed").read_text() == "text_frontend"
+    Drain(str(tmp_path)).told(2)            # the llm: two streams' errors go through the vocoder
+    relay = Relay(str(tmp_path))
+    relay.answered(0)                       # the vocoder: a chunk of audio, then one of the errors
+    relay.answered(STREAM_PART_DIED)
+    time.sleep(0.3)
+    assert teller.is_alive(), "the watchdog went on before the vocoder had sent every error on"
+    relay.answered(STREAM_PART_DIED)
+    teller.join(5)
+    assert not teller.is_alive()

@@ -16,7 +16,9 @@ exit timeout. serve.sh drains first instead:
 When a part off the streams' path dies (text_frontend, tts_offline, voices), the watchdog
 (velocity.serving.watchdog) writes `failed` holding its name before it kills the server; the llm
 ends its live streams with an error naming it (STREAM_PART_DIED) and writes `told.<pid>` once
-they have all ended, and the watchdog then kills. So a client of Triton's gRPC or HTTP learns
+they have all ended, holding how many of those errors go out through the vocoder (the `tts`
+ensemble's streams); the vocoder writes `relayed.<pid>` with how many it has sent on. The
+watchdog kills once they agree (or after its bound). So a client of Triton's gRPC or HTTP learns
 which part died; the llm's, the vocoder's and tritonserver's deaths leave no one to tell them
 (UNAVAILABLE: velocity.serving.watchdog.UNNAMED).
 
@@ -41,6 +43,48 @@ def failed_part(run_dir: str) -> str | None:
         return (Path(run_dir) / "failed").read_text().strip() or None
     except OSError:
         return None
+
+
+def _count(path: Path) -> int:
+    try:
+        return int(path.read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _write_count(folder: Path, kind: str, n: int) -> None:
+    """`<kind>.<pid>` holding n, written whole (a reader never sees it half-written)."""
+    tmp = folder / f"{kind}.{os.getpid()}.tmp"
+    try:
+        tmp.write_text(str(n))
+        tmp.replace(folder / f"{kind}.{os.getpid()}")
+    except OSError as e:                  # the run folder gone (a stop): nobody waits for it
+        log.warning("could not write %s: %s", tmp, e)
+
+
+class Relay:
+    """The vocoder's side: how many of the llm's errors naming a dead part (chunks numbered
+    velocity.serving.protocol.STREAM_PART_DIED) it has sent on, in `relayed.<pid>`."""
+
+    def __init__(self, run_dir: str) -> None:
+        from velocity.serving.protocol import STREAM_PART_DIED     # here: that module imports this one
+
+        self.dir, self.code, self.sent = Path(run_dir) if run_dir else None, STREAM_PART_DIED, 0
+
+    def answered(self, chunk_number: int) -> None:
+        """A chunk was answered (sent on); count it if it is such an error."""
+        if chunk_number == self.code:
+            self.sent += 1
+            if self.dir is not None:
+                _write_count(self.dir, "relayed", self.sent)
+
+
+def all_told(run_dir: str | Path) -> bool:
+    """An llm has told its streams of a dead part, and the vocoders have sent on every error of
+    theirs that goes through them (the watchdog may kill now)."""
+    d = Path(run_dir)
+    told, sent = ([f for f in d.glob(f"{kind}.*") if not f.name.endswith(".tmp")] for kind in ("told", "relayed"))
+    return bool(told) and sum(map(_count, sent)) >= sum(map(_count, told))
 
 
 def draining(run_dir: str) -> bool:
@@ -78,10 +122,11 @@ class Drain:
             log.info("draining: new requests refused, live streams get %.0f s", grace)
         return self.draining
 
-    def told(self) -> None:
-        """Every stream has been told that a part died (the watchdog may kill now)."""
+    def told(self, through_vocoder: int = 0) -> None:
+        """Every stream has been told that a part died; through_vocoder of those errors go out
+        through the vocoder (the watchdog waits for it to send them on)."""
         if self.dir is not None:
-            (self.dir / f"told.{os.getpid()}").touch()
+            _write_count(self.dir, "told", through_vocoder)
 
     def expired(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline

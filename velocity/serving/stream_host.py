@@ -92,6 +92,7 @@ class Streams:
         self.probe_every = settings.cancel_probe_seconds     # seconds a quiet stream waits to probe (the monitor's)
         self.drain = Drain(settings.run_dir)
         self._failing, self._told = 0.0, False   # another part died: when the streams were ended; the watchdog told
+        self._through_vocoder = 0                # of those streams' errors, the ones the vocoder sends on
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.voicer = ThreadPoolExecutor(1, thread_name_prefix="llm-voicing")   # voice carry-over's samples
         self._stop = threading.Event()
@@ -212,9 +213,11 @@ class Streams:
             self._failing = time.monotonic()
             for stream in list(self.live.values()):
                 stream.stop(STREAM_PART_DIED, "failed")
+                if stream.ref and stream.stop_code == STREAM_PART_DIED:    # its error goes through the vocoder
+                    self._through_vocoder += 1
         if not self.live or time.monotonic() - self._failing > TELL_S:
             self._told = True
-            self.drain.told()
+            self.drain.told(self._through_vocoder)
 
     def close(self) -> None:
         """Stop: the engine aborts what is in flight, every stream ends, queued responses go out."""

@@ -18,7 +18,8 @@ outside, every POLL_S seconds:
   false only when the server has not been ready for `live_grace_s` (a server that cannot come
   back: Kubernetes then restarts the container).
 
-While serve.sh stops (`<run dir>/stopping`) nothing is a failure. Standard library only.
+While serve.sh stops (`<run dir>/stopping`) nothing is a failure. Standard library only (and the
+drain's files: velocity.serving.drain).
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from velocity.serving.drain import all_told
 
 log = logging.getLogger("velocity.watchdog")
 
@@ -172,14 +175,14 @@ class Watchdog:
         self._stubs = {}
 
     def tell(self, part: str) -> None:
-        """Let the llm end its streams with an error naming the part (velocity.serving.drain), for
-        at most TELL_S; a dead llm tells no one, and without one no `told` comes."""
+        """Let the llm end its streams with an error naming the part, and the vocoder send on those
+        of the `tts` ensemble (velocity.serving.drain), for at most TELL_S; a dead llm tells no
+        one, and without one no `told` comes."""
         (self.run_dir / "failed.tmp").write_text(part)
         (self.run_dir / "failed.tmp").replace(self.run_dir / "failed")
         end = time.monotonic() + TELL_S
-        while time.monotonic() < end and not any(self.run_dir.glob("told.*")):
+        while time.monotonic() < end and not all_told(self.run_dir):    # the llm's, then the vocoder's
             time.sleep(0.05)
-        time.sleep(0.1)                           # the vocoder sends the errors the llm's last chunks carry
 
     def status(self, what: str) -> tuple[bool, str]:
         """(healthy, why) for "ready" or "live", from the last look."""

@@ -21,6 +21,7 @@ import triton_python_backend_utils as pb_utils
 from velocity.serving.chunk_queue import ChunkQueue
 from velocity.serving.core_board import CoreBoard, board_path
 from velocity.serving.metrics import VOCODER, count_decode, make_metrics
+from velocity.serving.drain import Relay
 from velocity.serving.protocol import STREAM_PROBE, CodeChunkIn, Job, chunk_refusal, read_chunk, vocoder_outputs
 from velocity.serving.passed_inputs import input_reader
 from velocity.serving.settings import Settings
@@ -54,7 +55,7 @@ class TritonPythonModel:
         if s.lend_vocoder_cores and dev.type == "cpu":     # tell the llm when this one decodes
             self.cores = CoreBoard(board_path(s.run_dir))
             self.cores.claim()
-        self.board = StreamBoard(board_path(s.run_dir, "streams"))
+        self.board, self.relay = StreamBoard(board_path(s.run_dir, "streams")), Relay(s.run_dir)
         # a chunk is due once the audio before it (START frames) has played
         self.queue = ChunkQueue(lambda start: start / self.decoder.frames_per_second)
         self.metrics = make_metrics(pb_utils, "vocoder", VOCODER)
@@ -77,17 +78,15 @@ class TritonPythonModel:
                 continue
             # An error chunk (index < 0) is queued too, behind its stream's chunks: answered at once
             # it could overtake them, and one such run left the ensemble request in flight (Triton 2.51)
-            job = Job(chunk, sender, time.monotonic(), self._refusal(chunk))
-            self.queue.put(-1 if chunk.number < 0 else chunk.start, job)
+            self.queue.put(-1 if chunk.number < 0 else chunk.start, Job(chunk, sender, time.monotonic(), self._refusal(chunk)))
         self.metrics["backlog"].set(len(self.queue))
         return None
 
     def _refusal(self, c: CodeChunkIn):
         """The error response for a chunk that is not to be decoded, or None."""
-        d = self.decoder
-        if (why := chunk_refusal(c, self.settings, d.num_vq, d.num_codes, d.hidden_size)) is None:
-            return None
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(why[0], getattr(pb_utils.TritonError, why[1])))
+        d, Err = self.decoder, pb_utils.TritonError
+        why = chunk_refusal(c, self.settings, d.num_vq, d.num_codes, d.hidden_size)
+        return None if why is None else pb_utils.InferenceResponse(error=Err(why[0], getattr(Err, why[1])))
 
     def _decode_loop(self) -> None:
         while batch := self.queue.get_due(self.batch, key=self.streams.batch_key):
@@ -111,6 +110,7 @@ class TritonPythonModel:
             job.sender.send(flags=FINAL) if response is None else job.sender.send(response, flags=FINAL)
         except Exception:                         # a broken sender must not stop the loop
             log.exception("vocoder: could not answer chunk %d", job.chunk.number)
+        self.relay.answered(job.chunk.number)
 
     def _decode(self, jobs: list[Job], deadlines: list[float]) -> list:
         """Responses for jobs of one shape (decoded in one call), or for one refused job (None: the
