@@ -150,8 +150,8 @@ def test_the_kill_waits_until_the_vocoder_has_sent_on_the_llms_errors(tmp_path, 
     import threading
 
     from velocity.serving import watchdog
-    from velocity.serving.drain import Drain, Relay
-    from velocity.serving.protocol import STREAM_PART_DIED
+    from velocity.serving.drain import Drain
+    from velocity.serving.protocol import STREAM_PART_DIED, Relay
 
     monkeypatch.setattr(watchdog, "TELL_S", 60.0)
     w = Watchdog(tmp_path, lambda: True)

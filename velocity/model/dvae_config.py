@@ -2,6 +2,7 @@
 sample's codes must look like is known without loading the model."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 
@@ -19,6 +20,16 @@ class DVAEConfig:
     kernel: int = 7
     dilation: int = 2
     n_mels: int = 100
+
+    @property
+    def num_vq(self) -> int:
+        """Codebooks per frame (codes of a frame)."""
+        return self.groups * self.residuals
+
+    @property
+    def num_codes(self) -> int:
+        """Codes per codebook: [0, num_codes)."""
+        return math.prod(self.levels)
 
 
 DECODER = DVAEConfig(vq_dim=0, idim=384, odim=384, hidden=512)   # asset/Decoder.safetensors

@@ -62,21 +62,10 @@ def _write_count(folder: Path, kind: str, n: int) -> None:
         log.warning("could not write %s: %s", tmp, e)
 
 
-class Relay:
-    """The vocoder's side: how many of the llm's errors naming a dead part (chunks numbered
-    velocity.serving.protocol.STREAM_PART_DIED) it has sent on, in `relayed.<pid>`."""
-
-    def __init__(self, run_dir: str) -> None:
-        from velocity.serving.protocol import STREAM_PART_DIED     # here: that module imports this one
-
-        self.dir, self.code, self.sent = Path(run_dir) if run_dir else None, STREAM_PART_DIED, 0
-
-    def answered(self, chunk_number: int) -> None:
-        """A chunk was answered (sent on); count it if it is such an error."""
-        if chunk_number == self.code:
-            self.sent += 1
-            if self.dir is not None:
-                _write_count(self.dir, "relayed", self.sent)
+def relayed(run_dir: str, n: int) -> None:
+    """The vocoder has sent on n of the llm's errors naming a dead part (`relayed.<pid>`)."""
+    if run_dir:
+        _write_count(Path(run_dir), "relayed", n)
 
 
 def all_told(run_dir: str | Path) -> bool:

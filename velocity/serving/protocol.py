@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from velocity.serving.drain import failed_part
+from velocity.serving.drain import failed_part, relayed
 from velocity.serving.settings import Settings
 from velocity.serving.watchdog import DIED
 from velocity.tts.chunking import CodeChunk, sample_offset
@@ -90,6 +90,20 @@ def stream_error(code: int, settings: Settings) -> tuple[str, bool]:
         part = failed_part(settings.run_dir) or "another part of the server"
         return f"the {part} {DIED}: the server is restarting; retry in a few seconds", True
     return "generation failed (the server log has the cause); retry the request", False
+
+
+class Relay:
+    """The vocoder's side of the watchdog's wait (velocity.serving.drain): how many of the llm's
+    errors naming a dead part (STREAM_PART_DIED chunks) it has sent on, in `relayed.<pid>`."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir, self.sent = run_dir, 0
+
+    def answered(self, chunk_number: int) -> None:
+        """A chunk was answered (sent on); count it if it is such an error."""
+        if chunk_number == STREAM_PART_DIED:
+            self.sent += 1
+            relayed(self.run_dir, self.sent)
 
 
 @dataclass(slots=True)

@@ -11,7 +11,6 @@ tests/test_streaming.py and stated in docs/benchmarks.md).
 from __future__ import annotations
 
 import logging
-import math
 
 import numpy as np
 import torch
@@ -55,8 +54,7 @@ class AudioDecoder:
         self.sample_rate = vocos.cfg.sample_rate
         self.frames_per_second = self.sample_rate / self.samples_per_frame
         self.exact_context = max(exact_context(m, vocos) for m in (dvae, decoder) if m is not None)
-        self.num_vq = dvae.cfg.groups * dvae.cfg.residuals        # codebooks per frame
-        self.num_codes = math.prod(dvae.cfg.levels)              # codes per codebook: [0, num_codes)
+        self.num_vq, self.num_codes = dvae.cfg.num_vq, dvae.cfg.num_codes     # codes in [0, num_codes)
         self.hidden_size = 2 * decoder.cfg.idim if decoder is not None else 0   # the Decoder's input
 
     @classmethod

@@ -16,15 +16,12 @@ from velocity.tts.speaker import SpeakerError, decode_sample
 
 class VoiceEncoder:
     """The release's DVAE encoder side: 24 kHz audio -> codes [num_vq, T] (Chat.sample_audio_speaker
-    before compression), and sample strings read and checked for the model. The encoder (and
-    torch) loads at the first recording to encode: a sample string needs neither, so a process
-    that only reads strings (the text front end, mostly) starts without them."""
+    before compression), and sample strings read and checked for the model. The encoder loads at
+    the first recording to encode: a sample string needs only the codebooks' shape."""
 
     def __init__(self, folder: str | Path, max_seconds: float = 20.0) -> None:
-        cfg = DVAEConfig()
-        self.folder = Path(folder)
-        self.num_vq = cfg.groups * cfg.residuals
-        self.num_codes = int(np.prod(cfg.levels))
+        cfg, self.folder = DVAEConfig(), Path(folder)
+        self.num_vq, self.num_codes = cfg.num_vq, cfg.num_codes
         self.max_seconds = max_seconds
         self.max_frames = int(max_seconds * SAMPLE_RATE / 512) + 1
         self._dvae = None

@@ -21,8 +21,7 @@ import triton_python_backend_utils as pb_utils
 from velocity.serving.chunk_queue import ChunkQueue
 from velocity.serving.core_board import CoreBoard, board_path
 from velocity.serving.metrics import VOCODER, count_decode, make_metrics
-from velocity.serving.drain import Relay
-from velocity.serving.protocol import STREAM_PROBE, CodeChunkIn, Job, chunk_refusal, read_chunk, vocoder_outputs
+from velocity.serving.protocol import STREAM_PROBE, CodeChunkIn, Job, Relay, chunk_refusal, read_chunk, vocoder_outputs
 from velocity.serving.passed_inputs import input_reader
 from velocity.serving.settings import Settings
 from velocity.serving.stub_exit import end_quickly
@@ -78,7 +77,8 @@ class TritonPythonModel:
                 continue
             # An error chunk (index < 0) is queued too, behind its stream's chunks: answered at once
             # it could overtake them, and one such run left the ensemble request in flight (Triton 2.51)
-            self.queue.put(-1 if chunk.number < 0 else chunk.start, Job(chunk, sender, time.monotonic(), self._refusal(chunk)))
+            job = Job(chunk, sender, time.monotonic(), self._refusal(chunk))
+            self.queue.put(-1 if chunk.number < 0 else chunk.start, job)
         self.metrics["backlog"].set(len(self.queue))
         return None
 
