@@ -55,17 +55,22 @@ def test_gqa_equals_transformers(gqa):
     assert_same(ours, refs, ps, "GQA")
 
 
-@pytest.mark.parametrize("packed", [True, False])
-def test_cpu_linears_packed_or_plain_equal_transformers(mha, packed):
-    """CPU float32 runs on oneDNN-prepacked weights by default (so every test here covers them);
-    plain nn.Linear stays available and exact too."""
+@pytest.mark.parametrize("linears", ["f32_gemm", "onednn", "plain"])
+def test_cpu_linears_packed_or_plain_equal_transformers(mha, linears):
+    """CPU float32 runs on the C++ f32_gemm by default where it is built (so every test here covers
+    it), on oneDNN-prepacked weights without the C++ kernels; plain nn.Linear stays available and
+    exact too."""
     from torch import nn
-    from velocity.model.packed_linear import PackedLinear
+    from velocity.model.cpu_kernels import kernels
+    from velocity.model.packed_linear import F32Linear, PackedLinear
+    if linears == "f32_gemm" and not (kernels() and kernels().f32_gemm_lanes()):
+        pytest.skip("the C++ kernels are built without AVX2 and FMA here: no f32_gemm")
     path, _, ps, refs = mha
-    ours, engine = run(path, ps, block_size=16, num_kv_blocks=256, pack_cpu_weights=packed)
-    kinds = {type(m) for m in engine.worker.model.modules()}
-    assert (PackedLinear in kinds) == packed and (nn.Linear in kinds) != packed
-    assert_same(ours, refs, ps, f"pack_cpu_weights={packed}")
+    ours, engine = run(path, ps, block_size=16, num_kv_blocks=256, pack_cpu_weights=linears != "plain",
+                       cpu_kernel=linears != "onednn")
+    kinds = {type(m) for m in engine.worker.model.modules()} & {F32Linear, PackedLinear, nn.Linear}
+    assert kinds == {{"f32_gemm": F32Linear, "onednn": PackedLinear, "plain": nn.Linear}[linears]}
+    assert_same(ours, refs, ps, f"linears={linears}")
 
 
 def test_one_at_a_time_equals_batched(mha):

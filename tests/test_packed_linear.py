@@ -1,11 +1,11 @@
-"""PackedLinear (oneDNN-prepacked CPU weights) against nn.Linear."""
+"""PackedLinear (oneDNN-prepacked CPU weights) and F32Linear (the C++ f32_gemm) against nn.Linear."""
 from __future__ import annotations
 
 import pytest
 import torch
 from torch import nn
 
-from velocity.model.packed_linear import PackedLinear, can_pack, pack_linears
+from velocity.model.packed_linear import F32Linear, PackedLinear, can_pack, pack_linears
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
@@ -21,6 +21,53 @@ def test_matches_nn_linear(rows, bias):
     assert got.shape == want.shape
     # float32 sums of 768 products in another order: |error| ~ sqrt(768) * 2^-24 * sum|x*w| ~ 1e-5 here
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def cpp():
+    from velocity.model.cpu_kernels import kernels
+
+    k = kernels()
+    assert k is not None, "the C++ kernels did not build (python -m velocity.model.cpu_kernels says why)"
+    return k
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 12, 13, 63])
+@pytest.mark.parametrize("shape", [(768, 3072), (3072, 768), (768, 2504), (37, 21)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_f32_gemm_matches_nn_linear(cpp, rows, shape, bias):
+    """Every tile size of the kernel (one row; 2 to kRows rows sharing a load; a remainder), an
+    output width not a multiple of 16 (the code heads' 4 x 626; its zero rows never show), an odd
+    input width. Float32 sums of up to 3072 products in another order: ~sqrt(K) 2^-24 sum|x w|,
+    about 1e-5 here at most."""
+    if cpp.f32_gemm_lanes() == 0:
+        pytest.skip("the C++ kernels are built without AVX2 and FMA here: F32Linear is not used")
+    torch.manual_seed(rows)
+    lin = nn.Linear(*shape, bias=bias)
+    x = torch.randn(rows, shape[0])
+    with torch.inference_mode():
+        want, got = lin(x), F32Linear(lin, cpp)(x.view(1, rows, -1))
+    assert got.shape == (1, *want.shape)
+    torch.testing.assert_close(got[0], want, rtol=2e-5, atol=2e-5)
+
+
+def test_f32_gemm_refuses_a_layout_that_does_not_fit(cpp):
+    if cpp.f32_gemm_lanes() == 0:
+        pytest.skip("the C++ kernels are built without AVX2 and FMA here: F32Linear is not used")
+    f = F32Linear(nn.Linear(32, 40), cpp)                                   # 3 blocks of 16
+    with pytest.raises(RuntimeError, match="K = x's columns"):
+        f.gemm(torch.randn(2, 31), f.packed, f.bias, 40)
+    with pytest.raises(RuntimeError, match=r"ceil\(N / 16\)"):
+        f.gemm(torch.randn(2, 32), f.packed, f.bias, 32)                    # 2 blocks would do
+    with pytest.raises(RuntimeError, match="bias"):
+        f.gemm(torch.randn(2, 32), f.packed, torch.zeros(7), 40)
+
+
+def test_pack_linears_uses_f32_gemm_where_it_is_built(cpp):
+    model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 8))
+    assert pack_linears(model, cpp) == 2
+    want = F32Linear if cpp.f32_gemm_lanes() else PackedLinear
+    assert all(type(m) is want for m in model)
 
 
 def test_pack_linears_replaces_every_linear_and_keeps_other_modules():

@@ -22,7 +22,7 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None  # tokens per step; None: 4096 (see token_budget)
     max_model_len: int | None = None      # None: the model's max positions
     enforce_eager: bool = False           # True: no CUDA graphs
-    pack_cpu_weights: bool = True         # CPU float32: linears on oneDNN-prepacked weights
+    pack_cpu_weights: bool = True         # CPU float32: linears on packed weights (the C++ f32_gemm, else oneDNN)
     quantize: str = "none"                # "int8": CPU float32, the transformer layers' linears on int8 weights
     cpu_kernel: bool = True               # CPU: the C++ kernels (float32 decode attention, the sampler's sort, int8's row operations)
     gpu_kernels: bool = True              # CUDA: the decoder layer on the Triton kernels (velocity.model.gpu_kernels)

@@ -49,7 +49,10 @@ class Worker:
         if config.pack_cpu_weights and can_pack(self.device, self.dtype):
             if hasattr(self.model, "fuse_code_heads"):
                 self.model.fuse_code_heads()            # one prepacked call for all codebooks
-            logger.info("CPU: %d linears on oneDNN-prepacked weights", pack_linears(self.model))
+            cpp = kernels() if config.cpu_kernel else None
+            n = pack_linears(self.model, cpp)
+            logger.info("CPU: %d float32 linears on %s", n, "the C++ f32_gemm" if cpp is not None
+                        and cpp.f32_gemm_lanes() else "oneDNN-prepacked weights")
         model_max = self.model.max_positions
         self.max_model_len = min(config.max_model_len or model_max, model_max)
         block_bytes = bytes_per_block(self.model, config.block_size, self.dtype)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from velocity.model import int8_gemm, int8_rows
+from velocity.model import f32_gemm, int8_gemm, int8_rows
 from velocity.model.cpu_isa import compiler_flags
 
 logger = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ SOURCE = r"""
 #include <ATen/ops/zeros.h>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 // q: [B, Hq, D]; k, v: [B, Hkv, D], this step's, written first at slot_mapping [B]; k_cache, v_cache:
@@ -189,8 +190,9 @@ bool built_with_openmp() {
 _module = None
 _tried = False
 CFLAGS = ["-O3", "-fopenmp", *compiler_flags()]    # -fopenmp: without it at::parallel_for runs on one thread
-SOURCES = SOURCE + int8_rows.SOURCE + int8_gemm.SOURCE
-FUNCTIONS = ["paged_decode", "sort_rows", "built_with_openmp", *int8_rows.FUNCTIONS, *int8_gemm.FUNCTIONS]
+SOURCES = SOURCE + int8_rows.SOURCE + int8_gemm.SOURCE + f32_gemm.SOURCE
+FUNCTIONS = ["paged_decode", "sort_rows", "built_with_openmp", *int8_rows.FUNCTIONS, *int8_gemm.FUNCTIONS,
+             *f32_gemm.FUNCTIONS]
 
 
 def module_name() -> str:

@@ -1,4 +1,4 @@
-"""CPU linears on weights prepacked for oneDNN.
+"""CPU float32 linears on weights packed once: for the C++ f32_gemm, else for oneDNN.
 
 A decode step multiplies a few rows (one per running sequence) by every weight. MKL's sgemm
 behind nn.Linear costs about the same for 1 or 2 rows but several times that for 8-32 rows;
@@ -6,10 +6,15 @@ oneDNN with the weight reordered once into its blocked layout does several concu
 sequences faster than nn.Linear and one sequence no slower (docs/benchmarks/history.md,
 "Prepacked CPU weights"). Same float32 arithmetic, another summation order: outputs differ
 from nn.Linear's by float rounding, as nn.Linear's own differ between batch sizes.
+
+Where the C++ kernels are built with AVX2 and FMA or AVX-512, F32Linear runs on their f32_gemm
+instead (velocity.model.f32_gemm): quicker than oneDNN at every row count a step has, and near
+the memory bound at one row (docs/benchmarks.md, "The float32 linears on a C++ kernel").
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -35,6 +40,29 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+class F32Linear(nn.Module):
+    """nn.Linear's forward on the C++ f32_gemm (velocity.model.f32_gemm), its weight kept only in
+    the kernel's layout (inference only). kernels: velocity.model.cpu_kernels.kernels()."""
+
+    def __init__(self, linear: nn.Linear, kernels) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        w = linear.weight.detach().float()                                   # [N, K]
+        blocks = -(-self.out_features // 16)
+        pad = F.pad(w, (0, 0, 0, 16 * blocks - self.out_features))           # zero rows: N to 16 blocks
+        self.packed = pad.view(blocks, 16, self.in_features).transpose(1, 2).contiguous()   # [N / 16, K, 16]
+        self.bias = w.new_empty(0) if linear.bias is None else linear.bias.detach().float().contiguous()
+        self.gemm = kernels.f32_gemm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in] -> [..., out]
+        y = self.gemm(x.reshape(-1, self.in_features).contiguous(), self.packed, self.bias, self.out_features)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias.numel() > 0}, f32_gemm"
+
+
 def replace_linears(model: nn.Module, make) -> int:
     """Replace every nn.Linear in model by make(linear); returns how many."""
     n = 0
@@ -51,6 +79,9 @@ def replace_linears_in(model: nn.Module, within: type, make) -> int:
     return sum(replace_linears(block, make) for block in [m for m in model.modules() if isinstance(m, within)])
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Replace every nn.Linear in model by a PackedLinear; returns how many."""
+def pack_linears(model: nn.Module, kernels=None) -> int:
+    """Replace every nn.Linear in model by an F32Linear where `kernels` (the C++ CPU kernels) has
+    f32_gemm built, else by a PackedLinear; returns how many."""
+    if kernels is not None and kernels.f32_gemm_lanes() > 0:
+        return replace_linears(model, lambda linear: F32Linear(linear, kernels))
     return replace_linears(model, PackedLinear)

@@ -1,0 +1,132 @@
+"""The float32 linears' GEMM in C++ (built with velocity.model.cpu_kernels), where the kernels are
+built with AVX2 and FMA or AVX-512 (`f32_gemm_lanes`); F32Linear (velocity.model.f32_linear) runs
+on it, on its weights laid out [ceil(N / 16), K, 16].
+
+A decode step multiplies one row per running sequence by every weight, so at a few rows it is
+bound by reading the weights. Packed in blocks of 16 output channels, each block's weights lie
+front to back, one input's 16 weights in each 64 bytes: one row reads the whole matrix once, in
+order, with no horizontal sums (AVX2: two registers a block). Rows share each weight load in
+tiles (kRows), so a prefill's many rows run from the cache as a blocked GEMM does. The same float32
+arithmetic as nn.Linear in another summation order: one row alone sums each output in four
+interleaved partial sums, several rows in one (outputs differ by float rounding, as oneDNN's and
+MKL's differ between batch sizes).
+"""
+
+SOURCE = r"""
+#include <immintrin.h>
+
+#if defined(__AVX512F__)
+using fvec = __m512;
+constexpr int kLanes = 16;
+constexpr int64_t kRows = 12;          // rows that share each weight load (12 accumulators of 32 registers)
+static inline fvec vload(const float* p) { return _mm512_loadu_ps(p); }
+static inline void vstore(float* p, fvec v) { _mm512_storeu_ps(p, v); }
+static inline fvec vzero() { return _mm512_setzero_ps(); }
+static inline fvec vset1(float x) { return _mm512_set1_ps(x); }
+static inline fvec vfma(fvec a, fvec b, fvec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline fvec vadd(fvec a, fvec b) { return _mm512_add_ps(a, b); }
+#elif defined(__AVX2__) && defined(__FMA__)
+using fvec = __m256;
+constexpr int kLanes = 8;
+constexpr int64_t kRows = 6;           // 12 accumulators, 2 weights and a broadcast of 16 registers
+static inline fvec vload(const float* p) { return _mm256_loadu_ps(p); }
+static inline void vstore(float* p, fvec v) { _mm256_storeu_ps(p, v); }
+static inline fvec vzero() { return _mm256_setzero_ps(); }
+static inline fvec vset1(float x) { return _mm256_set1_ps(x); }
+static inline fvec vfma(fvec a, fvec b, fvec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline fvec vadd(fvec a, fvec b) { return _mm256_add_ps(a, b); }
+#else
+constexpr int kLanes = 0;
+constexpr int64_t kRows = 1;
+#endif
+int64_t f32_gemm_lanes() { return kLanes; }
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+constexpr int kVecs = 16 / kLanes;     // registers a block of 16 outputs fills
+
+// one row by one block: wb [K, 16] -> out [16], four partial sums (inputs k mod 4) to hide the
+// multiply-adds' latency, added pairwise at the end
+static inline void block_row(const float* x, const float* wb, int64_t K, float* out) {
+  fvec acc[4][kVecs];
+  for (auto& a : acc) for (auto& v : a) v = vzero();
+  int64_t k = 0;
+  for (; k + 4 <= K; k += 4)
+    for (int u = 0; u < 4; ++u) {
+      const float* w = wb + (k + u) * 16;
+      _mm_prefetch((const char*)(w + 256), _MM_HINT_T0);     // 1 KiB ahead
+      const fvec xb = vset1(x[k + u]);
+      for (int j = 0; j < kVecs; ++j) acc[u][j] = vfma(xb, vload(w + j * kLanes), acc[u][j]);
+    }
+  for (; k < K; ++k) {
+    const fvec xb = vset1(x[k]);
+    for (int j = 0; j < kVecs; ++j) acc[0][j] = vfma(xb, vload(wb + k * 16 + j * kLanes), acc[0][j]);
+  }
+  for (int j = 0; j < kVecs; ++j) vstore(out + j * kLanes, vadd(vadd(acc[0][j], acc[1][j]), vadd(acc[2][j], acc[3][j])));
+}
+
+// R rows (x's rows ldx apart) by one block, each weight load shared by the R rows -> out [R, 16]
+template <int64_t R>
+static inline void block_rows(const float* x, int64_t ldx, const float* wb, int64_t K, float* out) {
+  fvec acc[R][kVecs];
+  for (auto& a : acc) for (auto& v : a) v = vzero();
+  for (int64_t k = 0; k < K; ++k) {
+    _mm_prefetch((const char*)(wb + k * 16 + 256), _MM_HINT_T0);
+    fvec w[kVecs];
+    for (int j = 0; j < kVecs; ++j) w[j] = vload(wb + k * 16 + j * kLanes);
+    for (int64_t i = 0; i < R; ++i) {
+      const fvec xb = vset1(x[i * ldx + k]);
+      for (int j = 0; j < kVecs; ++j) acc[i][j] = vfma(xb, w[j], acc[i][j]);
+    }
+  }
+  for (int64_t i = 0; i < R; ++i)
+    for (int j = 0; j < kVecs; ++j) vstore(out + i * 16 + j * kLanes, acc[i][j]);
+}
+
+template <int64_t... Rs>
+static inline void block_tile(int64_t rows, const float* x, int64_t ldx, const float* wb, int64_t K, float* out,
+                              std::integer_sequence<int64_t, Rs...>) {
+  // the tile's row count a constant, so its sums stay in registers
+  ((rows == Rs + 1 ? (block_rows<Rs + 1>(x, ldx, wb, K, out), 0) : 0), ...);
+}
+#endif
+
+// x: [T, K] float32; wp: [NB, K, 16] (w [N, K] in blocks of 16 outputs, zero rows padding N to 16 NB); bias:
+// [N] or empty -> [T, N]: x w^T + bias
+at::Tensor f32_gemm(at::Tensor x, at::Tensor wp, at::Tensor bias, int64_t N) {
+  TORCH_CHECK(kLanes > 0, "f32_gemm: built without AVX2 and FMA (f32_gemm_lanes() is 0)");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, "x: contiguous float32 [T, K]");
+  TORCH_CHECK(wp.dim() == 3 && wp.is_contiguous() && wp.scalar_type() == at::kFloat && wp.size(2) == 16
+              && wp.size(1) == x.size(1) && N > 16 * (wp.size(0) - 1) && N <= 16 * wp.size(0),
+              "wp: float32 [ceil(N / 16), K, 16] (F32Linear's layout of [N, K] weights), K = x's columns");
+  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == N && bias.is_contiguous() && bias.scalar_type() == at::kFloat),
+              "bias: float32 [N] or empty");
+  const int64_t T = x.size(0), K = x.size(1), NB = wp.size(0);
+  auto out = at::empty({T, N}, x.options());
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+  if (T == 0) return out;
+  const float* xp = x.data_ptr<float>();
+  const float* w0 = wp.data_ptr<float>();
+  const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+    float tile[kRows * 16];
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* wb = w0 + b * K * 16;
+      const int64_t n0 = b * 16, cols = std::min<int64_t>(16, N - n0);
+      for (int64_t t0 = 0; t0 < T; t0 += kRows) {
+        const int64_t rows = std::min(kRows, T - t0);
+        if (rows == 1) block_row(xp + t0 * K, wb, K, tile);
+        else block_tile(rows, xp + t0 * K, K, wb, K, tile, std::make_integer_sequence<int64_t, kRows>{});
+        for (int64_t i = 0; i < rows; ++i) {
+          float* o = op + (t0 + i) * N + n0;
+          for (int64_t c = 0; c < cols; ++c) o[c] = bp ? tile[i * 16 + c] + bp[n0 + c] : tile[i * 16 + c];
+        }
+      }
+    }
+  });
+#endif
+  return out;
+}
+"""
+
+FUNCTIONS = ["f32_gemm_lanes", "f32_gemm"]
