@@ -115,24 +115,46 @@ print(cpu_isa.capability(), activation_bits(), q.bits, "-march=native" in CFLAGS
     assert 0 < float(out[5]) < 0.04, out
 
 
-def test_the_cpp_int8_decode_step_equals_the_torch_int8_step(tmp_path):
-    """LlamaBody.forward_int8 (velocity.model.int8_rows: the operations between the int8 linears in
-    C++) against the same int8 layers on torch's operations, one decode step of 6 sequences over
-    paged caches: the same arithmetic in another order, so equal within float rounding, except
-    where that rounding moves an int8 row across a step (a step of max |x| / 127 in one input
-    value of one linear). Measured: a relative error of 4e-8 on the hidden states, and 3e-2 with RoPE's sign
-    flipped in one half; bounded at 1e-4."""
-    from checkpoints import tiny_checkpoint
-    from velocity.model.attention import AttentionMetadata
-    from velocity.model.cpu_kernels import int8_rows_kernels, paged_decode_kernel
+def linears_on_the_cpp_kernels(model, kind: str) -> None:
+    """The layers' linears as the engine makes them for `kind`: int8 (Int8Linear on int8_gemm) or
+    float32 (F32Linear on f32_gemm)."""
+    from velocity.model.cpu_kernels import kernels
     from velocity.model.int8_linear import quantize_linears
     from velocity.model.llama import LlamaLayer
+    from velocity.model.packed_linear import pack_linears
+
+    K = kernels()
+    assert K is not None, "the C++ kernels did not build"
+    if kind == "int8":
+        quantize_linears(model, LlamaLayer, K)
+    elif K.f32_gemm_lanes() == 0:
+        pytest.skip("the C++ kernels are built without AVX2 and FMA here: no f32_gemm, no float32 rows")
+    else:
+        pack_linears(model, K)
+
+
+# the C++ rows against torch's operations on the same linears: int8 within the step an int8 row can
+# move by (see below), float32 within float rounding alone
+ROW_BOUNDS = {"int8": 1e-4, "float32": 1e-5}
+
+
+@pytest.mark.parametrize("kind", ["int8", "float32"])
+def test_the_cpp_decode_step_equals_the_torch_step(tmp_path, kind):
+    """LlamaBody.forward_rows (velocity.model.layer_rows: the operations between the linears in
+    C++) against the same linears on torch's operations, one decode step of 6 sequences over
+    paged caches: the same arithmetic in another order, so equal within float rounding, except
+    where that rounding moves an int8 row across a step (a step of max |x| / 127 in one input
+    value of one linear). Measured for int8: a relative error of 4e-8 on the hidden states, and
+    3e-2 with RoPE's sign flipped in one half; bounded at 1e-4 (float32: 1e-5)."""
+    from checkpoints import tiny_checkpoint
+    from velocity.model.attention import AttentionMetadata
+    from velocity.model.cpu_kernels import paged_decode_kernel, row_kernels
     from velocity.model.loader import load_model
 
     model = load_model(tiny_checkpoint(tmp_path / "tiny", seed=0), torch.device("cpu"), torch.float32)
-    quantize_linears(model, LlamaLayer)
+    linears_on_the_cpp_kernels(model, kind)
     body = model.model
-    K = int8_rows_kernels(body)
+    K = row_kernels(body)
     assert K is not None, "the C++ kernels did not build"
     g = torch.Generator().manual_seed(0)
     a = body.layers[0].self_attn
@@ -150,12 +172,12 @@ def test_the_cpp_int8_decode_step_equals_the_torch_int8_step(tmp_path):
     for name, rows in (("torch", None), ("cpp", K)):
         for layer, (k, v) in zip(body.layers, caches):
             layer.self_attn.k_cache, layer.self_attn.v_cache = k.clone(), v.clone()
-        body.int8_rows = rows
+        body.rows = rows
         with torch.no_grad():
             out[name] = body(x.clone(), pos, md)
         out[name + " cache"] = body.layers[-1].self_attn.k_cache
     err = float((out["cpp"] - out["torch"]).norm() / out["torch"].norm())
-    assert err < 1e-4, err
+    assert err < ROW_BOUNDS[kind], err
     torch.testing.assert_close(out["cpp cache"], out["torch cache"], rtol=1e-4, atol=1e-4)   # RoPE'd keys written alike
 
 
@@ -164,11 +186,11 @@ def test_the_int8_engine_decodes_on_the_cpp_rows(tmp_path):
     from velocity.model.cpu_kernels import kernels
 
     llm = LLM(str(tmp_path), device="cpu", quantize="int8")
-    assert llm.engine.worker.model.model.int8_rows is not None
+    assert llm.engine.worker.model.model.rows is not None
     linears = [m for m in llm.engine.worker.model.modules() if isinstance(m, Int8Linear)]
     assert linears and all((m.gemm is not None) == (kernels().int8_gemm_bits() == m.bits) for m in linears)
     off = LLM(str(tmp_path), device="cpu", quantize="int8", cpu_kernel=False).engine.worker.model
-    assert off.model.int8_rows is None
+    assert off.model.rows is None
     assert all(m.gemm is None for m in off.modules() if isinstance(m, Int8Linear))
 
 
@@ -201,27 +223,26 @@ def test_the_cpp_int8_gemm_is_fbgemms_op_where_it_is_built(inp, out):
     assert torch.equal(ours(x[:, ::3].contiguous()), b[:, ::3])
 
 
-def test_the_int8_prefill_runs_on_the_cpp_rows_as_the_torch_prefill_does(tmp_path):
+@pytest.mark.parametrize("kind", ["int8", "float32"])
+def test_the_prefill_runs_on_the_cpp_rows_as_the_torch_prefill_does(tmp_path, kind):
     """A prefill through ModelRunner with in_place_prefill (each new token a row that reads the
-    cache up to its own position: LlamaBody.forward_int8, velocity.model.int8_rows) against the same
+    cache up to its own position: LlamaBody.forward_rows, velocity.model.layer_rows) against the same
     prefill on torch's operations (a causal mask over the tables): two sequences, one with 5 tokens
-    already in the cache. Equal within float rounding, bounded at 1e-4 as the decode step above;
-    the keys written alike. Without the kernels' rows the flag takes no effect."""
+    already in the cache. Equal within float rounding, bounded as the decode step above; the keys
+    written alike. Without the kernels' rows the flag takes no effect."""
     from checkpoints import tiny_checkpoint
     from velocity.engine.cache_engine import CacheEngine
     from velocity.engine.model_runner import ModelRunner
     from velocity.engine.sequence import Sequence
-    from velocity.model.cpu_kernels import int8_rows_kernels, kernels, paged_decode_kernel
-    from velocity.model.int8_linear import quantize_linears
-    from velocity.model.llama import LlamaLayer
+    from velocity.model.cpu_kernels import paged_decode_kernel, row_kernels
     from velocity.model.loader import load_model
 
     cpu = torch.device("cpu")
     model = load_model(tiny_checkpoint(tmp_path / "tiny", seed=0), cpu, torch.float32)
-    quantize_linears(model, LlamaLayer, kernels())
+    linears_on_the_cpp_kernels(model, kind)
     body = model.model
-    body.int8_rows = int8_rows_kernels(body)
-    assert body.int8_rows is not None, "the C++ kernels did not build"
+    body.rows = row_kernels(body)
+    assert body.rows is not None, "the C++ kernels did not build"
     S, N = 16, 8
     cache = CacheEngine(model, N, 0, S, cpu, torch.float32)
     g = torch.Generator().manual_seed(0)
@@ -241,7 +262,7 @@ def test_the_int8_prefill_runs_on_the_cpp_rows_as_the_torch_prefill_does(tmp_pat
         assert runner.in_place_prefill == flag
         out[flag] = (runner.run([a, b]), body.layers[-1].self_attn.k_cache.clone())
     err = float((out[True][0] - out[False][0]).norm() / out[False][0].norm())
-    assert 0 <= err < 1e-4, err
+    assert 0 <= err < ROW_BOUNDS[kind], err
     torch.testing.assert_close(out[True][1], out[False][1], rtol=1e-4, atol=1e-4)
     assert not ModelRunner(model, S, cache.scratch_block, N * S, 4, cpu, False, None,
                            in_place_prefill=True).in_place_prefill

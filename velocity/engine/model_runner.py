@@ -50,7 +50,7 @@ class ModelRunner:
         self.model = model
         self.decode_kernel = decode_kernel
         # prefills too as rows that each read the cache in place up to their own position (the
-        # decode kernel's metadata, a table per row): the int8 CPU layer's one path (forward_int8)
+        # decode kernel's metadata, a table per row): the CPU layer's C++ rows' one path (forward_rows)
         self.in_place_prefill = in_place_prefill and decode_kernel is not None
         self.in_place_decode = in_place_decode   # the model's GPU kernels read the cache in place
         # the decode graphs sample too (one graph per batch size: with in_place only): see codes

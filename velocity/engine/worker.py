@@ -9,7 +9,7 @@ from velocity.config import EngineConfig
 from velocity.engine.scheduler import SchedulerOutput
 from velocity.model.attention import AttentionMetadata, build_attn_mask
 from velocity.model import cpu_isa, gpu_kernels
-from velocity.model.cpu_kernels import int8_rows_kernels, kernels, paged_decode_kernel, sort_rows_kernel
+from velocity.model.cpu_kernels import kernels, paged_decode_kernel, row_kernels, sort_rows_kernel
 from velocity.model.loader import load_model
 from velocity.model.int8_linear import Int8Linear, quantize_linears, require_int8
 from velocity.model.llama import LlamaLayer
@@ -35,14 +35,11 @@ class Worker:
         self.model = load_model(config.model, self.device, self.dtype)
         if self.device.type == "cpu":
             logger.info("CPU vector instructions: %s", cpu_isa.describe())
-        int8_rows = None                                 # the int8 layers' C++ rows, for decodes and prefills
         if config.quantize == "int8":
             n = quantize_linears(self.model, LlamaLayer, kernels() if config.cpu_kernel else None)
             on_cpp = sum(m.gemm is not None for m in self.model.modules() if isinstance(m, Int8Linear))
             logger.info("CPU: %d linears of the transformer layers on int8 weights (quantize=int8; %d of them "
                         "on the C++ int8_gemm, the rest on fbgemm)", n, on_cpp)
-            if config.cpu_kernel:                        # the layer's other operations in C++
-                int8_rows = self.model.model.int8_rows = int8_rows_kernels(self.model.model)
         # (on a CPU only under Triton's interpreter, which the tests use)
         fused = config.gpu_kernels and (self.device.type == "cuda" or gpu_kernels.interpreted()) \
             and self._use_gpu_kernels()
@@ -53,6 +50,9 @@ class Worker:
             n = pack_linears(self.model, cpp)
             logger.info("CPU: %d float32 linears on %s", n, "the C++ f32_gemm" if cpp is not None
                         and cpp.f32_gemm_lanes() else "oneDNN-prepacked weights")
+        rows = None                                      # the layer's other operations in C++, decodes and prefills
+        if self.device.type == "cpu" and config.cpu_kernel and not fused:
+            rows = self.model.model.rows = row_kernels(self.model.model)
         model_max = self.model.max_positions
         self.max_model_len = min(config.max_model_len or model_max, model_max)
         block_bytes = bytes_per_block(self.model, config.block_size, self.dtype)
@@ -70,7 +70,7 @@ class Worker:
         self.runner = ModelRunner(self.model, config.block_size, self.cache.scratch_block, self.max_model_len,
                                   config.max_num_seqs, self.device, use_graphs, kernel, in_place_decode=fused,
                                   graph_sampler=self._graph_sampler() if use_graphs and fused else None,
-                                  in_place_prefill=int8_rows is not None)
+                                  in_place_prefill=rows is not None)
         self.sampler = Sampler(sort_rows_kernel() if self.device.type == "cpu" and config.cpu_kernel else None)
 
     def _use_gpu_kernels(self) -> bool:

@@ -5,8 +5,9 @@ scripts/setup.sh, or on first use:
   reference; tests compare the two);
 - sort_rows: the sampler's sort of each row's values, with the ids of the row's c best (a radix
   sort, rows in parallel: numpy sorts values alone but on one thread, torch orders indices too);
-- the int8 decode layer's row operations between its linears, and the int8 linears themselves
-  where built with AVX-512 VNNI or AVX2 (velocity.model.int8_rows, velocity.model.int8_gemm).
+- the decoder layer's row operations between its linears (velocity.model.layer_rows), and the
+  linears themselves where built with AVX2 or AVX-512: int8 (velocity.model.int8_gemm, AVX-512
+  VNNI or AVX2) and float32 (velocity.model.f32_gemm).
 
 The build is cached inside the Python environment (sys.prefix/velocity-kernels), so
 checkouts with venvs of their own never rebuild each other's; torch's default cache is used
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from velocity.model import f32_gemm, int8_gemm, int8_rows
+from velocity.model import f32_gemm, int8_gemm, layer_rows
 from velocity.model.cpu_isa import compiler_flags
 
 logger = logging.getLogger(__name__)
@@ -190,8 +191,8 @@ bool built_with_openmp() {
 _module = None
 _tried = False
 CFLAGS = ["-O3", "-fopenmp", *compiler_flags()]    # -fopenmp: without it at::parallel_for runs on one thread
-SOURCES = SOURCE + int8_rows.SOURCE + int8_gemm.SOURCE + f32_gemm.SOURCE
-FUNCTIONS = ["paged_decode", "sort_rows", "built_with_openmp", *int8_rows.FUNCTIONS, *int8_gemm.FUNCTIONS,
+SOURCES = SOURCE + layer_rows.SOURCE + int8_gemm.SOURCE + f32_gemm.SOURCE
+FUNCTIONS = ["paged_decode", "sort_rows", "built_with_openmp", *layer_rows.FUNCTIONS, *int8_gemm.FUNCTIONS,
              *f32_gemm.FUNCTIONS]
 
 
@@ -232,7 +233,7 @@ def build(name: str, folder: str | None):
 
 
 def kernels():
-    """The compiled module (paged_decode, sort_rows, int8_rows' functions), or None where it cannot be
+    """The compiled module (paged_decode, sort_rows, layer_rows' and the GEMMs' functions), or None where it cannot be
     built (EngineConfig.cpu_kernel=False, in serving VELOCITY_CPU_KERNEL=0, does without it).
     Imported from the file an earlier build left (scripts/setup.sh builds it), else built now."""
     global _module, _tried
@@ -245,7 +246,8 @@ def kernels():
         if _module is None:
             logger.info("building the C++ CPU kernels (once)")
             _module = build(name, folder)
-        logger.info("using the C++ CPU kernels (paged decode attention, the sampler's sort, int8 rows and GEMM)")
+        logger.info("using the C++ CPU kernels (paged decode attention, the sampler's sort, the layer's rows, "
+                    "the int8 and float32 GEMMs)")
     except Exception as e:   # no compiler or ninja: the torch and numpy paths serve
         logger.warning("C++ CPU kernels unavailable, using the slower torch paths: %s "
                        "(install g++, e.g. apt-get install g++, then rerun scripts/setup.sh; "
@@ -265,15 +267,21 @@ def sort_rows_kernel():
     return None if m is None else m.sort_rows
 
 
-def int8_rows_kernels(body) -> object | None:
-    """The module for body.forward_int8 (velocity.model.int8_rows) where every linear of the
-    LlamaBody's layers is an Int8Linear without a bias, else None."""
+def row_kernels(body) -> object | None:
+    """The module for body.forward_rows (velocity.model.layer_rows) where the linears of the
+    LlamaBody's layers are all Int8Linears or all F32Linears, none with a bias; else None."""
     from velocity.model.int8_linear import Int8Linear
+    from velocity.model.packed_linear import F32Linear
 
-    linears = [m for layer in body.layers for m in layer.modules() if isinstance(m, (Int8Linear, torch.nn.Linear))]
-    if not linears or not all(isinstance(m, Int8Linear) and m.bias is None for m in linears):
+    linears = [m for layer in body.layers for m in layer.modules() if hasattr(m, "in_features")]   # every kind
+    kinds = {type(m) for m in linears}
+    if not (kinds == {Int8Linear} or kinds == {F32Linear}) or any(has_bias(m) for m in linears):
         return None
     return kernels()
+
+
+def has_bias(linear) -> bool:
+    return linear.bias is not None and linear.bias.numel() > 0
 
 
 def build_directory() -> str | None:

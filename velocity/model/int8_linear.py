@@ -60,6 +60,8 @@ class Int8Linear(nn.Module):
     built for this row width (8 bits with AVX-512 VNNI, 7 with AVX2), it runs on them instead of
     fbgemm's op, on the weights in its own layout (one copy either way; velocity.model.int8_gemm)."""
 
+    rows_scaled = True          # scaled() takes rows scaled into [-1, 1] (velocity.model.layer_rows)
+
     def __init__(self, linear: nn.Linear, bits: int | None = None, kernels=None) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -93,7 +95,7 @@ class Int8Linear(nn.Module):
 
     def scaled(self, x: torch.Tensor) -> torch.Tensor:
         """The int8 op on rows already scaled into [-1, 1]: the output before the rows' scales and
-        the bias (velocity.model.int8_rows scales both sides). x: [..., in] -> [..., out]"""
+        the bias (velocity.model.layer_rows scales both sides). x: [..., in] -> [..., out]"""
         if self.gemm is not None:
             y = self.gemm(x.reshape(-1, self.in_features).contiguous(), self.packed, self.wsum, self.wscale)
             return y.view(*x.shape[:-1], self.out_features)

@@ -107,7 +107,7 @@ class LlamaBody(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope_cos = self.rope_sin = torch.empty(0)  # [P, D], from init_rope()
         self.kernels: ModuleType | None = None          # velocity.model.gpu_kernels: the fused GPU layer
-        self.int8_rows: ModuleType | None = None        # the C++ kernels' velocity.model.int8_rows (int8 CPU decode)
+        self.rows: ModuleType | None = None             # the C++ kernels' velocity.model.layer_rows (CPU)
 
     @torch.no_grad()
     def init_rope(self, cfg: LlamaConfig, device: torch.device, dtype: torch.dtype) -> None:
@@ -121,29 +121,30 @@ class LlamaBody(nn.Module):
             x[overrides[0]] = overrides[1].to(x.dtype)
         if self.kernels is not None:
             return self.forward_fused(x, positions, md)
-        if self.int8_rows is not None and md.kernel is not None:
-            return self.forward_int8(x, positions, md)
+        if self.rows is not None and md.kernel is not None:
+            return self.forward_rows(x, positions, md)
         cos = self.rope_cos[positions].unsqueeze(1)   # [T, 1, D]
         sin = self.rope_sin[positions].unsqueeze(1)
         for layer in self.layers:
             x = layer(x, cos, sin, md)
         return self.norm(x)
 
-    def forward_int8(self, x: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
-        """A CPU decode step on int8 linears (Int8Linear.scaled) with one C++ call for each stretch
-        between two of them (velocity.model.int8_rows): the residual add into RMSNorm, RoPE into
-        the KV write and attention, SiLU-and-mul, each output's rows scaled for the next linear.
-        x: [T, H]"""
-        K, none = self.int8_rows, x.new_empty(0)
+    def forward_rows(self, x: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+        """A CPU step on the C++ linears (Int8Linear.scaled or F32Linear.scaled) with one C++ call for
+        each stretch between two of them (velocity.model.layer_rows): the residual add into RMSNorm,
+        RoPE into the KV write and attention, SiLU-and-mul; for int8 each output's rows scaled for
+        the next linear. x: [T, H]"""
+        K, none = self.rows, x.new_empty(0)
+        q = self.layers[0].mlp.down_proj.rows_scaled                          # int8: rows scaled into [-1, 1]
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]         # [T, D]
         x, y, s = x.contiguous().clone(), none, none                          # x: the residual stream, in place
         for layer in self.layers:
             a, m, n1, n2 = layer.self_attn, layer.mlp, layer.input_layernorm, layer.post_attention_layernorm
-            h, s = K.add_norm_scale(x, y, s, n1.weight, n1.eps, True)         # h: [T, H] rows in [-1, 1]; s: [T, 1]
+            h, s = K.add_norm_scale(x, y, s, n1.weight, n1.eps, q)            # h: [T, H] (int8: in [-1, 1]); s: [T, 1]
             o, s = K.rope_attend_scale(a.qkv_proj.scaled(h), s, cos, sin, md.slot_mapping, a.k_cache, a.v_cache,
-                                       md.block_tables, md.context_lens, a.scale, a.num_heads, a.num_kv_heads)
-            h, s = K.add_norm_scale(x, a.o_proj.scaled(o), s, n2.weight, n2.eps, True)
-            g, s = K.silu_mul_scale(m.gate_up_proj.scaled(h), s)              # g: [T, I]
+                                       md.block_tables, md.context_lens, a.scale, a.num_heads, a.num_kv_heads, q)
+            h, s = K.add_norm_scale(x, a.o_proj.scaled(o), s, n2.weight, n2.eps, q)
+            g, s = K.silu_mul_scale(m.gate_up_proj.scaled(h), s, q)           # g: [T, I]
             y = m.down_proj.scaled(g)
         return K.add_norm_scale(x, y, s, self.norm.weight, self.norm.eps, False)[0]
 

@@ -44,6 +44,8 @@ class F32Linear(nn.Module):
     """nn.Linear's forward on the C++ f32_gemm (velocity.model.f32_gemm), its weight kept only in
     the kernel's layout (inference only). kernels: velocity.model.cpu_kernels.kernels()."""
 
+    rows_scaled = False         # scaled() takes the rows as they are (velocity.model.layer_rows)
+
     def __init__(self, linear: nn.Linear, kernels) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -58,6 +60,10 @@ class F32Linear(nn.Module):
         # x: [..., in] -> [..., out]
         y = self.gemm(x.reshape(-1, self.in_features).contiguous(), self.packed, self.bias, self.out_features)
         return y.view(*x.shape[:-1], self.out_features)
+
+    def scaled(self, x: torch.Tensor) -> torch.Tensor:
+        """forward, for velocity.model.layer_rows: float32 rows need no scales (theirs are ones)."""
+        return self.forward(x)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias.numel() > 0}, f32_gemm"

@@ -1,18 +1,20 @@
-"""The int8 decode layer's row operations in C++ (built with velocity.model.cpu_kernels).
+"""The CPU decoder layer's row operations in C++ (built with velocity.model.cpu_kernels), between
+its linears: int8 (Int8Linear) or float32 (F32Linear, on the C++ f32_gemm).
 
-With VELOCITY_QUANTIZE=int8 much of a CPU step outside its int8 linears was many small
-operator calls between them, each more Python and dispatch than arithmetic: RMSNorm, the
-residual adds, RoPE, SiLU-and-mul, and the int8 linears' own input scaling (abs, amax, divide)
-and output scaling. Here each stretch between two linears is one call, which also leaves its output's rows scaled into [-1, 1] with their scales,
-the input Int8Linear's op takes (velocity.model.int8_linear). LlamaBody.forward_int8 runs them,
-for decodes and prefills alike (a prefill's tokens are rows that each attend up to their own
-position: ModelRunner's in_place_prefill).
+On CPU much of a step outside its linears was many small operator calls between them, each
+more Python and dispatch than arithmetic: RMSNorm, the residual adds, RoPE, SiLU-and-mul, and
+for int8 the linears' own input scaling (abs, amax, divide) and output scaling. Here each
+stretch between two linears is one call. For int8 (`scaled`) it also leaves its output's rows
+scaled into [-1, 1] with their scales, the input Int8Linear's op takes
+(velocity.model.int8_linear); for float32 the rows stay as they are and their scales are ones.
+LlamaBody.forward_rows runs them, for decodes and prefills alike (a prefill's tokens are rows
+that each attend up to their own position: ModelRunner's in_place_prefill).
 
 The same arithmetic as the torch path, in another order and with fused multiply-adds where the
 compiler makes them, and SiLU's exp vectorized (within 2 ulp): equal within float rounding, which
-an int8 row can move by one step (tests/test_int8.py bounds both).
+an int8 row can move by one step (tests/test_int8.py and tests/test_layers.py bound both).
 
-The int8 linears themselves: velocity.model.int8_gemm.
+The linears themselves: velocity.model.int8_gemm, velocity.model.f32_gemm.
 """
 
 SOURCE = r"""
@@ -72,11 +74,11 @@ std::vector<at::Tensor> add_norm_scale(at::Tensor x, at::Tensor y, at::Tensor ys
 
 // y: [T, (Hq + 2 Hkv) D] the qkv linear's output before its row scales ys [T, 1]; cos, sin: [T, D]
 // (HF's rotate_half layout) -> (attention over the paged cache (this step's k, v written first)
-// [T, Hq D], rows scaled into [-1, 1]; the scales [T, 1]). y is rotated in place.
+// [T, Hq D], rows scaled into [-1, 1] when `scaled`; the scales [T, 1]). y is rotated in place.
 std::vector<at::Tensor> rope_attend_scale(at::Tensor y, at::Tensor ys, at::Tensor cos, at::Tensor sin,
                                           at::Tensor slot_mapping, at::Tensor k_cache, at::Tensor v_cache,
                                           at::Tensor block_tables, at::Tensor context_lens, double scale,
-                                          int64_t Hq, int64_t Hkv) {
+                                          int64_t Hq, int64_t Hkv, bool scaled) {
   TORCH_CHECK(y.is_contiguous() && cos.is_contiguous() && sin.is_contiguous(), "contiguous y, cos, sin");
   const int64_t T = y.size(0), W = y.size(1), D = cos.size(1), half = D / 2;
   TORCH_CHECK(W == (Hq + 2 * Hkv) * D && cos.size(0) == T, "y: [T, (Hq + 2 Hkv) D], cos: [T, D]");
@@ -104,9 +106,10 @@ std::vector<at::Tensor> rope_attend_scale(at::Tensor y, at::Tensor ys, at::Tenso
   auto k = y.narrow(1, Hq * D, Hkv * D).view({T, Hkv, D});
   auto v = y.narrow(1, (Hq + Hkv) * D, Hkv * D).view({T, Hkv, D});
   auto o = paged_decode(q, k, v, slot_mapping, k_cache, v_cache, block_tables, context_lens, scale).view({T, Hq * D});
-  auto s = at::empty({T, 1}, y.options());
+  auto s = at::ones({T, 1}, y.options());
   float *op = o.data_ptr<float>(), *sp = s.data_ptr<float>();
-  for (int64_t t = 0; t < T; ++t) scale_row(op + t * Hq * D, sp + t, Hq * D);
+  if (scaled)
+    for (int64_t t = 0; t < T; ++t) scale_row(op + t * Hq * D, sp + t, Hq * D);
   return {o, s};
 }
 
@@ -138,12 +141,12 @@ static inline __m256 exp256(__m256 x) {
 #endif
 
 // y: [T, 2 I] the gate_up linear's output before its row scales ys [T, 1] -> (silu(gate) * up
-// [T, I], rows scaled into [-1, 1]; the scales [T, 1])
-std::vector<at::Tensor> silu_mul_scale(at::Tensor y, at::Tensor ys) {
+// [T, I], rows scaled into [-1, 1] when `scaled`; the scales [T, 1])
+std::vector<at::Tensor> silu_mul_scale(at::Tensor y, at::Tensor ys, bool scaled) {
   TORCH_CHECK(y.is_contiguous() && y.scalar_type() == at::kFloat, "contiguous float32 y");
   const int64_t T = y.size(0), I = y.size(1) / 2;
   auto out = at::empty({T, I}, y.options());
-  auto s = at::empty({T, 1}, y.options());
+  auto s = at::ones({T, 1}, y.options());
   const float *yp = y.data_ptr<float>(), *ysp = ys.data_ptr<float>();
   float *op = out.data_ptr<float>(), *sp = s.data_ptr<float>();
   at::parallel_for(0, T, 4, [&](int64_t begin, int64_t end) {
@@ -164,7 +167,7 @@ std::vector<at::Tensor> silu_mul_scale(at::Tensor y, at::Tensor ys) {
         const float gate = g[i] * f, up = g[I + i] * f;
         o[i] = gate / (1.f + std::exp(-gate)) * up;
       }
-      scale_row(o, sp + t, I);
+      if (scaled) scale_row(o, sp + t, I);
     }
   });
   return {out, s};
