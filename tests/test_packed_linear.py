@@ -51,6 +51,21 @@ def test_f32_gemm_matches_nn_linear(cpp, rows, shape, bias):
     torch.testing.assert_close(got[0], want, rtol=2e-5, atol=2e-5)
 
 
+def test_f32_gemm_gives_a_row_the_same_output_alone_or_in_any_batch(cpp):
+    """Each output is one chain of multiply-adds in input order, whatever tile its row falls in:
+    bit for bit the same alone, in a full tile, or as a remainder (13 rows: 12 + 1 or 6 + 6 + 1)."""
+    if cpp.f32_gemm_lanes() == 0:
+        pytest.skip("the C++ kernels are built without AVX2 and FMA here: F32Linear is not used")
+    torch.manual_seed(0)
+    f = F32Linear(nn.Linear(768, 2304, bias=False), cpp)
+    x = torch.randn(13, 768)
+    with torch.inference_mode():
+        whole = f(x)
+        for i in (0, 5, 6, 12):
+            assert torch.equal(f(x[i:i + 1]), whole[i:i + 1]), i
+        assert torch.equal(f(x[3:10]), whole[3:10])
+
+
 def test_f32_gemm_refuses_a_layout_that_does_not_fit(cpp):
     if cpp.f32_gemm_lanes() == 0:
         pytest.skip("the C++ kernels are built without AVX2 and FMA here: F32Linear is not used")

@@ -290,16 +290,20 @@ def test_int8_decoders_stay_near_the_float32_decode(tmp_path, frames, hidden):
         assert 25 < db < 80, db
 
 
-def test_prepacked_decoders_are_the_float32_decode_to_its_rounding(tmp_path, frames, hidden):
-    """VELOCITY_PACK_CPU_WEIGHTS (default on): the ConvNeXt linears of float32 decoders on
-    oneDNN-prepacked weights, the same arithmetic summed in another order: both paths at least 100
-    dB SER from the plain decode (measured about 120 dB), and not bit-equal (the pack is in use)."""
-    from velocity.model.packed_linear import PackedLinear
+@pytest.mark.parametrize("cpu_kernel", [True, False])
+def test_prepacked_decoders_are_the_float32_decode_to_its_rounding(tmp_path, frames, hidden, cpu_kernel):
+    """VELOCITY_PACK_CPU_WEIGHTS (default on): the ConvNeXt linears of float32 decoders on packed
+    weights (the C++ f32_gemm, or oneDNN's without the C++ kernels), the same arithmetic summed in
+    another order: both paths at least 100 dB SER from the plain decode (measured about 120 dB),
+    and not bit-equal (the pack is in use)."""
+    from velocity.model.cpu_kernels import kernels
+    from velocity.model.packed_linear import F32Linear, PackedLinear
     ckpt = tiny_checkpoint(tmp_path / "tiny", seed=2)
     ref = AudioDecoder(load_dvae(ckpt), load_vocos(ckpt), load_decoder(ckpt))
     p = AudioDecoder(load_dvae(ckpt), load_vocos(ckpt), load_decoder(ckpt))
-    n = p.quantize("none")
-    assert n == sum(isinstance(m, PackedLinear) for d in (p.dvae, p.decoder, p.vocos) for m in d.modules()) > 0
+    n = p.quantize("none", cpu_kernel=cpu_kernel)
+    kind = F32Linear if cpu_kernel and kernels() is not None and kernels().f32_gemm_lanes() else PackedLinear
+    assert n == sum(isinstance(m, kind) for d in (p.dvae, p.decoder, p.vocos) for m in d.modules()) > 0
     for x in (torch.tensor(frames).T[None], hidden[None]):
         a, b = ref.decode(x)[0], p.decode(x)[0]
         assert a.shape == b.shape and not torch.equal(a, b)

@@ -51,7 +51,7 @@ class ModelRunner:
         self.decode_kernel = decode_kernel
         # prefills too as rows that each read the cache in place up to their own position (the
         # decode kernel's metadata, a table per row): the CPU layer's C++ rows' one path (forward_rows)
-        self.in_place_prefill = in_place_prefill and decode_kernel is not None
+        self.rows_prefill = in_place_prefill
         self.in_place_decode = in_place_decode   # the model's GPU kernels read the cache in place
         # the decode graphs sample too (one graph per batch size: with in_place only): see codes
         self.graph_sampler = graph_sampler if in_place_decode else None
@@ -70,6 +70,11 @@ class ModelRunner:
             self.capture(max_num_seqs)
 
     # -- inputs ----------------------------------------------------------------------
+
+    @property
+    def in_place_prefill(self) -> bool:
+        """Prefills as rows (above); the layer takes that path only with the decode kernel."""
+        return self.rows_prefill and self.decode_kernel is not None
     def token_tensor(self, tokens: list) -> torch.Tensor:
         return self.model.token_tensor(tokens, self.device)
 

@@ -7,9 +7,11 @@ bound by reading the weights. Packed in blocks of 16 output channels, each block
 front to back, one input's 16 weights in each 64 bytes: one row reads the whole matrix once, in
 order, with no horizontal sums (AVX2: two registers a block). Rows share each weight load in
 tiles (kRows), so a prefill's many rows run from the cache as a blocked GEMM does. The same float32
-arithmetic as nn.Linear in another summation order: one row alone sums each output in four
-interleaved partial sums, several rows in one (outputs differ by float rounding, as oneDNN's and
-MKL's differ between batch sizes).
+arithmetic as nn.Linear in another summation order (outputs differ from it by float rounding):
+each output one chain of fused multiply-adds over the inputs in order, so a row's output is the
+same, bit for bit, alone or beside any other rows (oneDNN's and MKL's may differ between batch
+sizes). One chain a register keeps up with the memory at one row (its multiply-adds' latency
+allows more than two cores read).
 """
 
 SOURCE = r"""
@@ -43,26 +45,6 @@ int64_t f32_gemm_lanes() { return kLanes; }
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 constexpr int kVecs = 16 / kLanes;     // registers a block of 16 outputs fills
-
-// one row by one block: wb [K, 16] -> out [16], four partial sums (inputs k mod 4) to hide the
-// multiply-adds' latency, added pairwise at the end
-static inline void block_row(const float* x, const float* wb, int64_t K, float* out) {
-  fvec acc[4][kVecs];
-  for (auto& a : acc) for (auto& v : a) v = vzero();
-  int64_t k = 0;
-  for (; k + 4 <= K; k += 4)
-    for (int u = 0; u < 4; ++u) {
-      const float* w = wb + (k + u) * 16;
-      _mm_prefetch((const char*)(w + 256), _MM_HINT_T0);     // 1 KiB ahead
-      const fvec xb = vset1(x[k + u]);
-      for (int j = 0; j < kVecs; ++j) acc[u][j] = vfma(xb, vload(w + j * kLanes), acc[u][j]);
-    }
-  for (; k < K; ++k) {
-    const fvec xb = vset1(x[k]);
-    for (int j = 0; j < kVecs; ++j) acc[0][j] = vfma(xb, vload(wb + k * 16 + j * kLanes), acc[0][j]);
-  }
-  for (int j = 0; j < kVecs; ++j) vstore(out + j * kLanes, vadd(vadd(acc[0][j], acc[1][j]), vadd(acc[2][j], acc[3][j])));
-}
 
 // R rows (x's rows ldx apart) by one block, each weight load shared by the R rows -> out [R, 16]
 template <int64_t R>
@@ -115,8 +97,7 @@ at::Tensor f32_gemm(at::Tensor x, at::Tensor wp, at::Tensor bias, int64_t N) {
       const int64_t n0 = b * 16, cols = std::min<int64_t>(16, N - n0);
       for (int64_t t0 = 0; t0 < T; t0 += kRows) {
         const int64_t rows = std::min(kRows, T - t0);
-        if (rows == 1) block_row(xp + t0 * K, wb, K, tile);
-        else block_tile(rows, xp + t0 * K, K, wb, K, tile, std::make_integer_sequence<int64_t, kRows>{});
+        block_tile(rows, xp + t0 * K, K, wb, K, tile, std::make_integer_sequence<int64_t, kRows>{});
         for (int64_t i = 0; i < rows; ++i) {
           float* o = op + (t0 + i) * N + n0;
           for (int64_t c = 0; c < cols; ++c) o[c] = bp ? tile[i * 16 + c] + bp[n0 + c] : tile[i * 16 + c];

@@ -85,9 +85,14 @@ def replace_linears_in(model: nn.Module, within: type, make) -> int:
     return sum(replace_linears(block, make) for block in [m for m in model.modules() if isinstance(m, within)])
 
 
-def pack_linears(model: nn.Module, kernels=None) -> int:
-    """Replace every nn.Linear in model by an F32Linear where `kernels` (the C++ CPU kernels) has
-    f32_gemm built, else by a PackedLinear; returns how many."""
+def packer(kernels=None, rows_hint: int = 8):
+    """What packs an nn.Linear for CPU float32: an F32Linear where `kernels` (the C++ CPU kernels)
+    has f32_gemm built, else a PackedLinear for about rows_hint rows a call."""
     if kernels is not None and kernels.f32_gemm_lanes() > 0:
-        return replace_linears(model, lambda linear: F32Linear(linear, kernels))
-    return replace_linears(model, PackedLinear)
+        return lambda linear: F32Linear(linear, kernels)
+    return lambda linear: PackedLinear(linear, rows_hint)
+
+
+def pack_linears(model: nn.Module, kernels=None) -> int:
+    """Replace every nn.Linear in model by packer(kernels)'s linear; returns how many."""
+    return replace_linears(model, packer(kernels))

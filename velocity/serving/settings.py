@@ -78,7 +78,7 @@ class Settings:
     # memory (its cost and gain: docs/benchmarks.md, "The stateful streaming decode"). Off: the
     # chunked decode. The GPU batches chunks across streams instead.
     vocoder_stateful: bool = True            # VELOCITY_VOCODER_STATEFUL
-    pack_cpu_weights: bool = True            # VELOCITY_PACK_CPU_WEIGHTS: on: oneDNN-prepacked llm and vocoder weights on CPU
+    pack_cpu_weights: bool = True            # VELOCITY_PACK_CPU_WEIGHTS: on: packed llm and vocoder weights on CPU (C++ f32_gemm, else oneDNN)
     # int8: the llm's transformer layers on int8 weights and per-token int8 activations (CPU):
     # faster decode steps, a little more perplexity on a real model, and the output is no longer
     # the reference's (docs/benchmarks.md "int8 on CPU")
@@ -86,7 +86,7 @@ class Settings:
     # int8: the vocoder's ConvNeXt linears on int8 weights (CPU): faster decoding, not the float32
     # decode's audio (docs/benchmarks.md "int8 on CPU" has both)
     vocoder_quantize: str = "none"           # VELOCITY_VOCODER_QUANTIZE: none or int8
-    cpu_kernel: bool = True                  # VELOCITY_CPU_KERNEL: on: the C++ CPU kernels (attention, sort, int8 rows and GEMM)
+    cpu_kernel: bool = True                  # VELOCITY_CPU_KERNEL: on: the C++ CPU kernels (attention, sort, layer rows, GEMMs)
     gpu_kernels: bool = True                 # VELOCITY_GPU_KERNELS: on: the decoder layer on the Triton kernels (CUDA)
     graph_sampler: bool = True               # VELOCITY_GRAPH_SAMPLER: on: ChatTTS's sampler inside the decode graphs (CUDA)
     log_level: str = "INFO"                  # VELOCITY_LOG_LEVEL: velocity's lines in the server log

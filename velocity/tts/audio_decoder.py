@@ -59,32 +59,35 @@ class AudioDecoder:
 
     @classmethod
     def load(cls, folder, device: torch.device = torch.device("cpu"), quantize: str = "none",
-             pack: bool = True) -> "AudioDecoder":
+             pack: bool = True, cpu_kernel: bool = True) -> "AudioDecoder":
         """The release folder's DVAE, Vocos and Decoder on `device`, their linears as quantize()
-        makes them (the default: prepacked float32 where the device allows)."""
+        makes them (the default: packed float32 where the device allows)."""
         from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
 
         dec = cls(load_dvae(folder, device), load_vocos(folder, device), load_decoder(folder, device))
-        if n := dec.quantize(quantize, pack=pack):
-            log.info("decoders: %d ConvNeXt linears on %s weights", n, "int8" if quantize == "int8" else "prepacked")
+        if n := dec.quantize(quantize, pack=pack, cpu_kernel=cpu_kernel):
+            log.info("decoders: %d ConvNeXt linears on %s weights", n, "int8" if quantize == "int8" else "packed")
         return dec
 
-    def quantize(self, mode: str, pack: bool = True) -> int:
-        """mode "int8": the ConvNeXt linears on int8 (quantize_int8); "none": with `pack`, on
-        oneDNN-prepacked float32 weights where the device allows (CPU, float32: faster than on
-        MKL's, docs/benchmarks.md; the same arithmetic in another order, about 120 dB from the
-        plain decode). Returns how many linears changed."""
+    def quantize(self, mode: str, pack: bool = True, cpu_kernel: bool = True) -> int:
+        """mode "int8": the ConvNeXt linears on int8 (quantize_int8); "none": with `pack`, on packed
+        float32 weights where the device allows (CPU, float32: the C++ f32_gemm where cpu_kernel
+        and it is built, else oneDNN's; both faster than MKL's, docs/benchmarks.md; the same
+        arithmetic in another order, about 120 dB from the plain decode). Returns how many linears
+        changed."""
         if mode not in ("none", "int8"):
             raise ValueError(f"the vocoder's quantize (VELOCITY_VOCODER_QUANTIZE) must be none or int8, got {mode!r}")
         if mode == "int8":
             return self.quantize_int8()
         from velocity.model.convnext import ConvNeXtBlock
-        from velocity.model.packed_linear import PackedLinear, can_pack, replace_linears_in
+        from velocity.model.cpu_kernels import kernels
+        from velocity.model.packed_linear import can_pack, packer, replace_linears_in
         p = next(self.vocos.parameters())
         if not (pack and can_pack(p.device, p.dtype)):
             return 0
-        return sum(replace_linears_in(m, ConvNeXtBlock, lambda lin: PackedLinear(lin, rows_hint=128))
-                   for m in (self.dvae, self.decoder, self.vocos) if m is not None)
+        make = packer(kernels() if cpu_kernel else None, rows_hint=128)
+        return sum(replace_linears_in(m, ConvNeXtBlock, make) for m in (self.dvae, self.decoder, self.vocos)
+                   if m is not None)
 
     def quantize_int8(self) -> int:
         """The ConvNeXt blocks' linears (most of the decoders' work) on int8 weights with per-row int8

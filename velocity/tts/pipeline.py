@@ -68,7 +68,8 @@ class TTSPipeline:
         self.frontend, self.frontend_folder = TextFrontend(folder), folder
         self.engine = LLMEngine(EngineConfig(model=str(folder), device=device, **engine_kwargs))
         dev = self.engine.device
-        self.decoder = AudioDecoder.load(folder, dev, vocoder_quantize, self.engine.config.pack_cpu_weights)
+        cfg = self.engine.config
+        self.decoder = AudioDecoder.load(folder, dev, vocoder_quantize, cfg.pack_cpu_weights, cfg.cpu_kernel)
         self.sample_rate = self.decoder.sample_rate                 # Vocos's: 24000 for the release
         self.schedule, self.lookahead = schedule, lookahead
         self.decode_batch = decode_batch or default_decode_batch(dev)

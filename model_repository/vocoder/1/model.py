@@ -45,7 +45,7 @@ class TritonPythonModel:
         s.set_threads("vocoder")
         try:
             dev = resolve_device(s.device)
-            self.decoder = AudioDecoder.load(s.weights, dev, s.vocoder_quantize, s.pack_cpu_weights)
+            self.decoder = AudioDecoder.load(s.weights, dev, s.vocoder_quantize, s.pack_cpu_weights, s.cpu_kernel)
         except Exception as e:
             raise pb_utils.TritonModelException(f"vocoder: cannot load {s.weights}: {e}") from e
         self.device = dev
