@@ -438,6 +438,7 @@ def test_one_retry_policy_for_the_gateway_and_the_client():
     stopping = ("in ensemble 'tts', [request id: <id_unknown>] Server is stopping, scheduler for model has "
                 "stopped accepting new inference requests")       # Triton's own, once the drain is over
     assert r.again(0, False, stopping)
+    assert r.again(0, False, "Request for unknown model: 'tts' has no available versions")   # unloaded by the stop
     assert not r.again(2, False, "server busy")                     # out of tries
     assert not r.again(0, True, "server busy")                      # the client already has audio
     assert not r.again(0, False, "TEXT is required")                # the request's own fault
@@ -462,6 +463,8 @@ def test_a_servers_error_names_the_body_field_of_the_input_it_names():
     # Triton refusing a request once its stop began (after serve.sh's drain) is no fault of the request's
     e = triton_error("in ensemble 'tts', [request id: <id_unknown>] Server is stopping, scheduler for model has "
                      "stopped accepting new inference requests")
+    assert (e.status, e.code) == (503, "server_busy") and "shutting down" in e.message, e.message
+    e = triton_error("Request for unknown model: 'tts' has no available versions")   # unloaded by the stop
     assert (e.status, e.code) == (503, "server_busy") and "shutting down" in e.message, e.message
 
 

@@ -10,10 +10,13 @@ import numpy as np
 
 from velocity.tts.chunking import FRAMES_PER_SECOND
 
-# Triton's own refusal once its stop has begun (after serve.sh's drain): "Server is stopping,
-# scheduler for model has stopped accepting new inference requests"
+# Triton's own refusals once its stop has begun (after serve.sh's drain): "Server is stopping,
+# scheduler for model has stopped accepting new inference requests", and, once the stop has
+# unloaded the model while its other models still unload, "Request for unknown model: 'tts' has
+# no available versions" (a balancer that has not yet seen the drain still sends requests there)
 TRITON_STOPPING = "Server is stopping"
-RETRYABLE = ("server busy", "shutting down", TRITON_STOPPING)   # Triton errors worth another try (another replica)
+TRITON_UNLOADED = "has no available versions"
+RETRYABLE = ("server busy", "shutting down", TRITON_STOPPING, TRITON_UNLOADED)   # worth another try (another replica)
 
 
 @dataclass(frozen=True, slots=True)
