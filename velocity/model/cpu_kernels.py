@@ -275,12 +275,12 @@ def row_kernels(body) -> object | None:
 
     linears = [m for layer in body.layers for m in layer.modules() if hasattr(m, "in_features")]   # every kind
     kinds = {type(m) for m in linears}
-    if not (kinds == {Int8Linear} or kinds == {F32Linear}) or any(has_bias(m) for m in linears):
+    if not (kinds == {Int8Linear} or kinds == {F32Linear}) or any(_has_bias(m) for m in linears):
         return None
     return kernels()
 
 
-def has_bias(linear) -> bool:
+def _has_bias(linear) -> bool:
     return linear.bias is not None and linear.bias.numel() > 0
 
 

@@ -8,7 +8,7 @@ sequences faster than nn.Linear and one sequence no slower (docs/benchmarks/hist
 from nn.Linear's by float rounding, as nn.Linear's own differ between batch sizes.
 
 Where the C++ kernels are built with AVX2 and FMA or AVX-512, F32Linear runs on their f32_gemm
-instead (velocity.model.f32_gemm): quicker than oneDNN at every row count a step has, and near
+instead (velocity.model.f32_gemm): quicker than oneDNN's from 1 to 128 rows a call, and near
 the memory bound at one row (docs/benchmarks.md, "The float32 linears on a C++ kernel").
 """
 from __future__ import annotations
