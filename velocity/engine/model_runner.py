@@ -69,12 +69,12 @@ class ModelRunner:
         if use_cuda_graphs:
             self.capture(max_num_seqs)
 
-    # -- inputs ----------------------------------------------------------------------
-
     @property
     def in_place_prefill(self) -> bool:
         """Prefills as rows (above); the layer takes that path only with the decode kernel."""
         return self.rows_prefill and self.decode_kernel is not None
+
+    # -- inputs ----------------------------------------------------------------------
     def token_tensor(self, tokens: list) -> torch.Tensor:
         return self.model.token_tensor(tokens, self.device)
 

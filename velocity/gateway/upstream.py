@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable
 from velocity.gateway.health_reason import HealthReason
 from velocity.gateway.pace import Pacer, read_ahead
 from velocity.serving.input_table import INPUTS
-from velocity.serving.tts_responses import (RETRYABLE, TRITON_STOPPING, TRITON_UNLOADED, AudioChunk, Retry,  # noqa: F401 (the gateway's names)
+from velocity.serving.tts_responses import (RETRYABLE, TRITON_STOPPED, AudioChunk, Retry,  # noqa: F401 (the gateway's names)
                                              pace_inputs, stream_ref)
 from velocity.serving.watchdog import DIED
 
@@ -40,7 +40,7 @@ class ApiError(Exception):
 def triton_error(message: str) -> ApiError:
     """A `tts` stream's error -> 503 (retry: busy, draining), 504 (its timeout passed), 500 (our
     fault) or 400 (the request's)."""
-    if TRITON_STOPPING in message or TRITON_UNLOADED in message:   # past the drain: Triton itself refuses
+    if any(m in message for m in TRITON_STOPPED):   # past the drain: Triton itself refuses
         return ApiError(503, f"the server is shutting down ({message}): try again", code="server_busy")
     if any(m in message for m in RETRYABLE):
         return ApiError(503, message, code="server_busy")

@@ -14,9 +14,8 @@ from velocity.tts.chunking import FRAMES_PER_SECOND
 # scheduler for model has stopped accepting new inference requests", and, once the stop has
 # unloaded the model while its other models still unload, "Request for unknown model: 'tts' has
 # no available versions" (a balancer that has not yet seen the drain still sends requests there)
-TRITON_STOPPING = "Server is stopping"
-TRITON_UNLOADED = "has no available versions"
-RETRYABLE = ("server busy", "shutting down", TRITON_STOPPING, TRITON_UNLOADED)   # worth another try (another replica)
+TRITON_STOPPED = ("Server is stopping", "has no available versions")
+RETRYABLE = ("server busy", "shutting down", *TRITON_STOPPED)   # Triton errors worth another try (another replica)
 
 
 @dataclass(frozen=True, slots=True)
