@@ -115,9 +115,17 @@ def test_a_paused_request_waits_keeps_its_blocks_and_then_ends_as_it_would_have(
     engine, model = setup
     p = prompts([9], seed=5)[0]
     got: queue.Queue = queue.Queue()
-    engine.add_request("p", p, greedy(20), got.put)
+    outputs = 0
+
+    def on_output(out) -> None:
+        nonlocal outputs
+        outputs += 1
+        if outputs == 1:            # paused from the engine thread itself: before its next step,
+            engine.pause("p")       # however quick the steps are
+        got.put(out)
+
+    engine.add_request("p", p, greedy(20), on_output)
     first = got.get(timeout=60)
-    engine.pause("p")
     time.sleep(0.2)                                            # outputs already under way drain
     while not got.empty():
         got.get()
