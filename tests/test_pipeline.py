@@ -5,9 +5,9 @@ import pytest
 
 from velocity.sampling_params import SamplingParams
 from checkpoints import tiny_checkpoint
+from velocity.tts import pipeline
 from velocity.tts.pipeline import TTSPipeline, chattts_params
 from velocity.tts.chunking import ChunkSchedule
-from velocity.tts.stateful_decoder import StatefulDecoder
 
 
 @pytest.fixture(scope="module")
@@ -91,15 +91,17 @@ def test_each_text_through_a_stateful_decoder_gives_the_chunked_decodes_audio(pi
         return got
 
     assert pipe.stateful is not None
-    decoders = []
-    decode = StatefulDecoder.decode
+    decoders, calls = [], []
+    together = pipeline.decode_together
     with monkeypatch.context() as m:                  # which decoder decodes each chunk
-        m.setattr(StatefulDecoder, "decode", lambda self, *a, **k: decoders.append(self) or decode(self, *a, **k))
+        m.setattr(pipeline, "decode_together", lambda chunks: calls.append(len(chunks)) or
+                  decoders.extend(c[0] for c in chunks) or together(chunks))
         mine = run()
     with monkeypatch.context() as m:
         m.setattr(pipe, "stateful", None)
         want = run()
     assert len(set(map(id, decoders))) == 3 and all(d.utt is None for d in decoders)
+    assert max(calls) > 1                             # texts' chunks through the layers together
     assert sorted(mine) == sorted(want) == [0, 1, 2]
     for t in want:
         assert [c.index for c in mine[t]] == [c.index for c in want[t]]
@@ -149,6 +151,7 @@ for model in pathlib.Path("model_repository").glob("*/1/model.py"):
     roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert "transformers" not in roots, model
+from velocity.tts import pipeline
 from velocity.tts.pipeline import TTSPipeline, chattts_params
 pipe = TTSPipeline(sys.argv[1], device="cpu", num_kv_blocks=64, block_size=8)
 audio = pipe.synthesize("Hello world.", params=chattts_params(seed=1, max_new_tokens=12))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
@@ -391,3 +392,42 @@ def test_a_chunk_out_of_order_is_refused(decoder, frames):
     with pytest.raises(ValueError, match="out of order"):
         st.decode_cut(first)
     assert st.decode_cut(second).shape == (1, 36 * 512)
+
+
+@pytest.mark.parametrize("path", ["codes", "hidden"])
+def test_streams_decoded_together_are_each_decoded_alone(decoder, frames, hidden, path):
+    """decode_together: three streams' chunks through each layer as one batch (TTSPipeline's
+    texts), their windows of other widths right-padded, against each stream's chunks alone: the
+    same audio, up to the float rounding of a batched convolution and GEMM (100 dB SER, as the
+    stateful decode against the chunked one above)."""
+    from velocity.tts.chunking import FrameChunker
+    from velocity.tts.stateful_decoder import StatefulDecoder, decode_together
+    from velocity.tts.audio_decoder import chunk_input
+
+    def chunks(schedule, n, offset):
+        ch = FrameChunker(schedule, decoder.exact_context, 16)
+        rows = [(frames[(i + offset) % T], hidden[(i + offset) % T].numpy()) for i in range(n)]
+        out = []
+        for i in range(0, n, 5):
+            part = rows[i:i + 5]
+            out += ch.push([f for f, _ in part], None if path == "codes" else np.stack([h for _, h in part]))
+        return out + ch.finish()
+
+    streams = [chunks(ChunkSchedule(4, 36, 144), 120, 0), chunks(ChunkSchedule(12, 36), 90, 7),
+               chunks(ChunkSchedule(4, 5, 144, 1.4), 60, 30)]
+    args = lambda d, c: (d, chunk_input(c), c.context, c.length, c.last, c.start)  # noqa: E731
+    alone = []
+    for s in streams:
+        d = StatefulDecoder(decoder)
+        alone.append(torch.cat([decode_together([args(d, c)])[0][0] for c in s]))
+    shared = StatefulDecoder(decoder)                 # the layers the streams' decoders share
+    decs, together = [StatefulDecoder(shared) for _ in streams], [[] for _ in streams]
+    for k in range(max(map(len, streams))):
+        live = [i for i, s in enumerate(streams) if k < len(s)]
+        for i, a in zip(live, decode_together([args(decs[i], streams[i][k]) for i in live])):
+            together[i].append(a[0])
+    assert sum(len(s) > 1 for s in streams) == 3 and len({len(s) for s in streams}) > 1
+    for a, b in zip(alone, together):
+        b = torch.cat(b)
+        assert a.shape == b.shape
+        assert ser_db(a, b) > 100, ser_db(a, b)

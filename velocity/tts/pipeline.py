@@ -15,9 +15,9 @@ from velocity.engine.llm_engine import LLMEngine
 from velocity.sampling_params import SamplingParams, chattts_params, refine_params  # noqa: F401 (re-exported)
 from velocity.tts.frontend import DEFAULT_PROMPT, TextFrontend
 from velocity.tts.speaker import decode_sample, decode_speaker, random_speaker, sample_frames
-from velocity.tts.audio_decoder import DECODERS, AudioDecoder, default_decode_batch
+from velocity.tts.audio_decoder import DECODERS, AudioDecoder, chunk_input, default_decode_batch
 from velocity.tts.chunking import ChunkSchedule, CodeChunk, FrameChunker
-from velocity.tts.stateful_decoder import StatefulDecoder
+from velocity.tts.stateful_decoder import StatefulDecoder, decode_together
 from velocity.tts.sentence_stream import Carry, SentenceStream
 
 logger = logging.getLogger(__name__)
@@ -199,16 +199,25 @@ class TTSPipeline:
 
     def _decode(self, ready: list[tuple[_Text, CodeChunk | None]]) -> list[torch.Tensor]:
         """The chunks' audio, each [1, samples]: each text's through its stateful decoder, in
-        order, or all through the chunked decode (a step's chunks of one length together)."""
+        order, the texts' chunks through each layer together (decode_together: a text's next
+        chunk in the next call); or all through the chunked decode (a step's chunks of one
+        length together)."""
         if self.stateful is None:
             return self.decoder.decode_cut([c for _, c in ready if c], self.decode_batch)
-        out = []
-        for t, c in ready:
-            if c is not None:
-                if t.audio is None:
-                    t.audio = StatefulDecoder(self.stateful, position=c.start)
-                out.append(t.audio.decode_cut(c))
-        return out
+        todo = [(t, c) for t, c in ready if c is not None]
+        audio: dict[int, torch.Tensor] = {}                  # by the chunk's place in todo
+        while len(audio) < len(todo):
+            group, seen = [], set()
+            for k, (t, c) in enumerate(todo):
+                if k not in audio and t.index not in seen:
+                    seen.add(t.index)
+                    if t.audio is None:
+                        t.audio = StatefulDecoder(self.stateful, position=c.start)
+                    group.append(k)
+            made = decode_together([(todo[k][0].audio, chunk_input(todo[k][1]), todo[k][1].context,
+                                     todo[k][1].length, todo[k][1].last, todo[k][1].start) for k in group])
+            audio.update(zip(group, made))
+        return [audio[k] for k in range(len(todo))]
 
     def synthesize(self, text: str, **kwargs) -> np.ndarray:
         chunks = list(self.stream(text, **kwargs))

@@ -150,20 +150,22 @@ class StatefulDecoder:
         """decode() of a FrameChunker's chunk: its audio [1, samples]."""
         return self.decode(chunk_input(chunk), chunk.context, chunk.length, chunk.last, chunk.start)
 
-    @torch.inference_mode()
     def decode(self, x: torch.Tensor, context: int, length: int, last: bool, at: int | None = None) -> torch.Tensor:
         """The next chunk of the stream, as AudioDecoder.decode_chunks takes one: x the frames
         [start - context, end + lookahead) (codes [1, num_vq, T] or hidden states [1, T, H]), of
         which `length` after the context are its own -> their audio [1, length * 512 (- 256 if
         last)]. Only the frames after those already seen are read. at: the chunk's first frame in
         the stream (CodeChunk.start), checked against the frames decoded so far."""
+        return decode_together([(self, x, context, length, last, at)])[0]
+
+    def _begin(self, x: torch.Tensor, context: int, length: int, last: bool, at: int | None) -> "_Pass":
+        """A chunk's decode under way: its first layer's input, before the layers."""
         if at is not None and at != self.position:
             raise ValueError(f"a chunk out of order: it starts at frame {at}, the stream's audio is at {self.position} "
                              "(a stream's chunks, each once, in order)")
         hidden = x.is_floating_point()
-        layers = self.layers[hidden]
         if self.utt is None:
-            self.utt = Utterance([LayerState() for _ in layers])
+            self.utt = Utterance([LayerState() for _ in self.layers[hidden]])
         u = self.utt
         start = u.emitted                                    # the chunk's first frame in its utterance
         hi = start + x.shape[1 if hidden else 2] - context   # its frames reach this far
@@ -176,51 +178,54 @@ class StatefulDecoder:
             m, tail = self.decoder.model_input(x[:, -new:] if hidden else x[:, :, -new:])
             feats = m.features(tail)
         u.frames = hi
-        end = start + length
         cut = 2 * hi                                         # mel positions known (the input ends here)
-        final, spec, frontier = feats, None, cut             # this layer's input: new final part, speculative part
-        after = self.after[hidden]
-        for i, (layer, st) in enumerate(zip(layers, u.layers)):
-            # the outputs this chunk's samples need: the ISTFT's frames to 2 past its end, and each
-            # later layer's reach; the final ones, which later chunks read, whatever they are: those
-            # whose input is final, and those before the chunk's end, which its audio read
-            done = cut if last else max(st.out_final, min(cut, frontier - layer.reach))
-            want = max(done, min(cut, 2 * end + 2 + after[i]))
-            done = max(done, min(want, 2 * end))
-            final, spec, frontier = self._layer(layer, st, final, spec, done, want, cut, i)
-        audio = self._istft(u, final, spec, frontier, cut, 2 * start, 2 * end, last)
-        u.emitted = end
-        self.final_positions += 2 * length
-        self.position += length
-        if last:
-            self.utt = None
-        return audio
+        return _Pass(self, u, hidden, start, start + length, cut, last, feats, None, cut)
 
-    def _layer(self, layer: Layer, st: LayerState, final, spec, done: int, want: int, cut: int, i: int):
-        """Feed one layer `final` (its input's new final positions) and `spec` (the speculative ones
-        after them); it computes its outputs [out_final, want), of which [out_final, done) are
-        final. Its input ends at `cut` (zeros past it, as the chunked decode pads)."""
+    def _window(self, p: "_Pass", i: int) -> tuple[torch.Tensor, int]:
+        """Layer i's input window for the chunk `p` (its padding included) and the outputs it wants.
+        The outputs this chunk's samples need: the ISTFT's frames to 2 past its end, and each later
+        layer's reach; the final ones, which later chunks read, whatever they are: those whose
+        input is final, and those before the chunk's end, which its audio read. The layer's
+        input ends at the cut (zeros past it, as the chunked decode pads)."""
+        layer, st, cut = self.layers[p.hidden][i], p.u.layers[i], p.cut
+        done = cut if p.last else max(st.out_final, min(cut, p.frontier - layer.reach))
+        want = max(done, min(cut, 2 * p.end + 2 + self.after[p.hidden][i]))
+        p.done = max(done, min(want, 2 * p.end))
         r = layer.reach
-        if final is not None and (st.kept is None or final.shape[-1]):
-            st.kept = final if st.kept is None else torch.cat([st.kept, final], dim=-1)
+        if p.final is not None and (st.kept is None or p.final.shape[-1]):
+            st.kept = p.final if st.kept is None else torch.cat([st.kept, p.final], dim=-1)
         lo, hi = st.out_final - r, min(cut, want + r)        # the input positions the outputs read
         parts = [st.kept[:, :, max(lo, 0) - st.start:]]
-        if spec is not None and spec.shape[-1]:
-            parts.append(spec)
+        if p.spec is not None and p.spec.shape[-1]:
+            parts.append(p.spec)
         window = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
         window = window[:, :, :hi - max(lo, 0)]
         n = want - st.out_final                              # the outputs wanted: [out_final, want)
         # zeros before the utterance and past the cut; then, past 4 * BUCKET outputs, to a multiple
         # of BUCKET, whose extra ones are dropped: fewer shapes, fewer cached kernels and buffers
         extra = -n % BUCKET if n > 4 * BUCKET else 0
-        window = F.pad(window, (max(0, -lo), want + r - hi + extra))
-        out = layer.run(window)[:, :, :n]
         self.computed[i] += n + extra                       # what it computed, the extra ones too
-        new_final, new_spec = out[:, :, :done - st.out_final], out[:, :, done - st.out_final:]
-        st.out_final = done
-        keep = max(0, done - r - st.start)                   # the next window starts at done - r
+        return F.pad(window, (max(0, -lo), want + r - hi + extra)), n
+
+    def _keep(self, p: "_Pass", i: int, out: torch.Tensor) -> None:
+        """Layer i's outputs [out_final, want) for the chunk `p`: the final ones and the speculative
+        ones after them are the next layer's input."""
+        st, r = p.u.layers[i], self.layers[p.hidden][i].reach
+        p.final, p.spec = out[:, :, :p.done - st.out_final], out[:, :, p.done - st.out_final:]
+        st.out_final = p.frontier = p.done
+        keep = max(0, p.done - r - st.start)                 # the next window starts at done - r
         st.kept, st.start = st.kept[:, :, keep:], st.start + keep
-        return new_final, new_spec, done
+
+    def _finish(self, p: "_Pass") -> torch.Tensor:
+        """The chunk's audio, after its last layer."""
+        audio = self._istft(p.u, p.final, p.spec, p.frontier, p.cut, 2 * p.start, 2 * p.end, p.last)
+        length = p.end - p.start
+        p.u.emitted = p.end
+        self.final_positions += 2 * length
+        self.position += length
+        if p.last:
+            self.utt = None
+        return audio
 
     def _istft(self, u: Utterance, final, spec, frontier: int, cut: int, s0: int, s1: int, last: bool) -> torch.Tensor:
         """The samples of mel positions [s0, s1) (half a frame fewer at the utterance's end) from
@@ -246,3 +251,45 @@ class StatefulDecoder:
         keep = min(max(0, s1 - 1 - first), x.shape[-1])     # from the next chunk's first needed frame
         u.spec, u.spec_start = x[:, :, keep:], first + keep
         return audio
+
+
+@dataclass(slots=True)
+class _Pass:
+    """One chunk's decode under way: its stream's decoder and utterance, and the layer input
+    (its final and speculative parts) that the next layer takes."""
+    dec: StatefulDecoder
+    u: Utterance
+    hidden: bool
+    start: int                   # the chunk's first and end frame in its utterance
+    end: int
+    cut: int                     # mel positions known (the input ends here)
+    last: bool
+    final: torch.Tensor | None
+    spec: torch.Tensor | None
+    frontier: int
+    done: int = 0                # the layer under way's final outputs end here
+
+
+@torch.inference_mode()
+def decode_together(chunks: list[tuple]) -> list[torch.Tensor]:
+    """Several streams' next chunks, each (decoder, x, context, length, last, at) as
+    StatefulDecoder.decode takes them, through each layer at once: the windows, right-padded
+    with zeros to the longest (past each one's own padding, which its outputs do not read),
+    stacked into one batch -> each chunk's audio [1, samples]. The decoders are distinct (a
+    stream's chunks go in order, one a call) and share their layers, and the chunks are all codes
+    or all hidden states."""
+    passes = [dec._begin(*args) for dec, *args in chunks]
+    first = passes[0]
+    layers = first.dec.layers[first.hidden]
+    assert len({id(p.dec) for p in passes}) == len(passes), "one chunk a stream a call"
+    assert all(p.dec.layers is first.dec.layers and p.hidden == first.hidden for p in passes)
+    for i, layer in enumerate(layers):
+        windows = [p.dec._window(p, i) for p in passes]
+        if len(windows) == 1:
+            outs = [layer.run(windows[0][0])]
+        else:
+            width = max(w.shape[-1] for w, _ in windows)
+            outs = layer.run(torch.cat([F.pad(w, (0, width - w.shape[-1])) for w, _ in windows])).split(1)
+        for p, (_, n), out in zip(passes, windows, outs):
+            p.dec._keep(p, i, out[:, :, :n])
+    return [p.dec._finish(p) for p in passes]
