@@ -16,13 +16,16 @@ padded batch then wastes nothing, and the reference's default splitting is skipp
 Arms, each in a fresh process, in alternating rounds (ABAB...): the reference's best call (one
 padded batch, `infer(texts, split_text=False)`, text refine skipped), streamed for its first audio,
 and its default splitting (`infer(texts)`); velocity in-process (`TTSPipeline.stream_many`, all
-texts at once), float32 and with --quantize int8 also int8 (GPT and decoders). Resident memory
-is compared after the 16 texts (the reference maps its weights lazily: after loading it has not
-read them all); velocity's KV budget is --kv-mib, allocated up front. Writes JSON and a PNG.
+texts at once), float32 and with --quantize int8 also int8 (GPT and decoders), and with
+--baseline-rev REV velocity float32 at that git revision too (its ratio: the median of each
+round's). Resident memory is compared after the 16 texts (the reference maps its weights lazily:
+after loading it has not read them all); velocity's KV budget is --kv-mib, allocated up front.
+Writes JSON and a PNG.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -35,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness import bench_texts, by_arm, finish, hardware, paired_rounds, save  # noqa: E402
+from benchmarks.harness import baseline_tree, bench_texts, by_arm, finish, hardware, paired_rounds, save  # noqa: E402
 FPS = 24000 / 512                     # GPT frames per second of audio
 
 
@@ -52,7 +55,11 @@ def memory_mib(field: str = "VmRSS") -> float:
 
 
 def velocity_child(args: argparse.Namespace, work: dict) -> dict:
-    """velocity in this (fresh) process: all texts at once, then the first text alone."""
+    """velocity in this (fresh) process: all texts at once, then the first text alone; with
+    --tree, the velocity package of that checkout (a baseline's)."""
+    if args.tree:
+        assert "velocity" not in sys.modules
+        sys.path.insert(0, args.tree)
     import torch
 
     from velocity.serving.settings import Settings
@@ -94,8 +101,10 @@ def velocity_child(args: argparse.Namespace, work: dict) -> dict:
     return res
 
 
-def arm(name: str, args: argparse.Namespace, texts_file: Path) -> dict:
-    path = [str(ROOT)]
+def arm(name: str, args: argparse.Namespace, texts_file: Path, baseline: Path | None = None) -> dict:
+    """One arm's round in a fresh process: "reference", "velocity-float32", "velocity-int8" or
+    "baseline-float32" (velocity float32 from the `baseline` tree)."""
+    path = [str(baseline if name.startswith("baseline") else ROOT)]
     if name == "reference":
         py = Path(args.ref_python or Path(args.ref_venv) / "bin" / "python")
         if not args.ref_python and not py.exists():
@@ -106,7 +115,8 @@ def arm(name: str, args: argparse.Namespace, texts_file: Path) -> dict:
     else:
         cmd = [sys.executable, __file__, "--child", name.split("-")[1], "--weights", args.weights,
                "--texts-file", str(texts_file), "--threads", str(args.threads), "--kv-mib", str(args.kv_mib),
-               "--device", args.device] + (["--served-chunks"] if args.served_chunks else [])
+               "--device", args.device] + (["--served-chunks"] if args.served_chunks else []) \
+            + (["--tree", str(baseline)] if name.startswith("baseline") else [])
     p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(path)))
     if p.returncode != 0:
         raise SystemExit(f"{name} failed:\n{p.stderr[-3000:]}")
@@ -135,6 +145,11 @@ def summarize(res: dict, useful_s: float) -> dict:
                          "memory_after_all_mib": med(lambda r: r["memory_after_all_mib"]),
                          "memory_peak_mib": med(lambda r: r["memory_peak_mib"])}
     ref = out["reference"]
+    if "baseline-float32" in res["rounds"]:            # paired: each round's ratio, then their median
+        pairs = zip(res["rounds"]["velocity-float32"], res["rounds"]["baseline-float32"])
+        out["velocity-float32"]["vs_baseline"] = {
+            "throughput": statistics.median(b["all"]["wall_s"] / a["all"]["wall_s"] for a, b in pairs),
+            "rev": res["baseline_rev"]}
     for name, m in out.items():
         if name != "reference":
             m["vs_reference"] = {"throughput_vs_batch": m["audio_s_per_s"] / ref["batch_audio_s_per_s"],
@@ -192,9 +207,11 @@ def main() -> None:
     ap.add_argument("--equal-frames", type=int, help="every text exactly this many frames (default: in proportion to the text)")
     ap.add_argument("--served-chunks", action="store_true",
                     help="velocity with the server's chunk schedule and lookahead (default: TTSPipeline's, exact audio)")
+    ap.add_argument("--baseline-rev", help="also velocity float32 at this git revision, in the same rounds")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "reference" / "reference"))
     ap.add_argument("--child", choices=("float32", "int8"), help=argparse.SUPPRESS)
     ap.add_argument("--texts-file", help=argparse.SUPPRESS)
+    ap.add_argument("--tree", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         args.child_quantize = "int8" if args.child == "int8" else "none"
@@ -207,16 +224,18 @@ def main() -> None:
     work = {"texts": texts, "frames": [args.equal_frames or frames_for(t) for t in texts],
             "skip_default": bool(args.equal_frames)}
     useful_s = sum(work["frames"]) / FPS
-    arms = ["reference", "velocity-float32"] + (["velocity-int8"] if args.quantize == "int8" else [])
-    with tempfile.TemporaryDirectory() as tmp:
+    arms = ["reference", "velocity-float32"] + (["velocity-int8"] if args.quantize == "int8" else []) \
+        + (["baseline-float32"] if args.baseline_rev else [])
+    with tempfile.TemporaryDirectory() as tmp, \
+            (baseline_tree(args.baseline_rev) if args.baseline_rev else contextlib.nullcontext()) as base:
         tf = Path(tmp) / "texts.json"
         tf.write_text(json.dumps(work))
         with tqdm(total=args.rounds * len(arms), desc="arms") as bar:
-            rounds = by_arm(paired_rounds(arms, args.rounds, lambda a: arm(a, args, tf), bar))
+            rounds = by_arm(paired_rounds(arms, args.rounds, lambda a: arm(a, args, tf, base), bar))
     gpu = {"device": args.device, "device_name": args.hardware} if args.hardware else {}
     res = {"hardware": hardware(threads=args.threads, **gpu), "device": args.device,
            "weights": args.weights, "texts": texts, "frames": work["frames"], "useful_audio_s": useful_s,
-           "kv_budget_mib": args.kv_mib, "equal_frames": args.equal_frames, "served_chunks": args.served_chunks, "rounds": rounds}
+           "kv_budget_mib": args.kv_mib, "equal_frames": args.equal_frames, "served_chunks": args.served_chunks, "baseline_rev": args.baseline_rev, "rounds": rounds}
     res["summary"] = summarize(res, useful_s)
     out = Path(args.out)
     save(res, out, plot)
