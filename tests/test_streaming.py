@@ -402,7 +402,6 @@ def test_streams_decoded_together_are_each_decoded_alone(decoder, frames, hidden
     stateful decode against the chunked one above)."""
     from velocity.tts.chunking import FrameChunker
     from velocity.tts.stateful_decoder import StatefulDecoder, decode_together
-    from velocity.tts.audio_decoder import chunk_input
 
     def chunks(schedule, n, offset):
         ch = FrameChunker(schedule, decoder.exact_context, 16)
@@ -415,16 +414,15 @@ def test_streams_decoded_together_are_each_decoded_alone(decoder, frames, hidden
 
     streams = [chunks(ChunkSchedule(4, 36, 144), 120, 0), chunks(ChunkSchedule(12, 36), 90, 7),
                chunks(ChunkSchedule(4, 5, 144, 1.4), 60, 30)]
-    args = lambda d, c: (d, chunk_input(c), c.context, c.length, c.last, c.start)  # noqa: E731
     alone = []
     for s in streams:
         d = StatefulDecoder(decoder)
-        alone.append(torch.cat([decode_together([args(d, c)])[0][0] for c in s]))
+        alone.append(torch.cat([decode_together([d.cut(c)])[0][0] for c in s]))
     shared = StatefulDecoder(decoder)                 # the layers the streams' decoders share
     decs, together = [StatefulDecoder(shared) for _ in streams], [[] for _ in streams]
     for k in range(max(map(len, streams))):
         live = [i for i, s in enumerate(streams) if k < len(s)]
-        for i, a in zip(live, decode_together([args(decs[i], streams[i][k]) for i in live])):
+        for i, a in zip(live, decode_together([decs[i].cut(streams[i][k]) for i in live])):
             together[i].append(a[0])
     assert sum(len(s) > 1 for s in streams) == 3 and len({len(s) for s in streams}) > 1
     for a, b in zip(alone, together):

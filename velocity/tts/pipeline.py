@@ -15,7 +15,7 @@ from velocity.engine.llm_engine import LLMEngine
 from velocity.sampling_params import SamplingParams, chattts_params, refine_params  # noqa: F401 (re-exported)
 from velocity.tts.frontend import DEFAULT_PROMPT, TextFrontend
 from velocity.tts.speaker import decode_sample, decode_speaker, random_speaker, sample_frames
-from velocity.tts.audio_decoder import DECODERS, AudioDecoder, chunk_input, default_decode_batch
+from velocity.tts.audio_decoder import DECODERS, AudioDecoder, default_decode_batch
 from velocity.tts.chunking import ChunkSchedule, CodeChunk, FrameChunker
 from velocity.tts.stateful_decoder import StatefulDecoder, decode_together
 from velocity.tts.sentence_stream import Carry, SentenceStream
@@ -214,8 +214,7 @@ class TTSPipeline:
                     if t.audio is None:
                         t.audio = StatefulDecoder(self.stateful, position=c.start)
                     group.append(k)
-            made = decode_together([(todo[k][0].audio, chunk_input(todo[k][1]), todo[k][1].context,
-                                     todo[k][1].length, todo[k][1].last, todo[k][1].start) for k in group])
+            made = decode_together([todo[k][0].audio.cut(todo[k][1]) for k in group])
             audio.update(zip(group, made))
         return [audio[k] for k in range(len(todo))]
 

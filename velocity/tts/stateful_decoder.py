@@ -148,7 +148,11 @@ class StatefulDecoder:
 
     def decode_cut(self, chunk: CodeChunk) -> torch.Tensor:
         """decode() of a FrameChunker's chunk: its audio [1, samples]."""
-        return self.decode(chunk_input(chunk), chunk.context, chunk.length, chunk.last, chunk.start)
+        return decode_together([self.cut(chunk)])[0]
+
+    def cut(self, chunk: CodeChunk) -> tuple:
+        """A FrameChunker's chunk as decode_together takes it."""
+        return self, chunk_input(chunk), chunk.context, chunk.length, chunk.last, chunk.start
 
     def decode(self, x: torch.Tensor, context: int, length: int, last: bool, at: int | None = None) -> torch.Tensor:
         """The next chunk of the stream, as AudioDecoder.decode_chunks takes one: x the frames
@@ -280,16 +284,13 @@ def decode_together(chunks: list[tuple]) -> list[torch.Tensor]:
     or all hidden states."""
     passes = [dec._begin(*args) for dec, *args in chunks]
     first = passes[0]
-    layers = first.dec.layers[first.hidden]
-    assert len({id(p.dec) for p in passes}) == len(passes), "one chunk a stream a call"
-    assert all(p.dec.layers is first.dec.layers and p.hidden == first.hidden for p in passes)
-    for i, layer in enumerate(layers):
+    assert len({id(p.dec) for p in passes}) == len(passes) and all(
+        p.dec.layers is first.dec.layers and p.hidden == first.hidden for p in passes)
+    for i, layer in enumerate(first.dec.layers[first.hidden]):
         windows = [p.dec._window(p, i) for p in passes]
-        if len(windows) == 1:
-            outs = [layer.run(windows[0][0])]
-        else:
-            width = max(w.shape[-1] for w, _ in windows)
-            outs = layer.run(torch.cat([F.pad(w, (0, width - w.shape[-1])) for w, _ in windows])).split(1)
+        width = max(w.shape[-1] for w, _ in windows)
+        outs = [layer.run(windows[0][0])] if len(windows) == 1 else \
+            layer.run(torch.cat([F.pad(w, (0, width - w.shape[-1])) for w, _ in windows])).split(1)
         for p, (_, n), out in zip(passes, windows, outs):
             p.dec._keep(p, i, out[:, :, :n])
     return [p.dec._finish(p) for p in passes]
