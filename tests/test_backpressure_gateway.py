@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import socket
 import time
 import urllib.error
@@ -158,7 +159,8 @@ def told_pace(server) -> float:
 @dataclass(slots=True)
 class Taken:
     """What take_slowly saw: bytes taken, frames the server generated meanwhile, its tellings,
-    frames it generated in the last half second, and its requests in flight at the end."""
+    frames it generated in at least the last half second (NaN: never counted), and its requests
+    in flight at the end."""
     got: int
     generated: float
     told: float
@@ -177,25 +179,26 @@ class Taken:
 
 
 def take_slowly(server, take, within: float = 60.0) -> Taken:
-    """take() -> bytes of audio taken, called until the server was told of the lag once and a
-    second more has passed (or `within` seconds). However fast the machine, the reader is behind
-    by then. Its counters are the test's own where the test settled the server before it began."""
+    """take() -> bytes of audio taken, called until the server was told of the lag once, then
+    half a second, then half a second more in which its frames are counted again (or `within`
+    seconds: then `still` is NaN). However fast the machine, the reader is behind by then. Its
+    counters are the test's own where the test settled the server before it began."""
     def frames() -> float:
         return server.metric("velocity_frames_generated_total")
 
     frames0, told0 = frames(), told_pace(server)
-    got, t0, told_at, settled, next_look = 0, time.monotonic(), None, None, 0.0
-    while time.monotonic() - t0 < within and (told_at is None or time.monotonic() - told_at < 1.0):
+    got, t0, told_at, next_look = 0, time.monotonic(), None, 0.0
+    settled, settled_at = math.nan, None
+    while time.monotonic() - t0 < within and (settled_at is None or time.monotonic() - settled_at < 0.5):
         got += take()
         if told_at is None and time.monotonic() >= next_look:
             next_look = time.monotonic() + 0.1
             if told_pace(server) > told0:
                 told_at = time.monotonic()
-        elif told_at is not None and settled is None and time.monotonic() - told_at >= 0.5:
-            settled = frames()
+        elif told_at is not None and settled_at is None and time.monotonic() - told_at >= 0.5:
+            settled, settled_at = frames(), time.monotonic()
     end = frames()
-    return Taken(got, end - frames0, told_pace(server) - told0, end - (end if settled is None else settled),
-                 server.metric("velocity_active_requests"))
+    return Taken(got, end - frames0, told_pace(server) - told0, end - settled, server.metric("velocity_active_requests"))
 
 
 @pytest.mark.server
