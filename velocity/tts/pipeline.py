@@ -205,17 +205,14 @@ class TTSPipeline:
         if self.stateful is None:
             return self.decoder.decode_cut([c for _, c in ready if c], self.decode_batch)
         todo = [(t, c) for t, c in ready if c is not None]
+        calls: dict[int, list[int]] = {}                     # a text's n-th chunk here goes in call n
+        for k, (t, c) in enumerate(todo):
+            if t.audio is None:
+                t.audio = StatefulDecoder(self.stateful, position=c.start)
+            calls.setdefault(sum(u is t for u, _ in todo[:k]), []).append(k)
         audio: dict[int, torch.Tensor] = {}                  # by the chunk's place in todo
-        while len(audio) < len(todo):
-            group, seen = [], set()
-            for k, (t, c) in enumerate(todo):
-                if k not in audio and t.index not in seen:
-                    seen.add(t.index)
-                    if t.audio is None:
-                        t.audio = StatefulDecoder(self.stateful, position=c.start)
-                    group.append(k)
-            made = decode_together([todo[k][0].audio.cut(todo[k][1]) for k in group])
-            audio.update(zip(group, made))
+        for group in calls.values():
+            audio.update(zip(group, decode_together([todo[k][0].audio.cut(todo[k][1]) for k in group])))
         return [audio[k] for k in range(len(todo))]
 
     def synthesize(self, text: str, **kwargs) -> np.ndarray:
