@@ -104,7 +104,7 @@ def velocity_child(args: argparse.Namespace, work: dict) -> dict:
 def arm(name: str, args: argparse.Namespace, texts_file: Path, baseline: Path | None = None) -> dict:
     """One arm's round in a fresh process: "reference", "velocity-float32", "velocity-int8" or
     "baseline-float32" (velocity float32 from the `baseline` tree)."""
-    path = [str(baseline if name.startswith("baseline") else ROOT)]
+    path = [str(ROOT)]
     if name == "reference":
         py = Path(args.ref_python or Path(args.ref_venv) / "bin" / "python")
         if not args.ref_python and not py.exists():
