@@ -84,6 +84,10 @@ def comm(pid: int) -> str:
         return ""
 
 
+class PortTaken(RuntimeError):
+    """A port free_port() handed out was taken by another process before the server bound it."""
+
+
 @dataclass
 class TritonServer:
     """A running tritonserver started by scripts/serve.sh in a session of its own."""
@@ -115,7 +119,20 @@ class TritonServer:
     def start(self, timeout: float = 240.0, until: str = "ready") -> "TritonServer":
         """Start serve.sh; wait until /v2/health/{until} ("ready", or "live" for a server whose
         models may fail to load) and the metrics port listens. A server that fails to load a model
-        is stopped at once when waiting for "ready" (RuntimeError with its log)."""
+        is stopped at once when waiting for "ready" (RuntimeError with its log). A port taken
+        between free_port() and Triton's bind (by another process, seconds later, once the models
+        loaded) costs a start on fresh ports, at most twice."""
+        for attempt in range(3):
+            try:
+                return self._start(timeout, until)
+            except PortTaken:
+                if attempt == 2:
+                    raise
+            for name in ("http_port", "grpc_port", "metrics_port", "health_port", "gateway_port"):
+                setattr(self, name, free_port())
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float, until: str) -> "TritonServer":
         if os.environ.get("TESTS_WITHOUT_SERVERS") == "1":     # scripts/test.sh's second pytest
             raise RuntimeError("a test without the `server` mark starts a Triton server: mark it "
                                "(pytestmark = pytest.mark.server), so that scripts/test.sh runs it in the foreground")
@@ -135,11 +152,15 @@ class TritonServer:
                                      env=env, start_new_session=True, preexec_fn=default_sigint)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if "already in use" in self.log():          # Triton exits; serve.sh may start it again
+                self.stop(at_once=True)
+                self._log.close()
+                raise PortTaken(f"a port of this server was taken before Triton bound it:\n{self.log()}")
             if self.proc.poll() is not None:
                 raise RuntimeError(f"tritonserver exited with {self.proc.returncode}:\n{self.log()}")
             # Triton starts its metrics service just after the HTTP one (tens of ms): a scrape
-            # right after "ready" could be refused
-            if self.health(until) and listening(self.metrics_port):
+            # right after "ready" could be refused; and a port another process holds also listens
+            if self.health(until) and self._metrics_answer():
                 return self
             if until == "ready" and "failed to load all models" in self.log():    # up, but never ready
                 self.stop()
@@ -147,6 +168,12 @@ class TritonServer:
             time.sleep(0.1)
         self.stop()
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f}s:\n{self.log()}")
+
+    def _metrics_answer(self) -> bool:
+        try:
+            return "nv_" in self.metrics()
+        except OSError:
+            return False
 
     def ready(self) -> bool:
         return self.health("ready")

@@ -110,3 +110,24 @@ def test_an_llm_config_without_decoupled_fails_to_load_and_says_why(start_triton
         assert not model_ready(s, "llm")
     finally:
         s.stop(at_once=True)
+
+
+def test_a_port_taken_before_triton_binds_it_costs_a_start_on_fresh_ports(start_triton, tmp_path):
+    """TritonServer.start: free_port() hands out a port that another process may take before
+    Triton binds it (its metrics port seconds later, once the models loaded; a clean clone lost a
+    test to that). Triton then exits; the start is made again on fresh ports."""
+    import socket
+
+    repo = tmp_path / "repo"                 # the pace model alone: quick to load
+    shutil.copytree(ROOT / "model_repository" / "pace", repo / "pace")
+    s = TritonServer(repo=repo, log_path=tmp_path / "server.log")
+    taken = s.metrics_port
+    with socket.socket() as other:           # the port's thief
+        other.bind(("0.0.0.0", taken))
+        other.listen()
+        try:
+            s.start(until="live")
+            assert s.metrics_port != taken and s.health("live")
+            assert "nv_" in s.metrics()                  # Triton's, on the port it moved to
+        finally:
+            s.stop(at_once=True)
