@@ -6,7 +6,9 @@ A decode step multiplies one row per running sequence by every weight, so at a f
 bound by reading the weights. Packed in blocks of 16 output channels, each block's weights lie
 front to back, one input's 16 weights in each 64 bytes: one row reads the whole matrix once, in
 order, with no horizontal sums (AVX2: two registers a block). Rows share each weight load in
-tiles (kRows), so a prefill's many rows run from the cache as a blocked GEMM does. The same float32
+tiles (kRows), so a prefill's many rows run from the cache as a blocked GEMM does; where a block
+has several tiles, they bring the thread's next block into L2 as they go, so the weights' stream
+runs under the multiply-adds instead of between them. The same float32
 arithmetic as nn.Linear in another summation order (outputs differ from it by float rounding):
 each output one chain of fused multiply-adds over the inputs in order, so a row's output is the
 same, bit for bit, alone or beside any other rows (oneDNN's and MKL's may differ between batch
@@ -46,13 +48,18 @@ int64_t f32_gemm_lanes() { return kLanes; }
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 constexpr int kVecs = 16 / kLanes;     // registers a block of 16 outputs fills
 
-// R rows (x's rows ldx apart) by one block, each weight load shared by the R rows -> out [R, 16]
+// R rows (x's rows ldx apart) by one block, each weight load shared by the R rows -> out [R, 16].
+// pf (or nullptr): where this tile's share of the next block starts; one line of it goes into L2
+// every `every` inputs.
 template <int64_t R>
-static inline void block_rows(const float* x, int64_t ldx, const float* wb, int64_t K, float* out) {
+static inline void block_rows(const float* x, int64_t ldx, const float* wb, int64_t K, float* out,
+                              const float* pf, int64_t every) {
   fvec acc[R][kVecs];
   for (auto& a : acc) for (auto& v : a) v = vzero();
+  int64_t wait = 0;
   for (int64_t k = 0; k < K; ++k) {
     _mm_prefetch((const char*)(wb + k * 16 + 256), _MM_HINT_T0);
+    if (pf && --wait <= 0) { wait = every; _mm_prefetch((const char*)pf, _MM_HINT_T1); pf += 16; }
     fvec w[kVecs];
     for (int j = 0; j < kVecs; ++j) w[j] = vload(wb + k * 16 + j * kLanes);
     for (int64_t i = 0; i < R; ++i) {
@@ -66,9 +73,9 @@ static inline void block_rows(const float* x, int64_t ldx, const float* wb, int6
 
 template <int64_t... Rs>
 static inline void block_tile(int64_t rows, const float* x, int64_t ldx, const float* wb, int64_t K, float* out,
-                              std::integer_sequence<int64_t, Rs...>) {
+                              const float* pf, int64_t every, std::integer_sequence<int64_t, Rs...>) {
   // the tile's row count a constant, so its sums stay in registers
-  ((rows == Rs + 1 ? (block_rows<Rs + 1>(x, ldx, wb, K, out), 0) : 0), ...);
+  ((rows == Rs + 1 ? (block_rows<Rs + 1>(x, ldx, wb, K, out, pf, every), 0) : 0), ...);
 }
 #endif
 
@@ -90,6 +97,7 @@ at::Tensor f32_gemm(at::Tensor x, at::Tensor wp, at::Tensor bias, int64_t N) {
   const float* w0 = wp.data_ptr<float>();
   const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
+  const int64_t tiles = (T + kRows - 1) / kRows, share = (K + tiles - 1) / tiles;
   at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
     float tile[kRows * 16];
     for (int64_t b = b0; b < b1; ++b) {
@@ -97,7 +105,11 @@ at::Tensor f32_gemm(at::Tensor x, at::Tensor wp, at::Tensor bias, int64_t N) {
       const int64_t n0 = b * 16, cols = std::min<int64_t>(16, N - n0);
       for (int64_t t0 = 0; t0 < T; t0 += kRows) {
         const int64_t rows = std::min(kRows, T - t0);
-        block_tile(rows, xp + t0 * K, K, wb, K, tile, std::make_integer_sequence<int64_t, kRows>{});
+        // several tiles: each brings its share of the thread's next block into L2 while it
+        // computes from the cache, so the weights' stream runs under the multiply-adds, not
+        // between them (one tile leaves that to the hardware's prefetcher)
+        const float* pf = tiles > 1 && b + 1 < b1 ? wb + (K + t0 / kRows * share) * 16 : nullptr;
+        block_tile(rows, xp + t0 * K, K, wb, K, tile, pf, tiles, std::make_integer_sequence<int64_t, kRows>{});
         for (int64_t i = 0; i < rows; ++i) {
           float* o = op + (t0 + i) * N + n0;
           for (int64_t c = 0; c < cols; ++c) o[c] = bp ? tile[i * 16 + c] + bp[n0 + c] : tile[i * 16 + c];
