@@ -108,6 +108,7 @@ at::Tensor int8_gemm(at::Tensor x, at::Tensor wp, at::Tensor wsum, at::Tensor ws
 #elif defined(__AVX2__) && defined(__FMA__)
   constexpr int64_t TB = 4;                       // rows that share each load (2 x 8 sums a row: 8 registers)
   const __m256i ones = _mm256_set1_epi16(1);
+  const int64_t tiles = (T + TB - 1) / TB, share = (G + tiles - 1) / tiles;
   at::parallel_for(0, NB, 4, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int8_t* wb = wb0 + b * G * 64;
@@ -121,6 +122,11 @@ at::Tensor int8_gemm(at::Tensor x, at::Tensor wp, at::Tensor wsum, at::Tensor ws
       for (int64_t t0 = 0; t0 < T; t0 += TB) {
         const int64_t tn = std::min(TB, T - t0);
         const int32_t* xq = qx.data() + t0 * G;
+        // several tiles: each brings its share of the thread's next block into L2 as it goes, one
+        // 64-byte group every `tiles` groups, so the weights' stream runs under the arithmetic
+        // (as f32_gemm does)
+        const int8_t* pf = tiles > 1 && b + 1 < b1 ? wb + (G + t0 / TB * share) * 64 : nullptr;
+        int64_t wait = 0;
         __m256i acc[2 * TB];
         for (int64_t i = 0; i < 2 * TB; ++i) acc[i] = _mm256_setzero_si256();
         // per half of 8 channels: pairs of products in int16 (at most 2 x 127 x 127 with 7-bit
@@ -132,6 +138,7 @@ at::Tensor int8_gemm(at::Tensor x, at::Tensor wp, at::Tensor wsum, at::Tensor ws
             for (; g + 2 <= G; g += 2) {
               _mm_prefetch((const char*)(wb + g * 64 + 1024), _MM_HINT_T0);   // 16 groups ahead
               _mm_prefetch((const char*)(wb + g * 64 + 1088), _MM_HINT_T0);
+              if (pf && (wait -= 2) <= 0) { wait += tiles; _mm_prefetch((const char*)pf, _MM_HINT_T1); pf += 64; }
               const __m256i* w = (const __m256i*)(wb + g * 64);
               const __m256i w0 = _mm256_loadu_si256(w), w1 = _mm256_loadu_si256(w + 1);
               const __m256i w2 = _mm256_loadu_si256(w + 2), w3 = _mm256_loadu_si256(w + 3);
@@ -143,6 +150,7 @@ at::Tensor int8_gemm(at::Tensor x, at::Tensor wp, at::Tensor wsum, at::Tensor ws
             }
           for (; g < G; ++g) {   // one row (a decode at batch 1: memory-bound) or the last group
             _mm_prefetch((const char*)(wb + g * 64 + 1024), _MM_HINT_T0);
+            if (pf && --wait <= 0) { wait = tiles; _mm_prefetch((const char*)pf, _MM_HINT_T1); pf += 64; }
             const __m256i w0 = _mm256_loadu_si256((const __m256i*)(wb + g * 64));
             const __m256i w1 = _mm256_loadu_si256((const __m256i*)(wb + g * 64 + 32));
             for (int64_t i = 0; i < rows; ++i) {
