@@ -47,6 +47,32 @@ def test_kernel_equals_torch_paged_attention(B, Hq, Hkv, W, S):
     assert not torch.equal(caches[0], kc)
 
 
+def test_a_sequences_attention_is_the_same_alone_in_a_batch_and_on_one_thread():
+    """The kernel splits each sequence's tokens into ranges by its length alone, so a sequence's
+    output is bit-equal alone, beside others, and on any number of threads."""
+    g = torch.Generator().manual_seed(5)
+    B, Hq, Hkv, D, S, W = 3, 12, 12, 64, 16, 10
+    kc, vc = torch.randn(64, S, Hkv, D, generator=g), torch.randn(64, S, Hkv, D, generator=g)
+    tables = torch.stack([torch.randperm(64, generator=g)[:W] for _ in range(B)])
+    ctx = torch.tensor([1, 77, 150])
+    slots = tables.gather(1, ((ctx - 1) // S)[:, None])[:, 0] * S + (ctx - 1) % S
+    q, k, v = torch.randn(B, Hq + 2 * Hkv, D, generator=g).split([Hq, Hkv, Hkv], dim=1)
+    kernel = paged_decode_kernel()
+
+    def run(rows):
+        return kernel(q[rows], k[rows], v[rows], slots[rows], kc.clone(), vc.clone(), tables[rows], ctx[rows], D ** -0.5)
+
+    together = run(slice(None))
+    threads = torch.get_num_threads()
+    try:
+        for n in {1, 2, threads}:
+            torch.set_num_threads(n)
+            for b in range(B):
+                assert torch.equal(run(slice(b, b + 1))[0], together[b]), (n, b)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("R,V,c", [(1, 626, 20), (128, 626, 20), (7, 21178, 50), (5, 3, 3), (9, 626, 626)])
 def test_sort_rows_equals_numpy_sort_and_torch_topk(R, V, c):
     g = torch.Generator().manual_seed(R * V + c)
