@@ -122,15 +122,13 @@ class TritonServer:
         is stopped at once when waiting for "ready" (RuntimeError with its log). A port taken
         between free_port() and Triton's bind (by another process, seconds later, once the models
         loaded) costs a start on fresh ports, at most twice."""
-        for attempt in range(3):
+        for _ in range(2):
             try:
                 return self._start(timeout, until)
             except PortTaken:
-                if attempt == 2:
-                    raise
-            for name in ("http_port", "grpc_port", "metrics_port", "health_port", "gateway_port"):
-                setattr(self, name, free_port())
-        raise AssertionError("unreachable")
+                for name in ("http_port", "grpc_port", "metrics_port", "health_port", "gateway_port"):
+                    setattr(self, name, free_port())
+        return self._start(timeout, until)
 
     def _start(self, timeout: float, until: str) -> "TritonServer":
         if os.environ.get("TESTS_WITHOUT_SERVERS") == "1":     # scripts/test.sh's second pytest

@@ -206,10 +206,12 @@ class TTSPipeline:
             return self.decoder.decode_cut([c for _, c in ready if c], self.decode_batch)
         todo = [(t, c) for t, c in ready if c is not None]
         calls: dict[int, list[int]] = {}                     # a text's n-th chunk here goes in call n
+        seen: dict[int, int] = {}                            # chunks so far, by text
         for k, (t, c) in enumerate(todo):
             if t.audio is None:
                 t.audio = StatefulDecoder(self.stateful, position=c.start)
-            calls.setdefault(sum(u is t for u, _ in todo[:k]), []).append(k)
+            n = seen[id(t)] = seen.get(id(t), -1) + 1
+            calls.setdefault(n, []).append(k)
         audio: dict[int, torch.Tensor] = {}                  # by the chunk's place in todo
         for group in calls.values():
             audio.update(zip(group, decode_together([todo[k][0].audio.cut(todo[k][1]) for k in group])))
