@@ -44,12 +44,17 @@ log = logging.getLogger("bench_step")
 
 
 def weight_bytes(model) -> int:
-    """Bytes of weights a decode step reads: parameters (not embedding tables, of which a step
-    reads a row per token), prepacked float32 and int8 linears."""
+    """Bytes of weights an audio decode step (this script's) reads: parameters (not embedding
+    tables, of which a step reads a row per token), prepacked float32 and int8 linears; not
+    ChatTTS's head_text, which only text refine runs."""
     import torch
-    skip = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    unread = [m for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    unread += [model.head_text] if hasattr(model, "head_text") else []
+    skip = {id(p) for m in unread for p in m.parameters()}
     n = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in skip)
     for m in model.modules():
+        if m in unread:
+            continue
         if hasattr(m, "packed") and hasattr(m, "in_features"):
             per = 1 if type(m).__name__ == "Int8Linear" else 4
             n += m.in_features * m.out_features * per
@@ -328,9 +333,7 @@ def main() -> None:
             line += "; baseline %.2f ms, %.2fx" % (res["arms"]["baseline"][str(b)]["step_ms"],
                                                   res["baseline_over_this"][str(b)])
         log.info(line)
-    out = Path(args.out)
-    save(res, out, plot)
-    log.info("wrote %s.json and .png", out)
+    log.info("wrote %s and its .png", save(res, Path(args.out), plot))
 
 
 if __name__ == "__main__":

@@ -115,8 +115,7 @@ def main() -> None:
         res["left"][str(n)]["stream_decode_s"] = statistics.median(times[n])
         log.info("hidden left %2d frames: SER %.1f dB, stream decoded in %.3f s", n, res["left"][str(n)]["ser_db"],
                  res["left"][str(n)]["stream_decode_s"])
-    out = save(res, Path(args.out), plot)
-    log.info("wrote %s and .png", out)
+    log.info("wrote %s and its .png", save(res, Path(args.out), plot))
 
 
 def plot(res: dict, path: Path) -> None:

@@ -141,9 +141,7 @@ def main() -> None:
     res["speed_ms"] = speed(rows, args.rounds)
     for name, per in res["speed_ms"].items():
         log.info("%-36s %s", name, ", ".join(f"{m} rows {t:.1f} ms" for m, t in per.items()))
-    out = Path(args.out)
-    save(res, out, plot)
-    log.info("wrote %s.{json,png}", out)
+    log.info("wrote %s and its .png", save(res, Path(args.out), plot))
 
 
 def plot(res: dict, path: Path) -> None:
