@@ -28,6 +28,7 @@ This changes the output (quantization error), so it is opt-in (VELOCITY_QUANTIZE
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -101,6 +102,14 @@ class Int8Linear(nn.Module):
             return y.view(*x.shape[:-1], self.out_features)
         return torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
             x, self.x_scale, self.x_zero, self.packed)
+
+    def rows_call(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """scaled() for contiguous [T, in] rows, its weights bound: what LlamaBody.forward_rows
+        calls (no reshapes or lookups a call)."""
+        if self.gemm is None:
+            return self.scaled
+        gemm, packed, wsum, wscale = self.gemm, self.packed, self.wsum, self.wscale
+        return lambda x: gemm(x, packed, wsum, wscale)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, int8 ({self.bits}-bit rows"

@@ -108,6 +108,7 @@ class LlamaBody(nn.Module):
         self.rope_cos = self.rope_sin = torch.empty(0)  # [P, D], from init_rope()
         self.kernels: ModuleType | None = None          # velocity.model.gpu_kernels: the fused GPU layer
         self.rows: ModuleType | None = None             # the C++ kernels' velocity.model.layer_rows (CPU)
+        self._plan: list[tuple] = []                    # forward_rows' per-layer arguments (row_plan)
 
     @torch.no_grad()
     def init_rope(self, cfg: LlamaConfig, device: torch.device, dtype: torch.dtype) -> None:
@@ -129,6 +130,18 @@ class LlamaBody(nn.Module):
             x = layer(x, cos, sin, md)
         return self.norm(x)
 
+    def row_plan(self) -> list[tuple]:
+        """Per layer, what forward_rows passes its C++ calls: the norms' weights and eps, the
+        attention module (its caches are read at each call) and its linears' calls with their
+        weights bound (Int8Linear.rows_call, F32Linear.rows_call). Made at the first forward_rows:
+        the layers' linears are final by then (the worker quantizes and packs them first)."""
+        if not self._plan:
+            self._plan = [(n1.weight, n1.eps, a, a.qkv_proj.rows_call(), a.o_proj.rows_call(), n2.weight, n2.eps,
+                           m.gate_up_proj.rows_call(), m.down_proj.rows_call())
+                          for a, m, n1, n2 in ((layer.self_attn, layer.mlp, layer.input_layernorm,
+                                                layer.post_attention_layernorm) for layer in self.layers)]
+        return self._plan
+
     def forward_rows(self, x: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
         """A CPU step on the C++ linears (Int8Linear.scaled or F32Linear.scaled) with one C++ call for
         each stretch between two of them (velocity.model.layer_rows): the residual add into RMSNorm,
@@ -138,14 +151,14 @@ class LlamaBody(nn.Module):
         q = self.layers[0].mlp.down_proj.rows_scaled                          # int8: rows scaled into [-1, 1]
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]         # [T, D]
         x, y, s = x.contiguous().clone(), none, none                          # x: the residual stream, in place
-        for layer in self.layers:
-            a, m, n1, n2 = layer.self_attn, layer.mlp, layer.input_layernorm, layer.post_attention_layernorm
-            h, s = K.add_norm_scale(x, y, s, n1.weight, n1.eps, q)            # h: [T, H] (int8: in [-1, 1]); s: [T, 1]
-            o, s = K.rope_attend_scale(a.qkv_proj.scaled(h), s, cos, sin, md.slot_mapping, a.k_cache, a.v_cache,
-                                       md.block_tables, md.context_lens, a.scale, a.num_heads, a.num_kv_heads, q)
-            h, s = K.add_norm_scale(x, a.o_proj.scaled(o), s, n2.weight, n2.eps, q)
-            g, s = K.silu_mul_scale(m.gate_up_proj.scaled(h), s, q)           # g: [T, I]
-            y = m.down_proj.scaled(g)
+        slots, tables, lens = md.slot_mapping, md.block_tables, md.context_lens
+        for n1w, n1e, a, qkv, o_proj, n2w, n2e, gate_up, down in self.row_plan():
+            h, s = K.add_norm_scale(x, y, s, n1w, n1e, q)                     # h: [T, H] (int8: in [-1, 1]); s: [T, 1]
+            o, s = K.rope_attend_scale(qkv(h), s, cos, sin, slots, a.k_cache, a.v_cache, tables, lens, a.scale,
+                                       a.num_heads, a.num_kv_heads, q)
+            h, s = K.add_norm_scale(x, o_proj(o), s, n2w, n2e, q)
+            g, s = K.silu_mul_scale(gate_up(h), s, q)                         # g: [T, I]
+            y = down(g)
         return K.add_norm_scale(x, y, s, self.norm.weight, self.norm.eps, False)[0]
 
     def forward_fused(self, x: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:

@@ -13,6 +13,8 @@ the memory bound at one row (docs/benchmarks.md, "The float32 linears on a C++ k
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -64,6 +66,11 @@ class F32Linear(nn.Module):
     def scaled(self, x: torch.Tensor) -> torch.Tensor:
         """forward, for velocity.model.layer_rows: float32 rows need no scales (theirs are ones)."""
         return self.forward(x)
+
+    def rows_call(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """scaled() for contiguous [T, in] rows, its weights bound (LlamaBody.forward_rows)."""
+        gemm, packed, bias, n = self.gemm, self.packed, self.bias, self.out_features
+        return lambda x: gemm(x, packed, bias, n)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias.numel() > 0}, f32_gemm"
