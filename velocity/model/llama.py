@@ -143,10 +143,10 @@ class LlamaBody(nn.Module):
         return self._plan
 
     def forward_rows(self, x: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
-        """A CPU step on the C++ linears (Int8Linear.scaled or F32Linear.scaled) with one C++ call for
-        each stretch between two of them (velocity.model.layer_rows): the residual add into RMSNorm,
-        RoPE into the KV write and attention, SiLU-and-mul; for int8 each output's rows scaled for
-        the next linear. x: [T, H]"""
+        """A CPU step on the C++ linears (Int8Linear.rows_call or F32Linear.rows_call) with one
+        C++ call for each stretch between two of them (velocity.model.layer_rows): the residual add
+        into RMSNorm, RoPE into the KV write and attention, SiLU-and-mul; for int8 each output's
+        rows scaled for the next linear. x: [T, H]"""
         K, none = self.rows, x.new_empty(0)
         q = self.layers[0].mlp.down_proj.rows_scaled                          # int8: rows scaled into [-1, 1]
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]         # [T, D]

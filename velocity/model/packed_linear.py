@@ -46,7 +46,7 @@ class F32Linear(nn.Module):
     """nn.Linear's forward on the C++ f32_gemm (velocity.model.f32_gemm), its weight kept only in
     the kernel's layout (inference only). kernels: velocity.model.cpu_kernels.kernels()."""
 
-    rows_scaled = False         # scaled() takes the rows as they are (velocity.model.layer_rows)
+    rows_scaled = False         # rows_call() takes the rows as they are (velocity.model.layer_rows)
 
     def __init__(self, linear: nn.Linear, kernels) -> None:
         super().__init__()
@@ -63,12 +63,9 @@ class F32Linear(nn.Module):
         y = self.gemm(x.reshape(-1, self.in_features).contiguous(), self.packed, self.bias, self.out_features)
         return y.view(*x.shape[:-1], self.out_features)
 
-    def scaled(self, x: torch.Tensor) -> torch.Tensor:
-        """forward, for velocity.model.layer_rows: float32 rows need no scales (theirs are ones)."""
-        return self.forward(x)
-
     def rows_call(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """scaled() for contiguous [T, in] rows, its weights bound (LlamaBody.forward_rows)."""
+        """forward for contiguous [T, in] rows, its weights bound (LlamaBody.forward_rows):
+        float32 rows need no scales (velocity.model.layer_rows passes ones)."""
         gemm, packed, bias, n = self.gemm, self.packed, self.bias, self.out_features
         return lambda x: gemm(x, packed, bias, n)
 
