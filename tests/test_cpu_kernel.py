@@ -47,12 +47,14 @@ def test_kernel_equals_torch_paged_attention(B, Hq, Hkv, W, S):
     assert not torch.equal(caches[0], kc)
 
 
-def test_a_sequences_attention_is_the_same_alone_in_a_batch_and_on_one_thread():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_sequences_attention_is_the_same_alone_in_a_batch_and_on_one_thread(dtype):
     """The kernel splits each sequence's tokens into ranges by its length alone, so a sequence's
-    output is bit-equal alone, beside others, and on any number of threads."""
+    output is bit-equal alone, beside others, and on any number of threads (float16: a
+    kv_cache_dtype=float16 cache)."""
     g = torch.Generator().manual_seed(5)
     B, Hq, Hkv, D, S, W = 3, 12, 12, 64, 16, 10
-    kc, vc = torch.randn(64, S, Hkv, D, generator=g), torch.randn(64, S, Hkv, D, generator=g)
+    kc, vc = (torch.randn(64, S, Hkv, D, generator=g).to(dtype) for _ in range(2))
     tables = torch.stack([torch.randperm(64, generator=g)[:W] for _ in range(B)])
     ctx = torch.tensor([1, 77, 150])
     slots = tables.gather(1, ((ctx - 1) // S)[:, None])[:, 0] * S + (ctx - 1) % S

@@ -20,3 +20,14 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return DTYPES[name]
+
+
+def kv_dtype(name: str, device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's dtype: "auto", the model's; "float16", for a float32 model on CPU only (the
+    C++ attention and the torch path both read its rows as float32)."""
+    if name == "auto":
+        return dtype
+    if device.type != "cpu" or dtype != torch.float32:
+        raise ValueError(f"a float16 KV cache is for a float32 model on CPU (this engine: {dtype} on {device.type}); "
+                         "on a GPU the cache takes the model's dtype: leave the KV cache dtype at auto")
+    return DTYPES[name]

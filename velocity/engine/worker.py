@@ -17,7 +17,7 @@ from velocity.model.packed_linear import can_pack, pack_linears
 from velocity.engine.graph_sampler import GraphSampler
 from velocity.engine.sampler import Sampler, to_device
 from velocity.engine.cache_engine import CacheEngine, bytes_per_block
-from velocity.device import resolve_device, resolve_dtype
+from velocity.device import kv_dtype, resolve_device, resolve_dtype
 from velocity.engine.model_runner import ModelRunner
 from velocity.engine.sampling_rows import sampling_batch
 
@@ -30,6 +30,7 @@ class Worker:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        self.kv_dtype = kv_dtype(config.kv_cache_dtype, self.device, self.dtype)
         if config.quantize == "int8":
             require_int8(self.device, self.dtype, "the engine", "VELOCITY_QUANTIZE")
         self.model = load_model(config.model, self.device, self.dtype)
@@ -55,7 +56,7 @@ class Worker:
             rows = self.model.model.rows = row_kernels(self.model.model)
         model_max = self.model.max_positions
         self.max_model_len = min(config.max_model_len or model_max, model_max)
-        block_bytes = bytes_per_block(self.model, config.block_size, self.dtype)
+        block_bytes = bytes_per_block(self.model, config.block_size, self.kv_dtype)
         self.num_blocks = config.num_kv_blocks or self._blocks_from_budget(block_bytes)
         if self.num_blocks < 1:
             raise ValueError("no memory left for the KV cache: lower max_num_batched_tokens or raise the budget")
@@ -63,7 +64,7 @@ class Worker:
         # A sequence can never outgrow the whole cache.
         self.max_model_len = min(self.max_model_len, self.num_blocks * config.block_size)
         self.cache = CacheEngine(self.model, self.num_blocks, self.num_cpu_blocks, config.block_size,
-                                 self.device, self.dtype)
+                                 self.device, self.kv_dtype)
         use_graphs = self.device.type == "cuda" and not config.enforce_eager
         cpu_f32 = self.device.type == "cpu" and self.dtype == torch.float32
         kernel = paged_decode_kernel() if cpu_f32 and config.cpu_kernel else None

@@ -42,9 +42,19 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     if md.kernel is not None:   # decode: write k, v and read the cache in place, in C++
         return md.kernel(q, k, v, md.slot_mapping, k_cache, v_cache, md.block_tables, md.context_lens,
                          scale).view(T, Hq * D)
-    k_cache.view(N * S, Hkv, D).index_copy_(0, md.slot_mapping, k)
-    v_cache.view(N * S, Hkv, D).index_copy_(0, md.slot_mapping, v)
+    k_cache.view(N * S, Hkv, D).index_copy_(0, md.slot_mapping, as_cache(k, k_cache.dtype))
+    v_cache.view(N * S, Hkv, D).index_copy_(0, md.slot_mapping, as_cache(v, v_cache.dtype))
     return attend_cached(q, k_cache, v_cache, md, scale)
+
+
+def as_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in a cache's dtype: a float16 cache of a float32 model (EngineConfig.kv_cache_dtype) takes
+    x clamped to float16's finite range first, as the C++ kernel (velocity.model.paged_decode) does."""
+    if dtype == x.dtype:
+        return x
+    if dtype == torch.float16 and x.dtype == torch.float32:
+        x = x.clamp(-65504.0, 65504.0)
+    return x.to(dtype)
 
 
 def attend_cached(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, md: AttentionMetadata,
@@ -55,8 +65,8 @@ def attend_cached(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     N, S, Hkv, _ = k_cache.shape
     B, W = md.block_tables.shape
     blocks = md.block_tables.reshape(-1)
-    keys = k_cache.index_select(0, blocks).view(B, W * S, Hkv, D).transpose(1, 2)   # [B, Hkv, L, D]
-    vals = v_cache.index_select(0, blocks).view(B, W * S, Hkv, D).transpose(1, 2)
+    keys = k_cache.index_select(0, blocks).view(B, W * S, Hkv, D).transpose(1, 2).to(q.dtype)   # [B, Hkv, L, D]
+    vals = v_cache.index_select(0, blocks).view(B, W * S, Hkv, D).transpose(1, 2).to(q.dtype)
     if md.q_index is None:
         qb = q.view(B, 1, Hq, D).transpose(1, 2)                               # [B, Hq, 1, D]
     else:

@@ -6,16 +6,138 @@ layer_rows' rope_attend_scale calls it, so its source comes before theirs.
 Each sequence's tokens are split in kHalves ranges, a task each, and the ranges' softmax partials
 are merged in order: one sequence alone reads its cache on two threads, and the ranges follow its
 length alone, so its output is the same, bit for bit, alone, in a batch and on any thread count.
+
+The cache is float32, or float16 (EngineConfig.kv_cache_dtype): half the bytes to read, each row
+rounded to float16 as it is written and converted back as it is read. With AVX2 the float16 rows
+are read by code of their own (two sums a head in pass 1, a head's output in registers over
+kRows token rows in pass 2); the float32 cache keeps its arithmetic.
 """
 
 SOURCE = r"""
+#include <immintrin.h>
+#include <c10/util/Half.h>
+#include <type_traits>
+
+// a cache row into float32 (float32 caches are read in place: see cache_row)
+static inline void half_to_float(const at::Half* s, float* d, int64_t n) {
+  int64_t i = 0;
+#ifdef __F16C__
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+#endif
+  for (; i < n; ++i) d[i] = float(s[i]);
+}
+
+// a float32 row into a cache row: float32 copied, float16 rounded to nearest (as torch's .half())
+// after clamping to float16's finite range, as velocity.model.attention's torch path does
+static inline void store_row(float* d, const float* s, int64_t n) { std::memcpy(d, s, n * sizeof(float)); }
+static inline void store_row(at::Half* d, const float* s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = at::Half(std::min(std::max(s[i], -65504.f), 65504.f));
+}
+
+// token row r of a cache: in place for float32, converted into buf for float16
+static inline const float* cache_row(const float* r, float*, int64_t) { return r; }
+static inline const float* cache_row(const at::Half* r, float* buf, int64_t n) { half_to_float(r, buf, n); return buf; }
+
+#if defined(__AVX2__) && defined(__FMA__)
+static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#endif
+
+// pass 1 for one cached token row (all kv heads): scores[h] = sc * q[h] . row[h / group], h < Hq
+template <typename T>
+static inline void row_scores(const float* q, const T* row, float* scores, int64_t Hq, int64_t group, int64_t D,
+                              float sc, float* buf) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if (std::is_same_v<T, at::Half> && D % 16 == 0) {      // two sums a head, each row converted as it is read
+    for (int64_t h = 0; h < Hq; ++h) {
+      const T* kv = row + (h / group) * D;
+      const float* qv = q + h * D;
+      __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(qv), load8(kv));
+      __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(qv + 8), load8(kv + 8));
+      for (int64_t d = 16; d < D; d += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d), load8(kv + d), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d + 8), load8(kv + d + 8), a1);
+      }
+      scores[h] = hsum8(_mm256_add_ps(a0, a1)) * sc;
+    }
+    return;
+  }
+#endif
+  const float* r = cache_row(row, buf, Hq / group * D);
+  for (int64_t h = 0; h < Hq; ++h) {
+    const float* kv = r + (h / group) * D;
+    const float* qv = q + h * D;
+    float s = 0.f;
+    #pragma omp simd reduction(+:s)
+    for (int64_t d = 0; d < D; ++d) s += qv[d] * kv[d];
+    scores[h] = s * sc;
+  }
+}
+
+// pass 2 for m cached token rows, in order: o[h] += e[j * Hq + h] * rows[j][h / group], j < m
+template <typename T>
+static inline void rows_axpy(const T* const* rows, const float* e, int64_t m, float* o, int64_t Hq, int64_t group,
+                             int64_t D, float* buf) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if (std::is_same_v<T, at::Half> && D % 8 == 0) {       // o [D] of a head in registers for the m rows
+    for (int64_t h = 0; h < Hq; ++h) {
+      float* oh = o + h * D;
+      const int64_t off = (h / group) * D;
+      for (int64_t d = 0; d < D; d += 8) {
+        __m256 acc = _mm256_loadu_ps(oh + d);
+        for (int64_t j = 0; j < m; ++j)
+          acc = _mm256_fmadd_ps(_mm256_set1_ps(e[j * Hq + h]), load8(rows[j] + off + d), acc);
+        _mm256_storeu_ps(oh + d, acc);
+      }
+    }
+    return;
+  }
+#endif
+  for (int64_t j = 0; j < m; ++j) {
+    const float* r = cache_row(rows[j], buf, Hq / group * D);
+    for (int64_t h = 0; h < Hq; ++h) {
+      const float ej = e[j * Hq + h];
+      const float* vv = r + (h / group) * D;
+      float* oh = o + h * D;
+      #pragma omp simd
+      for (int64_t d = 0; d < D; ++d) oh[d] += ej * vv[d];
+    }
+  }
+}
+
+template <typename T>
+at::Tensor paged_decode_as(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor slot_mapping,
+                           at::Tensor k_cache, at::Tensor v_cache,
+                           at::Tensor block_tables, at::Tensor context_lens, double scale);
+
 // q: [B, Hq, D]; k, v: [B, Hkv, D], this step's, written first at slot_mapping [B]; k_cache, v_cache:
 // [N, S, Hkv, D]; block_tables: [B, W]; context_lens: [B] -> [B, Hq, D]. q, k and v may be row
 // slices of a wider tensor (any stride between rows; each row's heads contiguous).
-// Each cached token row (all heads) is read once, front to back.
+// Each cached token row (all heads) is read once, front to back. The caches are float32, or
+// float16 (EngineConfig.kv_cache_dtype): each row read is converted to float32 first.
 at::Tensor paged_decode(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor slot_mapping,
                         at::Tensor k_cache, at::Tensor v_cache,
                         at::Tensor block_tables, at::Tensor context_lens, double scale) {
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type()
+              && (k_cache.scalar_type() == at::kFloat || k_cache.scalar_type() == at::kHalf),
+              "k_cache, v_cache: both float32 or both float16");
+  if (k_cache.scalar_type() == at::kHalf)
+    return paged_decode_as<at::Half>(q, k, v, slot_mapping, k_cache, v_cache, block_tables, context_lens, scale);
+  return paged_decode_as<float>(q, k, v, slot_mapping, k_cache, v_cache, block_tables, context_lens, scale);
+}
+
+template <typename T>
+at::Tensor paged_decode_as(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor slot_mapping,
+                           at::Tensor k_cache, at::Tensor v_cache,
+                           at::Tensor block_tables, at::Tensor context_lens, double scale) {
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && block_tables.is_contiguous()
               && context_lens.is_contiguous() && slot_mapping.is_contiguous(), "contiguous caches and tables expected");
   for (const auto& t : {q, k, v})
@@ -23,24 +145,25 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor slo
                 "q, k, v: float32 [B, H, D] with each row's heads contiguous");
   const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
   const int64_t S = k_cache.size(1), Hkv = k_cache.size(2), W = block_tables.size(1);
-  const int64_t group = Hq / Hkv, row = Hkv * D;
-  float* kcw = k_cache.data_ptr<float>();
-  float* vcw = v_cache.data_ptr<float>();
+  const int64_t group = Hq / Hkv, row_n = Hkv * D;   // a token row: all heads
+  T* kcw = k_cache.data_ptr<T>();
+  T* vcw = v_cache.data_ptr<T>();
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   for (int64_t b = 0; b < B; ++b) {                   // this step's keys and values into their slots
-    std::memcpy(kcw + slots[b] * row, k.data_ptr<float>() + b * k.stride(0), row * sizeof(float));
-    std::memcpy(vcw + slots[b] * row, v.data_ptr<float>() + b * v.stride(0), row * sizeof(float));
+    store_row(kcw + slots[b] * row_n, k.data_ptr<float>() + b * k.stride(0), row_n);
+    store_row(vcw + slots[b] * row_n, v.data_ptr<float>() + b * v.stride(0), row_n);
   }
   const int64_t q_stride = q.stride(0);
   auto out = at::empty({B, Hq, D}, q.options());
   // each sequence's tokens in kHalves ranges, a task each, merged in order: one sequence alone
   // reads its cache on two threads, and a sequence's result does not depend on the batch or the
   // thread count. Per task and head: its scores' max, their exps' sum, the exps times v summed.
-  constexpr int64_t kHalves = 2;
+  constexpr int64_t kHalves = 2, kAhead = 2, kRows = 4;   // pass 2 adds kRows token rows into o at a time
+  constexpr bool kHalf = std::is_same_v<T, at::Half>;   // its rows are read and converted a token at a time
   auto part = at::empty({B, kHalves, Hq, D}, q.options()), stats = at::empty({B, kHalves, Hq, 2}, q.options());
   const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
+  const T* kp = k_cache.data_ptr<T>();
+  const T* vp = v_cache.data_ptr<T>();
   const int64_t* bt = block_tables.data_ptr<int64_t>();
   const int64_t* cl = context_lens.data_ptr<int64_t>();
   float *pp = part.data_ptr<float>(), *st = stats.data_ptr<float>();
@@ -49,27 +172,25 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor slo
   // each thread takes a contiguous range of tasks: alternating short and long rows (a prefill's
   // first and last tokens) keeps their work even
   at::parallel_for(0, B * kHalves, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
+    std::vector<float> scores, buf(row_n);
     for (int64_t i = begin; i < end; ++i) {
       const int64_t j = i / kHalves, b = j % 2 == 0 ? j / 2 : B - 1 - j / 2, c = i % kHalves;
       const int64_t t0 = cl[b] * c / kHalves, t1 = cl[b] * (c + 1) / kHalves, n = t1 - t0;
       const float* qb = qp + b * q_stride;
       const int64_t* table = bt + b * W;
-      auto token_row = [&](const float* cache, int64_t t) { return cache + (table[t / S] * S + t % S) * Hkv * D; };
+      auto token_row = [&](const T* cache, int64_t t) {
+        if (kHalf && t + kAhead < t1) {                   // float16: the row kAhead on, into the cache meanwhile
+          const int64_t u = t + kAhead;
+          const char* nx = reinterpret_cast<const char*>(cache + (table[u / S] * S + u % S) * row_n);
+          for (int64_t l = 0; l < row_n * (int64_t)sizeof(T); l += 64) _mm_prefetch(nx + l, _MM_HINT_T0);
+        }
+        return cache + (table[t / S] * S + t % S) * row_n;
+      };
       float* pb = pp + (b * kHalves + c) * Hq * D;          // per head: o [D]
       float* sb = st + (b * kHalves + c) * Hq * 2;          // per head: the max, the sum
       scores.assign(n * Hq, 0.f);
-      for (int64_t t = t0; t < t1; ++t) {                 // pass 1: q . k for every head
-        const float* row = token_row(kp, t);
-        for (int64_t h = 0; h < Hq; ++h) {
-          const float* kv = row + (h / group) * D;
-          const float* qv = qb + h * D;
-          float s = 0.f;
-          #pragma omp simd reduction(+:s)
-          for (int64_t d = 0; d < D; ++d) s += qv[d] * kv[d];
-          scores[(t - t0) * Hq + h] = s * sc;
-        }
-      }
+      for (int64_t t = t0; t < t1; ++t)                   // pass 1: q . k for every head
+        row_scores(qb, token_row(kp, t), scores.data() + (t - t0) * Hq, Hq, group, D, sc, buf.data());
       for (int64_t h = 0; h < Hq; ++h) {
         float mx = -INFINITY, sum = 0.f;
         for (int64_t t = 0; t < n; ++t) mx = std::max(mx, scores[t * Hq + h]);
@@ -82,15 +203,11 @@ at::Tensor paged_decode(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor slo
         sb[2 * h + 1] = sum;
       }
       std::fill(pb, pb + Hq * D, 0.f);
-      for (int64_t t = t0; t < t1; ++t) {                 // pass 2: the exps times v, summed
-        const float* row = token_row(vp, t);
-        for (int64_t h = 0; h < Hq; ++h) {
-          const float e = scores[(t - t0) * Hq + h];
-          const float* vv = row + (h / group) * D;
-          float* o = pb + h * D;
-          #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) o[d] += e * vv[d];
-        }
+      for (int64_t t = t0; t < t1; t += kRows) {          // pass 2: the exps times v, summed in order
+        const int64_t m = std::min(kRows, t1 - t);
+        const T* rows[kRows];
+        for (int64_t j = 0; j < m; ++j) rows[j] = token_row(vp, t + j);
+        rows_axpy(rows, scores.data() + (t - t0) * Hq, m, pb, Hq, group, D, buf.data());
       }
     }
   });

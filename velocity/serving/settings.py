@@ -14,6 +14,10 @@ class Settings:
     device: str = "auto"                     # VELOCITY_DEVICE: auto (cuda if present), cpu, cuda, cuda:1
     dtype: str = "auto"                      # VELOCITY_DTYPE: auto (bf16 on cuda, fp32 on cpu), float32, ...
     kv_cache_bytes: int = 1 << 30            # VELOCITY_KV_CACHE_BYTES: CPU KV budget
+    # float16: on CPU the llm's KV cache in half the bytes, its keys and values rounded to float16:
+    # twice the tokens in the budget and less to read each step, and the output is no longer the
+    # reference's (docs/benchmarks.md, "A float16 KV cache on CPU"). auto: the model's dtype.
+    kv_cache_dtype: str = "auto"             # VELOCITY_KV_CACHE_DTYPE: auto or float16
     gpu_memory_utilization: float = 0.85     # VELOCITY_GPU_MEMORY_UTILIZATION
     max_num_seqs: int = 64                   # VELOCITY_MAX_NUM_SEQS
     # The chunk sizes (frames; 46.875 frames = 1 s): the first, the second, and each later one
@@ -161,6 +165,7 @@ class Settings:
         """The llm's velocity.config.EngineConfig from these settings."""
         from velocity.config import EngineConfig
         return EngineConfig(model=self.weights, device=self.device, dtype=self.dtype, kv_cache_bytes=self.kv_cache_bytes,
+                            kv_cache_dtype=self.kv_cache_dtype,
                             gpu_memory_utilization=self.gpu_memory_utilization, max_num_seqs=self.max_num_seqs,
                             pack_cpu_weights=self.pack_cpu_weights, cpu_kernel=self.cpu_kernel,
                             gpu_kernels=self.gpu_kernels, graph_sampler=self.graph_sampler, quantize=self.quantize)
