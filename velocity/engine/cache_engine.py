@@ -50,8 +50,8 @@ class CacheEngine:
                     for _ in self.layers] if num_cpu_blocks else []
         for layer, (k, v) in zip(self.layers, self.gpu):
             layer.k_cache, layer.v_cache = k, v
-        logger.info("KV cache: %d blocks of %d tokens, %d tokens in all (%.1f MiB%s), %d CPU swap blocks",
-                    num_blocks, block_size, num_blocks * block_size,
+        logger.info("KV cache: %d blocks of %d tokens, %d tokens in all (%s, %.1f MiB%s), %d CPU swap blocks",
+                    num_blocks, block_size, num_blocks * block_size, str(dtype).removeprefix("torch."),
                     bytes_per_block(model, block_size, dtype) * num_blocks / 2**20,
                     ", resident as it is written" if device.type == "cpu" else "", num_cpu_blocks)
 
