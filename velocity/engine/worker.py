@@ -123,7 +123,7 @@ class Worker:
         """One prefill of num_tokens on a throwaway cache, to measure activation memory."""
         S = self.config.block_size
         nb = -(-num_tokens // S)
-        tmp = CacheEngine(self.model, nb, 0, S, self.device, self.dtype)
+        tmp = CacheEngine(self.model, nb, 0, S, self.device, self.kv_dtype)
         pos = torch.arange(num_tokens, device=self.device)
         md = AttentionMetadata(slot_mapping=pos, block_tables=torch.arange(nb, device=self.device)[None],
                                attn_mask=build_attn_mask(pos[None], nb * S), q_index=pos[None])

@@ -53,7 +53,8 @@ def as_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if dtype == x.dtype:
         return x
     if dtype == torch.float16 and x.dtype == torch.float32:
-        x = x.clamp(-65504.0, 65504.0)
+        top = torch.finfo(dtype).max
+        x = x.clamp(-top, top)
     return x.to(dtype)
 
 

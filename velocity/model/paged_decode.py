@@ -19,12 +19,17 @@ SOURCE = r"""
 #include <type_traits>
 #include <utility>
 
+#ifdef __F16C__
+static inline __m256 half8(const at::Half* p) {          // 8 float16 values as float32, exactly
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+#endif
+
 // a cache row into float32 (float32 caches are read in place: see cache_row)
 static inline void half_to_float(const at::Half* s, float* d, int64_t n) {
   int64_t i = 0;
 #ifdef __F16C__
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, half8(s + i));
 #endif
   for (; i < n; ++i) d[i] = float(s[i]);
 }
@@ -42,9 +47,7 @@ static inline const float* cache_row(const at::Half* r, float* buf, int64_t n) {
 
 #if defined(__AVX2__) && defined(__FMA__)
 static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-static inline __m256 load8(const at::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
+static inline __m256 load8(const at::Half* p) { return half8(p); }
 static inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
