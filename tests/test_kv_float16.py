@@ -75,9 +75,21 @@ def test_the_engine_holds_twice_the_tokens_and_its_paths_agree(tmp_path, quantiz
         assert worker.num_blocks == 2 * full.num_blocks
         if not use_kernel:                   # the torch path: a mask over gathered blocks
             worker.runner.decode_kernel = None
-        outs.append([o.token_ids for o in llm.generate(ps, params)])
+        outs.append(llm.generate(ps, params, return_hidden=True))
         assert llm.engine.block_manager.num_free_blocks == worker.num_blocks   # none leaked
-    assert_same(outs[0], outs[1], ps, f"float16 cache, {quantize}: kernel vs torch path")
+    if quantize == "none":
+        assert_same(*([o.token_ids for o in out] for out in outs), ps, "float16 cache: kernel vs torch path")
+        return
+    # int8: the paths sum float32 in other orders (the C++ rows' RMSNorm in the compiler's vector
+    # width, torch's in its own; equal on AVX2, not on AVX-512), about 3e-7 of the hidden states,
+    # and now and then that moves an activation across an int8 rounding step, which moves the
+    # step's hidden state by about 1% (0.5-1.1% measured on AVX-512): where a near tie then flips
+    # a token the sequences part. So: the same tokens up to where they part, and the hidden states
+    # that sampled them, the parting one too, within 2% of their largest value.
+    for i, (a, b) in enumerate(zip(*outs)):
+        at = next((j for j, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), len(a.token_ids))
+        h, g = a.hidden[:at + 1], b.hidden[:at + 1]
+        assert abs(h - g).max() <= 0.02 * abs(g).max(), f"prompt {i}: the paths' hidden states differ before token {at}"
 
 
 def test_settings_that_cannot_hold_are_refused_with_what_to_do():
