@@ -99,9 +99,12 @@ def profile_steps(eng, n: int, sync) -> dict:
 
 def measure(weights: str, device: str, batches: list[int], steps: int, quantize: str = "none",
             profile: int = 0, config: dict | None = None) -> dict:
-    """{batch: {"step_ms", "model_ms", "sampler_ms"}, "weight_bytes": n}: medians over the steps of
-    `steps` decoded frames, per frame; with `profile`,
-    each batch's "profile" over that many more steps, without the timers (profile_steps)."""
+    """{batch: {"step_ms", "model_ms", "sampler_ms", "host_ms", "host_us_per_seq"}, "weight_bytes": n}:
+    medians over the steps of `steps` decoded frames, per frame. On CPU, host_ms is the step less
+    the model's forward, the heads and the sampler's tensor work (the time the host spends outside
+    them, on a GPU what it adds to the step unless hidden), and host_us_per_seq it over the batch.
+    With `profile`, each batch's "profile" over that many more steps, without the timers
+    (profile_steps)."""
     import torch
 
     import velocity.engine.worker as worker_module
@@ -115,7 +118,7 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
     eng = LLMEngine(EngineConfig(model=weights, device=device, max_num_seqs=max(batches), **kw))
     w = eng.worker
     sync = torch.cuda.synchronize if w.device.type == "cuda" else (lambda: None)
-    spent = {"model": 0.0, "sampler": 0.0}
+    spent = {"model": 0.0, "sampler": 0.0, "device": 0.0}
 
     class Timed:
         """Calls through to `inner`, adding the seconds they take to spent[key]."""
@@ -134,11 +137,18 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
         def __getattr__(self, name: str):
             return getattr(self.inner, name)
 
+
     timed = [(w.runner, "run", "model"), (w, "sampler", "sampler")]   # the sampler's share includes
     if hasattr(worker_module, "sampling_batch"):                        # preparing its tensors (a
         timed.append((worker_module, "sampling_batch", "sampler"))     # baseline from before has none)
     for obj, name, key in timed:
         setattr(obj, name, Timed(getattr(obj, name), key))
+    # the device's work: the model's forward and the heads (inside "model" and the worker), and
+    # the sampler's own call (inside "sampler"); what is left of a step is the host's
+    w.runner.model = Timed(w.runner.model, "device")
+    w.sampler.inner = Timed(w.sampler.inner, "device")
+    for h in w.model.heads.values():
+        h.fn = Timed(h.fn, "device")
     spk = torch.from_numpy(random_speaker(1, w.model.config.hidden_size))
     out = {}
     for b in batches:
@@ -152,15 +162,18 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
             frames += len(eng.step()[0].new_token_ids)
         rows = []
         while frames < 20 + steps:
-            spent.update(model=0.0, sampler=0.0)
+            spent.update(model=0.0, sampler=0.0, device=0.0)
             t = time.perf_counter()
             eng.step()
             sync()
             frames += 1
-            rows.append((time.perf_counter() - t, spent["model"], spent["sampler"]))
+            dt = time.perf_counter() - t
+            rows.append((dt, spent["model"], spent["sampler"], dt - spent["device"]))
         out[b] = {k: 1e3 * statistics.median(r[j] for r in rows)
-                  for j, k in enumerate(("step_ms", "model_ms", "sampler_ms"))}
-        log.info("batch %d: step %.2f ms (model %.2f, sampler %.2f)", b, *out[b].values())
+                  for j, k in enumerate(("step_ms", "model_ms", "sampler_ms", "host_ms"))}
+        out[b]["host_us_per_seq"] = 1e3 * out[b]["host_ms"] / b
+        log.info("batch %d: step %.2f ms (model %.2f, sampler %.2f; host %.2f, %.2f us a sequence)", b,
+                 *out[b].values())
         if profile:
             for obj, name, _ in timed:
                 setattr(obj, name, getattr(obj, name).inner)
@@ -308,7 +321,8 @@ def main() -> None:
         if "bandwidth_GBs" in res:
             res["arms"][a]["bound_ms"] = xs[0]["weight_bytes"] / res["bandwidth_GBs"] / 1e6
         for b in batches:
-            m = {k: statistics.median(x[b][k] for x in xs) for k in ("step_ms", "model_ms", "sampler_ms")}
+            m = {k: statistics.median(x[b][k] for x in xs) for k in ("step_ms", "model_ms", "sampler_ms", "host_ms",
+                                                                       "host_us_per_seq")}
             m["other_ms"] = max(0.0, m["step_ms"] - m["model_ms"] - m["sampler_ms"])
             res["arms"][a][str(b)] = m
     if args.profile:                              # each arm's first round
@@ -322,16 +336,21 @@ def main() -> None:
         res["baseline_over_this"] = {str(b): statistics.median(x[b]["step_ms"] / y[b]["step_ms"]
                                                                for x, y in zip(runs["baseline"], runs["this"]))
                                      for b in batches}
+        res["host_baseline_over_this"] = {str(b): statistics.median(x[b]["host_ms"] / y[b]["host_ms"]
+                                                                    for x, y in zip(runs["baseline"], runs["this"]))
+                                          for b in batches}
     for a in runs:
         if "bound_ms" in res["arms"][a]:
             log.info("%s: %.0f MB of weights, bound %.2f ms per step at %.1f GB/s", labels[a],
                      res["arms"][a]["weight_bytes"] / 1e6, res["arms"][a]["bound_ms"], res["bandwidth_GBs"])
     for b in batches:
-        line = "batch %3d: step %.2f ms (model %.2f, sampler %.2f)" % (
-            b, *(res["arms"]["this"][str(b)][k] for k in ("step_ms", "model_ms", "sampler_ms")))
+        line = "batch %3d: step %.2f ms (model %.2f, sampler %.2f; host %.2f ms, %.2f us a sequence)" % (
+            b, *(res["arms"]["this"][str(b)][k] for k in ("step_ms", "model_ms", "sampler_ms", "host_ms",
+                                                          "host_us_per_seq")))
         if "baseline" in runs:
-            line += "; baseline %.2f ms, %.2fx" % (res["arms"]["baseline"][str(b)]["step_ms"],
-                                                  res["baseline_over_this"][str(b)])
+            line += "; baseline %.2f ms, %.2fx; its host %.2f us a sequence, %.2fx" % (
+                res["arms"]["baseline"][str(b)]["step_ms"], res["baseline_over_this"][str(b)],
+                res["arms"]["baseline"][str(b)]["host_us_per_seq"], res["host_baseline_over_this"][str(b)])
         log.info(line)
     log.info("wrote %s and its .png", save(res, Path(args.out), plot))
 
