@@ -204,12 +204,19 @@ class TritonServer:
         return found[0]
 
     def part_pid(self, part: str) -> int:
-        """The pid of a part of the running server: "tritonserver", or one of a model's stubs (the
-        watchdog's view of the server's process group)."""
+        """The pid of a part of the running server: "tritonserver", one of a model's stubs (the
+        watchdog's view of the server's process group), or "llm engine", the llm's engine core."""
         from velocity.serving.watchdog import group_stubs
         server = next(p for p in self.processes() if comm(p) == "tritonserver")
         if part == "tritonserver":
             return server
+        if part == "llm engine":                   # the llm stub's engine core (velocity.serving.engine_core)
+            llm = self.part_pid("llm")
+            found = [p for p in descendants(llm)
+                     if b"velocity.serving.engine_core" in Path(f"/proc/{p}/cmdline").read_bytes()]
+            if not found:
+                raise RuntimeError(f"no engine core under the llm's process {llm}")
+            return found[0]
         found = sorted(p for p, model in group_stubs(server).items() if model == part)
         if not found:
             raise RuntimeError(f"no {part} process in tritonserver {server}'s process group")

@@ -186,11 +186,13 @@ def test_a_request_timeout_ends_the_stream_with_an_error_and_frees_it(server):
     --timeout): past it the llm ends the stream, the client gets the error, nothing is left."""
     before = aborted(server, "deadline")
     t0 = time.monotonic()
+    # a tenth of a second: well short of the whole request (the fixture's check) on a machine
+    # that generates it in 0.7 s too
     with pytest.raises(ServerError, match="deadline exceeded"):
-        for _ in stream_grpc(server.grpc_url, LONG, timeout=120, deadline=1.0):
+        for _ in stream_grpc(server.grpc_url, LONG, timeout=120, deadline=0.1):
             pass
-    assert time.monotonic() - t0 < 1.0 + 1.5
-    assert_work_stops(server, t0 + 1.0)
+    assert time.monotonic() - t0 < 0.1 + 1.5
+    assert_work_stops(server, t0 + 0.1)
     assert aborted(server, "deadline") == before + 1
 
 

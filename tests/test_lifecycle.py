@@ -42,11 +42,14 @@ SHORT_POST = {"model": "tts-1", "voice": "amber", "response_format": "pcm", "max
 
 
 class Listener(threading.Thread):
-    """One `tts` stream on its own thread: chunks, then "complete" or the error, with times."""
+    """One `tts` stream on its own thread: chunks, then "complete" or the error, with times.
+    realtime: its audio taken as a player takes it (a chunk's length after it), so that the
+    server paces the stream to real time: a long text then lasts as long as its audio, however
+    fast the machine generates it."""
 
-    def __init__(self, url: str, values: dict) -> None:
+    def __init__(self, url: str, values: dict, realtime: bool = False) -> None:
         super().__init__(daemon=True)
-        self.url, self.values = url, values
+        self.url, self.values, self.realtime = url, values, realtime
         self.first = threading.Event()
         self.leave = threading.Event()          # set: hang up at the next chunk (outcome "left")
         self.chunks = 0
@@ -55,9 +58,11 @@ class Listener(threading.Thread):
 
     def run(self) -> None:
         try:
-            for _ in stream_grpc(self.url, self.values, timeout=300):
+            for _, audio in stream_grpc(self.url, self.values, timeout=300):
                 self.chunks += 1
                 self.first.set()
+                if self.realtime:
+                    self.leave.wait(len(audio) / 24000)
                 if self.leave.is_set():
                     self.outcome = ("left", "")
                     break
@@ -105,7 +110,7 @@ def test_request_limit_then_drain_on_stop(start_triton, tmp_path):
     direct.async_stream_infer("llm", llm_inputs(s.grpc_url, {**LONG, "SEED": 1}), enable_empty_final_response=True)
     first, err = got.get(timeout=120)
     assert err is None and first.as_numpy("CODES") is not None
-    long = Listener(s.grpc_url, {**LONG, "SEED": 2})
+    long = Listener(s.grpc_url, {**LONG, "SEED": 2}, realtime=True)      # minutes of audio
     long.start()
     assert long.first.wait(120) and long.outcome is None, long.outcome
 

@@ -2,7 +2,8 @@
 and the server comes back by itself (a new request speaks within 60 s).
 
 One server as `make serve` starts it (serve.sh: Triton, the health port with its watchdog, the
-gateway and Wyoming), and SIGKILL to each part in turn while streams are live on the
+gateway and Wyoming), and SIGKILL to each part (the llm's engine core among them) in turn while
+streams are live on the
 protocols a user has: a gRPC `tts` stream and a /v1/audio/speech stream at every kill, and by
 turns SSE, our WebSocket, ElevenLabs' WebSocket, Wyoming and a `tts_offline` request; after
 each, nothing of the dead server is left (its stubs, its /dev/shm regions, which a bare
@@ -45,7 +46,7 @@ TOLD = 2.0              # seconds: every client hears the failure, and readiness
 BACK = 60.0             # seconds: a new request speaks again
 NAMED = {"sse", "websocket", "elevenlabs", "wyoming"}   # the clients whose error carries a message of the gateway's
 SEEDED = {"TEXT": "The same words, the same seed.", "SEED": 7, "MAX_NEW_TOKENS": 60}
-PARTS = ["llm", "vocoder", "text_frontend", "tts_offline", "tritonserver"]
+PARTS = ["llm", "llm engine", "vocoder", "text_frontend", "tts_offline", "tritonserver"]
 DRAIN = 12              # seconds: the SIGTERM test's streams finish within it
 
 
@@ -250,7 +251,10 @@ def test_each_part_that_dies_is_told_seen_and_replaced(served):
     is replaced before the next offline request needs it."""
     s = served
     fresh = seeded_pcm(s)
-    turns = {"llm": [socket(s), wyoming(s)], "vocoder": [post(s, sse=True), socket(s, elevenlabs=True)],
+    # "llm engine": the llm's engine core, a process of its own: its stub tells every stream (naming
+    # it: the llm lives to), then ends itself for the watchdog to see
+    turns = {"llm": [socket(s), wyoming(s)], "llm engine": [post(s, sse=True)],
+             "vocoder": [post(s, sse=True), socket(s, elevenlabs=True)],
              "text_frontend": [offline(s)], "tts_offline": [], "tritonserver": []}
     assert list(turns) == PARTS
     for part, extra in turns.items():
@@ -266,7 +270,7 @@ def test_each_part_that_dies_is_told_seen_and_replaced(served):
             assert offline_speaks(s)
     log = s.log_path.read_text(errors="replace")
     for part in turns:
-        assert f"the {part} model's process" in log or part == "tritonserver", part
+        assert f"the {part} model's process" in log or f"the {part} process" in log or part == "tritonserver", part
 
     # no state across a recovery: nothing held, and the same request gives the same audio
     settle(s, within=10)                                   # no request active, no KV block used

@@ -126,7 +126,7 @@ def test_two_replicas_behind_a_balancer(tmp_path):
         assert wait_for(lambda: listening(port), 60), (tmp_path / "gateway.log").read_text()
         import openai
         api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
-        held = Listener(r1b.grpc_url, {**LONG, "SEED": 7})    # keeps r1 draining for DRAIN seconds
+        held = Listener(r1b.grpc_url, {**LONG, "SEED": 7}, realtime=True)    # keeps r1 draining for DRAIN seconds
         held.start()
         assert held.first.wait(120) and held.outcome is None, held.outcome
         refused = parse_metric(r1b.metrics(), "velocity_refused_requests_total")
@@ -140,8 +140,9 @@ def test_two_replicas_behind_a_balancer(tmp_path):
                                           response_format="pcm", extra_body={"seed": i, "max_new_tokens": 40}).read()
             assert len(pcm) > 0
         assert held.outcome is None, "the held stream ended before the gateway's requests were done"
-        now = parse_metric(r1b.metrics(), "velocity_refused_requests_total")
-        assert now - refused >= 2, "r1 refused none of the gateway's requests: the retry was not exercised"
+        # (counted in the llm, published four times a second)
+        assert wait_for(lambda: parse_metric(r1b.metrics(), "velocity_refused_requests_total") - refused >= 2, 2), \
+            "r1 refused none of the gateway's requests: the retry was not exercised"
         assert "trying again on" in (tmp_path / "gateway.log").read_text()
         held.leave.set()                                  # done with it: r1 need not wait out its drain
         held.join(DRAIN + 60)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from triton_server import TESTS_REPO, TritonServer, alive, comm, shm_pattern, side_by_side
+from triton_server import TESTS_REPO, TritonServer, alive, comm, shm_pattern, side_by_side, wait_for
 
 pytestmark = pytest.mark.server
 
@@ -110,7 +110,8 @@ def test_threads_at_the_same_metrics_leave_the_server_up(smoke_server):
     the metric's shared memory while the server may still read the last one); the llm and the
     vocoder update theirs from several threads, and under a burst of cancels tritonserver died
     in Metric::LoadFromSharedMemory (benchmarks/bench_cancel_burst.py). velocity.serving.metrics
-    holds one lock over every operation: four threads at the same metrics, and the server lives."""
+    holds one lock over every publish, and counts in the process meanwhile: four threads at the
+    same metrics, a timer publishing them every 10 ms, and the server lives with every count."""
     import tritonclient.http as httpclient
 
     from velocity.serving.input_table import array_inputs
@@ -118,5 +119,5 @@ def test_threads_at_the_same_metrics_leave_the_server_up(smoke_server):
         for _ in range(3):
             res = c.infer("metrics_threads", array_inputs(httpclient, {"OPS": np.array([2000], dtype=np.int32)}))
             assert int(res.as_numpy("DONE")[0]) == 4 * 2000
-    assert smoke_server.ready() and 'velocity_vocoder_dropped_chunks_total{model="metrics_threads"} 24000' in \
-        smoke_server.metrics()
+    want = 'velocity_vocoder_dropped_chunks_total{model="metrics_threads"} 24000'
+    assert wait_for(lambda: want in smoke_server.metrics(), 5) and smoke_server.ready(), smoke_server.metrics()

@@ -76,7 +76,8 @@ def test_vocoder_batches_queued_chunks_and_refuses_bad_codes(server):
     g.stop_stream()
     assert all(err is None for _, err in got.values()), got
     by_index = {int(r.as_numpy("CHUNK_INDEX").reshape(-1)[0]): r for r, _ in got.values()}
-    assert server.metric("velocity_vocoder_chunks_total") - chunks_before == 5
+    # the counters are published four times a second (velocity.serving.metrics)
+    assert wait_for(lambda: server.metric("velocity_vocoder_chunks_total") - chunks_before == 5, 2)
     assert server.metric("velocity_vocoder_calls_total") - calls_before < 5
     for i, c in enumerate(chunks):
         alone, error = vocoder_once(server, vocoder_inputs(c, 4, 16, i + 1))

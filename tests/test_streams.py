@@ -1,24 +1,63 @@
-"""velocity.serving.stream's Streams without a server: which thread asks whether a client left."""
+"""velocity.serving.stream_host's Streams without a server, over a real engine core process: which
+thread asks whether a client left, the probes' rate, and where the python backend is called."""
 from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict
 
-from velocity import AsyncLLMEngine
 from checkpoints import tiny_checkpoint
+from velocity.serving.llm_request import LLMInputs
+from velocity.serving.metrics import LLM, make_metrics
 from velocity.serving.settings import Settings
 from velocity.serving.stream_host import Streams
 from velocity.tts.pipeline import chattts_params
 
 
-class Meter:
-    """Stands in for the llm's Triton metrics, which exist only inside a python stub."""
+class Backend:
+    """The python backend's metric classes as velocity.serving.metrics.make_metrics uses them
+    (pb_utils.MetricFamily and its Metric, which exist only inside a python stub), each call
+    recorded with the thread that made it: inside a stub each is a round trip to the server."""
 
-    def increment(self, n) -> None: ...
-    def set(self, v) -> None: ...
-    def observe(self, v) -> None: ...
-    def __getitem__(self, key) -> "Meter": return self
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, str, float]] = []        # (thread, metric, operation, value)
+        calls = self.calls
+
+        class Metric:
+            def __init__(self, name: str) -> None:
+                self.name = name
+
+            def increment(self, v) -> None: self.record("increment", v)
+            def set(self, v) -> None: self.record("set", v)
+            def observe(self, v) -> None: self.record("observe", v)
+
+            def record(self, op: str, v: float) -> None:
+                calls.append((threading.current_thread().name, self.name, op, v))
+
+        class MetricFamily:
+            COUNTER, GAUGE, HISTOGRAM = "COUNTER", "GAUGE", "HISTOGRAM"
+
+            def __init__(self, name: str, description: str, kind: str) -> None:
+                self.name = name
+
+            def Metric(self, labels: dict, buckets=None) -> Metric:
+                return Metric(self.name)
+
+        self.MetricFamily = MetricFamily
+
+
+def metrics():
+    return make_metrics(Backend(), "llm", LLM)
+
+
+def fail(sender, message: str, invalid: bool) -> None:
+    raise AssertionError(f"a request was refused: {message}")
+
+
+def request(sentences: list[list[int]], seed: int = 0, frames: int = 5000, hidden: bool = False) -> LLMInputs:
+    """An llm request of these prompts that runs `frames` frames a sentence (the end code ignored)."""
+    params = chattts_params(seed=seed, max_new_tokens=frames)
+    params.ignore_eos = True
+    return LLMInputs(sentences, None, params, [], hidden)
 
 
 def test_only_the_monitor_asks_whether_a_client_left_and_a_leaver_is_stopped(tmp_path):
@@ -28,7 +67,6 @@ def test_only_the_monitor_asks_whether_a_client_left_and_a_leaver_is_stopped(tmp
     leaves still has its stream stopped and ended."""
     ck = tiny_checkpoint(tmp_path / "tiny", seed=0)
     s = Settings(weights=str(ck), device="cpu")
-    engine = AsyncLLMEngine(s.engine_config())
     sent, ended = [], threading.Event()
 
     def send(sender, outputs, final: bool) -> None:
@@ -42,11 +80,9 @@ def test_only_the_monitor_asks_whether_a_client_left_and_a_leaver_is_stopped(tmp
         asked.append(threading.current_thread().name)
         return leave.is_set()
 
-    streams = Streams(engine, s, defaultdict(Meter), send)
+    streams = Streams(s, metrics(), send, fail)
     try:
-        params = chattts_params(seed=0, max_new_tokens=5000)
-        params.ignore_eos = True                      # runs until its client leaves
-        streams.start(None, cancelled, [list(range(5, 45))], None, params, hidden=False)
+        streams.start(None, cancelled, request([list(range(5, 45))]))      # runs until its client leaves
         t0 = time.monotonic()
         while not (any(sent) and len(asked) >= 3) and time.monotonic() - t0 < 60:
             time.sleep(0.01)
@@ -56,9 +92,9 @@ def test_only_the_monitor_asks_whether_a_client_left_and_a_leaver_is_stopped(tmp
         t1 = time.monotonic()
         assert ended.wait(5), "the stream did not end after its client left"
         assert time.monotonic() - t1 < 1.0
-        while engine.engine.stats().running and time.monotonic() - t1 < 5:
+        while (streams.totals.running or streams.totals.kv_used) and time.monotonic() - t1 < 5:
             time.sleep(0.01)
-        assert engine.engine.stats().running == 0 and not streams.live
+        assert streams.totals.running == 0 and streams.totals.kv_used == 0 and not streams.live
     finally:
         streams.close()
 
@@ -75,7 +111,6 @@ def test_many_quiet_streams_spread_their_probes_within_the_rate(tmp_path):
     ck = tiny_checkpoint(tmp_path / "tiny", seed=0)
     s = Settings(weights=str(ck), device="cpu", cancel_probe_seconds=0.05, cancel_probes_per_second=100.0,
                  max_num_seqs=40)
-    engine = AsyncLLMEngine(s.engine_config())
     probes: list[tuple[float, int]] = []              # (when, the stream's board reference)
 
     def send(sender, outputs, final: bool) -> None:
@@ -83,12 +118,10 @@ def test_many_quiet_streams_spread_their_probes_within_the_rate(tmp_path):
             probes.append((time.monotonic(), int(outputs["STREAM"].ravel()[0])))
 
     board = StreamBoard(tmp_path / "streams")
-    streams = Streams(engine, s, defaultdict(Meter), send, board=board)
+    streams = Streams(s, metrics(), send, fail, board=board)
     try:
-        params = chattts_params(seed=0, max_new_tokens=5000)
-        params.ignore_eos = True
         for i in range(40):
-            streams.start(None, lambda: False, [list(range(5, 45))], None, params, hidden=False, in_ensemble=True)
+            streams.start(None, lambda: False, request([list(range(5, 45))]), in_ensemble=True)
         time.sleep(0.7)                               # every stream has paused or probed by now
         t0, n0 = time.monotonic(), len(probes)
         time.sleep(2.0)
@@ -101,3 +134,43 @@ def test_many_quiet_streams_spread_their_probes_within_the_rate(tmp_path):
     finally:
         streams.close()
         board.close_file(unlink=True)
+
+
+def test_no_python_backend_call_on_the_step_path(tmp_path):
+    """Issue #70 items 2 and 3: a python-backend call is a round trip to the server process, and
+    the llm counted its frames at every output of every stream on the engine thread (a quarter of
+    that thread's samples under 128 streams, py-spy). The engine now steps in a process of its own,
+    which imports nothing of Triton's; in the stub the threads count in the process, and only the
+    monitor's timer calls the metrics (the responses go out from the response thread), and the
+    counts still arrive."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, velocity.serving.engine_core.core, velocity.serving.engine_core.__main__; "
+             "print(sorted(m for m in sys.modules if 'triton' in m))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+    ck = tiny_checkpoint(tmp_path / "tiny", seed=0)
+    s = Settings(weights=str(ck), device="cpu")
+    backend, sends, finals = Backend(), [], []
+
+    def send(sender, outputs, final: bool) -> None:
+        sends.append(threading.current_thread().name)
+        finals.append(final)
+
+    streams = Streams(s, make_metrics(backend, "llm", LLM), send, fail)
+    try:
+        for i in range(4):
+            streams.start(None, lambda: False, request([list(range(5, 45)), list(range(5, 30))], i, 60, hidden=True))
+        t0 = time.monotonic()
+        while sum(finals) < 4 and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+        assert sum(finals) == 4, "the streams did not end"
+        time.sleep(0.6)                               # the monitor publishes 4 times a second
+        assert set(sends) == {"llm-responses"}, set(sends)
+        assert {t for t, *_ in backend.calls} == {"llm-monitor"}, {t for t, *_ in backend.calls}
+        frames = sum(v for _, name, op, v in backend.calls if name == "velocity_frames_generated_total")
+        steps = sum(v for _, name, op, v in backend.calls if name == "velocity_engine_steps_total")
+        assert frames == 4 * 2 * 60 and steps > 60, (frames, steps)
+    finally:
+        streams.close()

@@ -90,12 +90,17 @@ def test_a_chunk_without_a_stream_takes_the_chunked_decode(decoder):
 def test_the_server_holds_no_decoder_once_its_streams_are_done(tts_server):
     """Through Triton: a request of three sentences; afterwards no decoder is held, and the
     frame counters hold its audio (each sentence half a frame short) and what decoding it cost."""
-    from client.triton import stream_grpc
+    import time
 
+    from client.triton import stream_grpc
+    from triton_server import settle, wait_for
+
+    settle(tts_server)                    # the metrics are published four times a second: all before now
     f0, a0 = (tts_server.metric(f"velocity_vocoder_{m}_total") for m in ("frames", "audio_frames"))
     audio = [a for _, a in stream_grpc(tts_server.grpc_url, {"TEXT": "One sentence. Another one here. And a third.",
                                                              "SEED": 5})]
-    assert audio and tts_server.metric("velocity_vocoder_stream_decoders") == 0
+    assert audio and wait_for(lambda: tts_server.metric("velocity_vocoder_stream_decoders") == 0, 2)
+    time.sleep(0.3)
     frames, made = (tts_server.metric(f"velocity_vocoder_{m}_total") - v for m, v in (("frames", f0), ("audio_frames", a0)))
     assert made * 512 - 3 * 256 == sum(a.shape[-1] for a in audio)
     assert frames >= made, (frames, made)

@@ -67,9 +67,9 @@ def assert_work_stops(server: TritonServer, left_at: float, within: float = 2.0)
     """A client left at `left_at` (time.monotonic()): within `within` seconds no request is active
     and no KV block is used, and then the frames counter stands still and the vocoder's chunks do
     after at most one more, the decode under way, which is not interrupted (the server stopped
-    its work, not just finished it). The gauges are published four times a second, so only a
-    scrape 0.3 s or more after the leave counts, and a counter that stands still across 0.4 s has
-    been published again in between."""
+    its work, not just finished it). The metrics are published four times a second, so only a
+    scrape 0.3 s or more after the leave counts, the counters are read 0.3 s after the idle
+    scrape, and a counter that stands still across 0.4 s has been published again in between."""
     import time
 
     time.sleep(max(0.0, left_at + 0.3 - time.monotonic()))
@@ -77,6 +77,7 @@ def assert_work_stops(server: TritonServer, left_at: float, within: float = 2.0)
         time.sleep(0.05)
     waited = time.monotonic() - left_at
     assert is_idle(server), f"still busy {waited:.2f} s after the client left:\n{server.log()[-3000:]}"
+    time.sleep(0.3)              # the counters are published four times a second too: all up to now
     frames, chunks = (server.metric(c) for c in ("velocity_frames_generated_total", "velocity_vocoder_chunks_total"))
     time.sleep(0.4)
     assert server.metric("velocity_frames_generated_total") == frames, "the llm went on after the server was idle"

@@ -63,6 +63,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.token_budget(self.max_model_len),
                                    config.preemption_mode)
         self.requests: dict[str, Sequence] = {}
+        self.num_paused = 0                       # of them, paused (pause)
 
     def validate(self, prompt: list[Token], params: SamplingParams, head: str | None = None,
                  speaker: object = None) -> None:
@@ -104,13 +105,15 @@ class LLMEngine:
         seq = self.requests.pop(request_id, None)
         if seq is None:
             return None
+        self.num_paused -= seq.paused
         self.scheduler.finish(seq, "abort")
         return self._output(seq, [])
 
     def pause(self, request_id: str, paused: bool = True) -> None:
         """Leave a request out of the steps (it keeps its KV blocks) until paused again with False."""
-        if (seq := self.requests.get(request_id)) is not None:
+        if (seq := self.requests.get(request_id)) is not None and seq.paused != paused:
             seq.paused = paused
+            self.num_paused += 1 if paused else -1
 
     @property
     def model(self):
@@ -180,5 +183,4 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         s, bm = self.scheduler, self.block_manager
         return EngineStats(len(s.running), len(s.waiting), len(s.swapped), bm.num_used_blocks,
-                           bm.num_free_blocks, s.num_preemptions, bm.num_prefix_hits,
-                           sum(seq.paused for seq in list(self.requests.values())))
+                           bm.num_free_blocks, s.num_preemptions, bm.num_prefix_hits, self.num_paused)

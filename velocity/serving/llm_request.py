@@ -7,7 +7,7 @@ import numpy as np
 
 from velocity.sampling_params import SamplingParams
 from velocity.serving.input_table import REFINE_MAX_NEW_TOKENS
-from velocity.serving.passed_inputs import params_from_arrays
+from velocity.serving.passed_inputs import decoder_input, params_from_arrays
 from velocity.tts.speaker import sample_frames
 
 
@@ -19,6 +19,7 @@ class LLMInputs:
     speaker: np.ndarray | None
     params: SamplingParams
     frames: list
+    hidden: bool = True                   # the Decoder path (DECODER "hidden"): chunks carry hidden states
     refine_prompts: list | None = None
     refine: SamplingParams | None = None
     code_prefix: list | None = None
@@ -62,7 +63,8 @@ def llm_inputs(get, max_new_tokens: int, num_vq: int) -> LLMInputs:
         frames = sample_frames(sample.reshape(num_vq, -1))
     spk = need("SPEAKER_VECTOR").astype(np.float32, copy=True)
     out = LLMInputs([s + frames for s in sentences], spk if spk.size else None,
-                    params_from_arrays(need("PARAMS_F"), need("PARAMS_I"), max_new_tokens), frames)
+                    params_from_arrays(need("PARAMS_F"), need("PARAMS_I"), max_new_tokens), frames,
+                    decoder_input(get("DECODER")) == "hidden")
     texts = get("SENTENCE_TEXTS")
     if texts is not None and texts.size:
         if texts.size != len(sentences):

@@ -1,16 +1,25 @@
-"""The Prometheus metrics the llm and vocoder models export (through Triton's metrics port).
+"""The Prometheus metrics the llm and vocoder models export (through Triton's metrics port),
+counted in the process and published by a timer.
 
-A python-backend metric is not safe to use from two threads at once: each operation releases the
-GIL, writes the metric into shared memory (freeing what the last operation wrote there) and sends
-it to the server, which reads it from its own thread. Two threads at one metric (the vocoder's
-`dropped` and `backlog` from its execute and decode threads, say) free what the server is still
-reading: under a burst of cancels, tritonserver died in `Metric::LoadFromSharedMemory` (SIGSEGV)
-or in `~Metric` (an exception from the shared-memory pool, SIGABRT) in its stub-to-parent thread
-(benchmarks/bench_cancel_burst.py). So every operation here goes through one lock.
+Every operation on a python-backend metric is a round trip to the server process: the stub
+writes the metric into shared memory and waits for the server's answer, as it does for
+`is_cancelled()` (benchmarks/bench_cancel_check.py). Counted at each event (a frame, a chunk) on
+the engine's or the decoder's thread, those round trips held up their work. So `increment`,
+`set` and `observe` here only count in the process (a lock held for an addition), and `publish`,
+from a timer (`Publisher`, or the llm's monitor), sends what changed since the last one.
+
+A python-backend metric is not safe to use from two threads at once either: each operation
+releases the GIL, writes the metric into shared memory (freeing what the last operation wrote
+there) and sends it to the server, which reads it from its own thread. Two threads at one metric
+freed what the server was still reading: under a burst of cancels, tritonserver died in
+`Metric::LoadFromSharedMemory` (SIGSEGV) or in `~Metric` (SIGABRT) in its stub-to-parent thread
+(benchmarks/bench_cancel_burst.py). So every publish goes through one lock too.
 """
 from __future__ import annotations
 
+import logging
 import threading
+from collections import deque
 
 LATENCY = [0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5, 10]
 RTF = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5]
@@ -58,43 +67,108 @@ VOCODER = {
     "stream_decoders": ("velocity_vocoder_stream_decoders", "Streams whose stateful decoder the vocoder holds",
                         "GAUGE", None),
 }
+log = logging.getLogger("velocity.metrics")
+PUBLISH_EVERY = 0.25      # seconds between the publishes of Metrics.start
+PENDING = 65536           # observations a histogram keeps between two publishes at most
 _FAMILIES: list = []      # a MetricFamily must outlive its metrics
-_LOCK = threading.Lock()  # one metric operation at a time, in this process (see the module)
+_LOCK = threading.Lock()  # one python-backend metric operation at a time, in this process (see the module)
 
 
-class Serialized:
-    """A python-backend metric whose operations hold the module's lock."""
+class Counted:
+    """One metric, counted in the process: increment (a counter), set (a gauge) or observe (a
+    histogram) from any thread; publish() sends what changed to the python-backend metric."""
 
-    __slots__ = ("metric",)
+    __slots__ = ("metric", "pending", "value", "sent", "observed", "lost", "lock")
 
     def __init__(self, metric) -> None:
         self.metric = metric
+        self.pending = 0.0                  # a counter's increments since the last publish
+        self.value = self.sent = None       # a gauge's value, and the one published
+        self.observed: deque = deque()      # a histogram's observations since the last publish
+        self.lost = 0                       # of those, the ones past PENDING (dropped, logged)
+        self.lock = threading.Lock()
 
     def increment(self, value: float) -> None:
-        with _LOCK:
-            self.metric.increment(value)
+        with self.lock:
+            self.pending += value
 
     def set(self, value: float) -> None:
-        with _LOCK:
-            self.metric.set(value)
+        self.value = value
 
     def observe(self, value: float) -> None:
-        with _LOCK:
-            self.metric.observe(value)
+        with self.lock:
+            if len(self.observed) < PENDING:
+                self.observed.append(value)
+            else:
+                self.lost += 1
+
+    def publish(self) -> None:
+        """Send what changed since the last publish (hold _LOCK)."""
+        with self.lock:
+            pending, self.pending = self.pending, 0.0
+            observed, self.observed = self.observed, deque()
+            lost, self.lost = self.lost, 0
+        if pending:
+            self.metric.increment(pending)
+        if (value := self.value) is not None and value != self.sent:
+            self.metric.set(value)
+            self.sent = value
+        for v in observed:
+            self.metric.observe(v)
+        if lost:
+            log.warning("metrics: %d observations over %d between two publishes were not recorded", lost, PENDING)
 
 
-def make_metrics(pb_utils, model: str, specs: dict) -> dict:
-    """One metric per spec, labelled with the model's name: {key: metric}; a labelled counter
-    gives {key: {label value: metric}}."""
+class Metrics(dict):
+    """{key: Counted}, and for a labelled counter {key: {label value: Counted}}; publish() sends
+    every change to the server, from one thread at a time: a timer's (start), or the caller's."""
+
+    _stop: threading.Event | None = None
+    _thread: threading.Thread | None = None
+
+    def each(self):
+        for m in self.values():
+            yield from (m.values() if isinstance(m, dict) else (m,))
+
+    def publish(self) -> None:
+        try:
+            with _LOCK:
+                for m in self.each():
+                    m.publish()
+        except Exception:                   # a metric that fails must not stop the caller
+            log.exception("metrics: publishing failed")
+
+    def start(self, every: float = PUBLISH_EVERY, name: str = "metrics") -> "Metrics":
+        """Publish every `every` seconds from a thread of its own, until close()."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every,), name=f"{name}-metrics", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self, every: float) -> None:
+        while not self._stop.wait(every):
+            self.publish()
+
+    def close(self) -> None:
+        """Stop the timer (if started) and publish what is left."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=5)
+        self.publish()
+
+
+def make_metrics(pb_utils, model: str, specs: dict) -> Metrics:
+    """One metric per spec, labelled with the model's name, counted in the process (see the module):
+    {key: Counted}; a labelled counter gives {key: {label value: Counted}}."""
     MF = pb_utils.MetricFamily
-    out = {}
+    out = Metrics()
     for key, (name, desc, kind, extra) in specs.items():
         _FAMILIES.append(family := MF(name=name, description=desc, kind=getattr(MF, kind)))
         if kind == "COUNTER" and extra:
             label, values = extra
-            out[key] = {v: Serialized(family.Metric(labels={"model": model, label: v})) for v in values}
+            out[key] = {v: Counted(family.Metric(labels={"model": model, label: v})) for v in values}
         else:
-            out[key] = Serialized(family.Metric(labels={"model": model}, **({"buckets": extra} if extra else {})))
+            out[key] = Counted(family.Metric(labels={"model": model}, **({"buckets": extra} if extra else {})))
     return out
 
 

@@ -1,40 +1,49 @@
-"""The llm model's requests in flight (Streams): each a Stream over the AsyncLLMEngine, its chunks
-sent in order by one response thread (not the engine loop), a limit on streams in flight, and a
-monitor thread. Triton's objects stay in the adapter: this module gets a
-`send(sender, outputs or None, final)` function and each request's sender and cancel check.
+"""The llm model's requests in flight (Streams), on the stub's side of the engine core
+(velocity.serving.engine_core, a process of its own): each a Stream, its chunks sent in order by
+one response thread, a limit on streams in flight, and a monitor thread. Triton's objects stay in
+the adapter: this module gets `send(sender, outputs or None, final)` and `fail(sender, message,
+invalid)` functions and each request's sender and cancel check.
+
+The core's reports arrive on a thread of their own (CoreClient): each chunk is queued for the
+response thread, each stream's end too, and the core's totals are kept for the metrics.
 
 The monitor has three jobs, each a method: it looks at every stream (_look: every 20 ms the
-stream board, every 0.1 s whether the client has left, a round trip to the server process that
-never runs on the engine thread; a stream whose vocoder saw its client leave is aborted, one with
-VELOCITY_BACKLOG_SECONDS of audio waiting for the vocoder (or, as the gateway says through the `pace`
-model, for its client to read it) pauses in the scheduler, a quiet one
-sends a probe, one whose timeout passed is ended, and a finished one's final flag waits until the
-vocoder has decoded all its audio; the questions and the probes of all streams together have a
-rate each, so that many streams spread theirs out instead of crowding the server with them); four times a second it follows the server's life (_follow:
-serve.sh's drain, a part that died); and it publishes the engine's gauges (EngineGauges).
+stream board, every 0.1 s whether the client has left, a round trip to the server process; a
+stream whose vocoder saw its client leave is stopped, the frames each stream has decoded (or, as
+the gateway says through the `pace` model, its client has read) go to the core, which pauses a
+stream with VELOCITY_BACKLOG_SECONDS of audio waiting, a quiet one sends a probe, one whose
+timeout passed is ended, and a finished one's final flag waits until the vocoder has decoded all
+its audio; the questions and the probes of all streams together have a rate each, so that many
+streams spread theirs out instead of crowding the server with them); four times a second it
+follows the server's life (_follow: serve.sh's drain, a part that died) and publishes the
+metrics: the core's totals (EngineGauges) and what the threads counted (velocity.serving.metrics).
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-from velocity.serving.drain import Drain, failed_part
+from velocity.serving.drain import Drain, all_told, failed_part
+from velocity.serving.engine_core.client import CoreClient
+from velocity.serving.engine_core.wire import Report, Totals
+from velocity.serving.llm_request import LLMInputs
 from velocity.serving.protocol import (STREAM_BUSY, STREAM_DEADLINE, STREAM_DRAINING, STREAM_FAILED,
                                        STREAM_PART_DIED, STREAM_SHUTTING_DOWN)
 from velocity.serving.settings import Settings
-from velocity.serving.stream import Send, Stream
+from velocity.serving.stream import Fail, Failure, Send, Stream
 from velocity.serving.stream_board import CANCELLED, StreamBoard
-from velocity.tts.sentence_stream import Carry, Refine
+from velocity.serving.watchdog import WITHIN
 
 log = logging.getLogger("velocity.llm")
 TICK = 0.02                    # seconds between the monitor's looks at the board
 ASK = 0.1                      # seconds between its questions to Triton whether a client left
 ASK_RATE = 1000.0              # its questions per second at most, over every stream (each a round trip: bench_cancel_check)
-EVERY = 0.25                   # seconds between its looks at the server's life, and its gauges
+EVERY = 0.25                   # seconds between its looks at the server's life, and its metrics
 TELL_S = 0.5                   # seconds the streams get to end with a part's death before the watchdog is told
 HOLD_LIMIT = 60.0              # seconds a finished stream waits for the vocoder at most (a vocoder that died)
 
@@ -46,99 +55,140 @@ def spread(every: float, n: int, rate: float) -> float:
 
 
 class EngineGauges:
-    """The engine's gauges and counters on the llm's metrics (velocity.serving.metrics.LLM): the
-    counters move by what the engine counted since the last publish."""
+    """The engine core's totals on the llm's metrics (velocity.serving.metrics.LLM): the counters
+    move by what the core counted since the last publish."""
 
-    def __init__(self, engine, metrics: dict, lender=None) -> None:
-        self.engine, self.metrics, self.lender = engine, metrics, lender
-        self.preemptions = self.lent = self.steps = 0
-        self.seconds = 0.0
+    def __init__(self, metrics: dict) -> None:
+        self.metrics, self.last = metrics, Totals()
 
-    def publish(self, active: int) -> None:
-        st, m = self.engine.stats(), self.metrics
-        m["running"].set(st.running)
-        m["waiting"].set(st.waiting + st.swapped)
-        m["kv_used"].set(st.kv_blocks_used)
-        m["kv_free"].set(st.kv_blocks_free)
-        m["paused"].set(st.paused)
+    def publish(self, t: Totals, active: int) -> None:
+        m, last = self.metrics, self.last
+        m["running"].set(t.running)
+        m["waiting"].set(t.waiting)
+        m["kv_used"].set(t.kv_used)
+        m["kv_free"].set(t.kv_free)
+        m["paused"].set(t.paused)
         m["active"].set(active)
-        if st.preemptions > self.preemptions:
-            m["preemptions"].increment(st.preemptions - self.preemptions)
-            self.preemptions = st.preemptions
-        steps, seconds = self.engine.steps, self.engine.step_seconds
-        if steps > self.steps:
-            m["steps"].increment(steps - self.steps)
-            m["step_seconds"].increment(seconds - self.seconds)
-            self.steps, self.seconds = steps, seconds
-        if self.lender is not None and self.lender.lent_steps > self.lent:
-            m["lent"].increment(self.lender.lent_steps - self.lent)
-            self.lent = self.lender.lent_steps
+        for key, name in (("preemptions", "preemptions"), ("steps", "steps"), ("step_seconds", "step_seconds"),
+                          ("lent", "lent_steps"), ("frames", "frames")):
+            if (now := getattr(t, name)) > getattr(last, name):
+                m[key].increment(now - getattr(last, name))
+        self.last = t                            # a report's own: never changed after it came
 
 
 class Streams:
-    """The streams in flight, the response thread that answers them, and the monitor thread
-    (see the module)."""
+    """The streams in flight, the engine core they run in, the response thread that answers them,
+    and the monitor thread (see the module)."""
 
-    def __init__(self, engine, settings: Settings, metrics: dict, send: Send, lender=None,
-                 board: StreamBoard | None = None) -> None:
-        self.engine, self.settings, self.metrics, self.send, self.lender = engine, settings, metrics, send, lender
-        self.gauges = EngineGauges(engine, metrics, lender)
-        self.board = board
-        model = engine.model
-        self.end_code, self.num_vq = model.num_audio_tokens - 1, model.num_vq
+    def __init__(self, settings: Settings, metrics, send: Send, fail: Fail, board: StreamBoard | None = None,
+                 exit_process: Callable[[], None] | None = None) -> None:
+        self.settings, self.metrics, self.send, self.fail, self.board = settings, metrics, send, fail, board
+        self.exit_process = exit_process          # after the engine core died and the streams were told
+        self.gauges = EngineGauges(metrics)
+        self.totals = Totals()
         self.backlog_frames = settings.backlog_frames()
-        self.schedule = settings.schedule(gpu=engine.device.type == "cuda")    # every stream's chunk sizes
         self.live: dict[int, Stream] = {}
+        self._keys = itertools.count(1)
         self.probe_every = settings.cancel_probe_seconds     # seconds a quiet stream waits to probe (the monitor's)
         self.drain = Drain(settings.run_dir)
         self._failing, self._told = 0.0, False   # another part died: when the streams were ended; the watchdog told
         self._through_vocoder = 0                # of those streams' errors, the ones the vocoder sends on
+        self.dead: str | None = None             # why the engine core is gone
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.voicer = ThreadPoolExecutor(1, thread_name_prefix="llm-voicing")   # voice carry-over's samples
         self._stop = threading.Event()
+        self.core = CoreClient(settings, self._on_report, self._core_died)     # the model loads there
+        self.num_vq = self.core.info["num_vq"]
         self._threads = [threading.Thread(target=self._respond_loop, name="llm-responses", daemon=True),
                          threading.Thread(target=self._watch, name="llm-monitor", daemon=True)]
         for t in self._threads:
             t.start()
 
     def refusal(self) -> int | None:
-        """The STREAM_* code that refuses a new request now (stopping, or the limit in flight), or None."""
+        """The STREAM_* code that refuses a new request now (stopping, the limit in flight, or the
+        engine core gone), or None."""
+        if self.dead:
+            return STREAM_PART_DIED
         if self.drain.draining:
             return STREAM_DRAINING
         limit = self.settings.max_concurrent_requests
         return STREAM_BUSY if limit and len(self.live) >= limit else None
 
-    def start(self, sender, cancelled: Callable[[], bool], sentences: list, speaker, params, hidden: bool,
-              refine: Refine | None = None, in_ensemble: bool = False, timeout: float = 0.0,
-              texts: list[str] | None = None, carry: Carry | None = None) -> None:
-        """Start a checked request; it holds a slot until its final flag is sent. in_ensemble: the
-        `tts` ensemble's vocoder follows (the stream takes a board slot: probes, backpressure);
-        timeout: seconds it may take (0: no limit); texts: its sentences' (for the marks); carry:
-        voice carry-over (velocity.tts.carry_over)."""
+    def start(self, sender, cancelled: Callable[[], bool], inputs: LLMInputs, in_ensemble: bool = False,
+              timeout: float = 0.0) -> None:
+        """Start a request whose inputs were read (the core checks them against the engine and
+        answers a mistake with an error); it holds a slot until its final flag is sent.
+        in_ensemble: the `tts` ensemble's vocoder follows (the stream takes a board slot: probes,
+        backpressure); timeout: seconds it may take (0: no limit)."""
         ref = (self.board.open() or 0) if in_ensemble and self.board is not None else 0
         if in_ensemble and self.board is not None and not ref:
             log.warning("the stream board is full (%d streams): this stream will not notice its client leaving",
                         self.board.slots)
-        stream = Stream(self, sender, cancelled, sentences, speaker, params, hidden, refine, ref, timeout, texts, carry)
-        self.live[id(stream)] = stream
-        try:
-            stream.start_requests()
-        except Exception:                        # checked before, so our fault: end it, free its slot
-            log.exception("llm: could not start stream %s", stream.rid)
-            stream.end(STREAM_FAILED)
+        stream = Stream(self, next(self._keys), sender, cancelled, ref, timeout)
+        self.live[stream.key] = stream
+        self.core.start(stream.key, ref, inputs)
 
-    def respond(self, stream: Stream, outputs: dict | None, final: bool = False) -> None:
-        """Queue a response of the stream (None: only the final flag) for the response thread."""
+    def core_stop(self, key: int) -> None:
+        self.core.stop(key)
+
+    # -- the core's reports (its receiving thread) -------------------------------------
+    def _on_report(self, report: Report) -> None:
+        self.totals = report.totals
+        live = self.live
+        for ev in report.events:
+            if (stream := live.get(ev[1])) is None:      # ended here already
+                continue
+            kind = ev[0]
+            if kind == "chunk":
+                stream.on_chunk(ev[2], ev[3])
+            elif kind == "generated":
+                stream.generated_at = time.monotonic()   # the monitor ends it once all is decoded
+            elif kind == "end":
+                if ev[2] is not None and stream.stop_reason is None:
+                    stream.stop_reason = "failed"
+                stream.end(ev[2])
+            else:
+                stream.reject(ev[2], ev[3])
+
+    def _core_died(self, why: str) -> None:
+        """The engine core is gone: every stream ends with an error naming it (through the vocoder
+        for the ensemble's), then, under serve.sh, this process ends, and the watchdog restarts the
+        server as for any part's death."""
+        self.dead = why
+        run_dir = self.settings.run_dir
+        if run_dir:                               # the vocoder names the part from it
+            tmp = Path(run_dir) / "failed.tmp"
+            tmp.write_text(WITHIN["llm"])
+            tmp.replace(Path(run_dir) / "failed")
+        through = 0
+        for stream in list(self.live.values()):
+            stream.stop(STREAM_PART_DIED, "failed")
+            through += bool(stream.ref)
+        end = time.monotonic() + TELL_S
+        while self.live and time.monotonic() < end:      # their errors sent
+            time.sleep(0.01)
+        self.drain.told(through)
+        while run_dir and not all_told(run_dir) and time.monotonic() < end + TELL_S:   # and the vocoder's on
+            time.sleep(0.02)
+        if self.exit_process is not None:
+            self.exit_process()
+
+    # -- responses ----------------------------------------------------------------------
+    def respond(self, stream: Stream, outputs, final: bool = False) -> None:
+        """Queue a response of the stream (None: only the final flag; a Failure: an error
+        response) for the response thread."""
         self.outbox.put((stream, outputs, final))
 
-    def _send(self, stream: Stream, outputs: dict | None, final: bool) -> None:
+    def _send(self, stream: Stream, outputs, final: bool) -> None:
         try:
-            self.send(stream.sender, outputs, final)
+            if isinstance(outputs, Failure):
+                self.fail(stream.sender, outputs.message, outputs.invalid)
+            else:
+                self.send(stream.sender, outputs, final)
         except Exception:                        # a broken sender must not stop the others
             log.exception("llm: could not send a response of %s", stream.rid)
         finally:
             if final:                            # the slot is free once the final flag is sent
-                self.live.pop(id(stream), None)
+                self.live.pop(stream.key, None)
                 if stream.ref:
                     self.board.close(stream.ref)
 
@@ -147,11 +197,10 @@ class Streams:
         while (item := self.outbox.get()) is not None:
             self._send(*item)
 
-    def _look(self, stream: Stream, now: float, ask: bool) -> None:
-        """One stream's board slot and deadline, and with `ask` its client (from the monitor thread).
-        The client is asked here, not at each of its outputs on the engine thread: Triton's
-        is_cancelled() is a round trip to the server process (benchmarks/bench_cancel_check.py), and
-        one a frame per stream held up every step."""
+    # -- the monitor --------------------------------------------------------------------
+    def _look(self, stream: Stream, now: float, ask: bool, progress: list) -> None:
+        """One stream's board slot and deadline, and with `ask` its client (from the monitor thread):
+        Triton's is_cancelled() is a round trip to the server process (bench_cancel_check)."""
         if stream.done or stream.stop_reason is not None:
             return
         if ask and stream.cancelled():
@@ -171,8 +220,11 @@ class Streams:
             elif now - stream.last_sent >= self.probe_every:
                 stream.probe()
         else:
-            if self.backlog_frames:              # behind the vocoder, or the gateway's client once it fell behind
-                stream.pace(decoded if taken < 0 else min(decoded, taken), self.backlog_frames)
+            # behind the vocoder, or the gateway's client once it fell behind: the core paces it
+            done = decoded if taken < 0 else min(decoded, taken)
+            if self.backlog_frames and done != stream.told:
+                stream.told = done
+                progress.append((stream.key, done))
             if now - stream.last_sent >= self.probe_every:
                 stream.probe()
 
@@ -184,15 +236,19 @@ class Streams:
             self.probe_every = spread(self.settings.cancel_probe_seconds, n, self.settings.cancel_probes_per_second)
             if ask := now >= next_ask:
                 next_ask = now + spread(ASK, n, ASK_RATE)
+            progress: list = []
             for stream in list(self.live.values()):
                 try:
-                    self._look(stream, now, ask)
+                    self._look(stream, now, ask, progress)
                 except Exception:                # one stream's fault must not stop the monitor
                     log.exception("llm: monitor failed on stream %s", stream.rid)
+            if progress:
+                self.core.progress(progress)
             if now >= next_life:
                 next_life = now + EVERY
                 self._follow()
-                self.gauges.publish(len(self.live))
+                self.gauges.publish(self.totals, len(self.live))
+                self.metrics.publish()           # what the threads counted since (velocity.serving.metrics)
 
     def _follow(self) -> None:
         """The server's life: a part that died (the watchdog), then serve.sh's drain."""
@@ -207,7 +263,7 @@ class Streams:
     def _tell_failure(self) -> None:
         """Another part died (the watchdog's `failed`): end every stream with an error naming it,
         and once they have all ended, tell the watchdog (which then kills the server)."""
-        if self._told or not failed_part(self.settings.run_dir):
+        if self._told or self.dead or not failed_part(self.settings.run_dir):
             return
         if not self._failing:
             self._failing = time.monotonic()
@@ -220,15 +276,16 @@ class Streams:
             self.drain.told(self._through_vocoder)
 
     def close(self) -> None:
-        """Stop: the engine aborts what is in flight, every stream ends, queued responses go out."""
+        """Stop: every stream ends, the engine core shuts down, queued responses go out."""
         self._stop.set()
-        self.engine.shutdown()
-        self.voicer.shutdown(wait=False, cancel_futures=True)
         for stream in list(self.live.values()):
             if not stream.done:
                 stream.stop_reason = stream.stop_reason or "shutdown"
             stream.end(STREAM_SHUTTING_DOWN)
+        self.core.close()
         self.outbox.put(None)
         for t in self._threads:
             t.join(timeout=30)
+        self.gauges.publish(self.totals, len(self.live))
+        self.metrics.publish()
         self.drain.done()

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from velocity.serving.drain import all_told
+from velocity.serving.drain import all_told, failed_part
 
 log = logging.getLogger("velocity.watchdog")
 
@@ -42,6 +42,9 @@ TELL_S = 1.0                    # seconds the llm gets to end its streams naming
 # (a dead vocoder's "not healthy" comes after seconds), so the kill comes at once
 UNNAMED = ("tritonserver", "llm", "vocoder")
 DIED = "process died"           # in readiness's reason after a failure (the gateways pass it on to clients)
+# parts inside a model's process tree: the llm's engine core (velocity.serving.engine_core), whose
+# death its stub names in `failed` before it ends itself
+WITHIN = {"llm": "llm engine"}
 STUB = "triton_python_backend_stub"
 INSTANCE = re.compile(r"^([A-Za-z0-9_.-]+?)_\d+_\d+$")      # llm_0_0 -> llm
 
@@ -145,6 +148,8 @@ class Watchdog:
             with self._lock:
                 for model in self._stubs.values():
                     self.failures.setdefault(model, 0)
+                    if model in WITHIN:
+                        self.failures.setdefault(WITHIN[model], 0)
             log.info("watchdog: serving with %d model processes: %s", len(self._stubs),
                      ", ".join(sorted(set(self._stubs.values()))))
         with self._lock:
@@ -157,13 +162,17 @@ class Watchdog:
             self.ready = ready
 
     def fail(self, part: str, pid: int) -> None:
-        """A part died: count it and restart the whole server (serve.sh starts it again)."""
+        """A part died: count it and restart the whole server (serve.sh starts it again). A stub
+        that ended itself for a death inside it (WITHIN) names that in `failed` first."""
+        if part in WITHIN and failed_part(str(self.run_dir)) == WITHIN[part]:
+            part = WITHIN[part]
         with self._lock:
             self.failures[part] = self.failures.get(part, 0) + 1
             self.failed, self.ready = part, False
             if self.down_since is None:
                 self.down_since = time.monotonic()
-        what = "tritonserver" if part == "tritonserver" else f"the {part} model's process"
+        what = "tritonserver" if part == "tritonserver" else f"the {part} process" if " " in part else \
+            f"the {part} model's process"
         log.error("watchdog: %s (pid %d) died: every live stream ends now and the server restarts", what, pid)
         if part not in UNNAMED:
             self.tell(part)

@@ -97,6 +97,7 @@ class FrameChunker:
         self.schedule, self.left, self.lookahead = schedule, left, lookahead
         self.frames: list[tuple[int, ...]] = []
         self.hidden: list[np.ndarray] = []
+        self._past = max(lookahead, 1)   # frames past a chunk's end before it is cut (even with no lookahead)
         self._sizes = schedule.sizes()
         self._next_end = next(self._sizes)
         self.emitted = 0           # frames of this utterance already handed out in chunks
@@ -126,7 +127,8 @@ class FrameChunker:
             self.hidden += list(hidden)
         self.frames += frames
         # a frame past the chunk must exist (even with no lookahead): the last chunk is finish()'s
-        return self._cut_through(len(self.frames) - max(self.lookahead, 1))
+        end = len(self.frames) - self._past
+        return [] if self._next_end > end else self._cut_through(end)
 
     def _cut_through(self, end: int) -> list[CodeChunk]:
         """Cut the schedule's chunks that end at or before frame `end`."""

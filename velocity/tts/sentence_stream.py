@@ -65,6 +65,8 @@ class SentenceStream:
         self.texts = [""] * n                       # refined texts, until the sentence's first chunk takes it
         self.spoken = list(texts or [""] * n)       # each sentence's text (refined: the refined one), for marks
         self.held: list[list[tuple]] = [[] for _ in range(n)]          # (frames, hidden, ended) of one ahead
+        self.held_frames = 0                        # frames in `held`, all sentences
+        self.made = 0                               # audio frames generated (end frames not counted)
 
     def requests(self, params, speaker, hidden: bool) -> list[tuple[int, list, object, dict]]:
         """The engine requests to start now, given the audio's sampling, speaker and whether it
@@ -90,8 +92,7 @@ class SentenceStream:
     def unsent_frames(self) -> int:
         """Frames generated but not yet in a chunk: the current sentence's not yet cut, and those
         held for the sentences ahead."""
-        held = sum(len(frames) for outputs in self.held for frames, _, _ in outputs)
-        return len(self.chunker.frames) - self.chunker.emitted + held
+        return len(self.chunker.frames) - self.chunker.emitted + self.held_frames
 
     def feed(self, i: int, out) -> list[CodeChunk]:
         """Sentence i's engine output (velocity.engine.llm_engine.RequestOutput) -> the chunks now
@@ -105,9 +106,14 @@ class SentenceStream:
                 self.spoken[i] = self.texts[i]              # what the audio speaks is the refined text
                 self.phase[i], self.started[i], self.generated[i] = "audio", False, []
             return []
-        keep = [k for k, f in enumerate(out.new_token_ids) if self.end_code not in f]
-        frames = [out.new_token_ids[k] for k in keep]
-        hidden = None if out.new_hidden is None else out.new_hidden[keep]
+        new = out.new_token_ids
+        if len(new) == 1 and self.end_code not in new[0]:      # a step's one frame (the usual case)
+            frames, hidden = new, out.new_hidden
+        else:                                                  # the end frame is dropped, its hidden row too
+            keep = [k for k, f in enumerate(new) if self.end_code not in f]
+            frames = [new[k] for k in keep]
+            hidden = None if out.new_hidden is None else out.new_hidden[keep]
+        self.made += len(frames)
         if self.phase[i] == "carry":
             self.carried[0].extend(frames)
             if hidden is not None:
@@ -119,6 +125,7 @@ class SentenceStream:
             self.phase[i] = "done"
         if i != self.sentence:
             self.held[i].append((frames, hidden, ended))
+            self.held_frames += len(frames)
             return []
         return self._speak([(frames, hidden, ended)])
 
@@ -152,4 +159,5 @@ class SentenceStream:
                 self.sentence += 1
                 if not self.done:
                     outputs, self.held[self.sentence] = self.held[self.sentence], []
+                    self.held_frames -= sum(len(f) for f, _, _ in outputs)
         return chunks

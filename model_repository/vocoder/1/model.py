@@ -1,15 +1,14 @@
 """Triton adapter: one chunk -> its audio (velocity.tts.audio_decoder.AudioDecoder; on CPU a
 stream's chunks through its own stateful decoder, velocity.serving.vocoder_streams).
 
-A chunk with HIDDEN (the GPT's hidden states) goes through the Decoder, one without through the
-DVAE from its CODES; then Vocos. LAST: an utterance's last chunk, half a frame (256 samples) shorter.
+A chunk with HIDDEN (the GPT's hidden states) goes through the Decoder, one without through the DVAE
+from its CODES; then Vocos. LAST: an utterance's last chunk, half a frame (256 samples) shorter.
 
-execute() only queues: a decode thread takes a stream's first chunk first, then the earliest
-deadline (velocity.serving.chunk_queue), with other queued chunks of the same shape up to
-VELOCITY_VOCODER_BATCH, and answers each when decoded (one response with the final flag).
-Decoupled: a probe of the llm, or a chunk of a stream whose client left, gets the final flag
-alone; the stream board carries a client's cancel, each stream's decoded frames and a failed
-chunk back to the llm (docs/architecture.md, "A client that leaves").
+execute() only queues: a decode thread takes a stream's first chunk first, then the earliest deadline
+(velocity.serving.chunk_queue), with other queued chunks of the same shape up to VELOCITY_VOCODER_BATCH,
+and answers each when decoded (one response with the final flag). Decoupled: a probe of the llm, or
+a chunk of a stream whose client left, gets the final flag alone; the stream board carries a client's
+cancel, each stream's decoded frames and a failed chunk back to the llm (docs/architecture.md).
 """
 import contextlib
 import logging
@@ -57,7 +56,7 @@ class TritonPythonModel:
         self.board, self.relay = StreamBoard(board_path(s.run_dir, "streams")), Relay(s.run_dir)
         # a chunk is due once the audio before it (START frames) has played
         self.queue = ChunkQueue(lambda start: start / self.decoder.frames_per_second)
-        self.metrics = make_metrics(pb_utils, "vocoder", VOCODER)
+        self.metrics = make_metrics(pb_utils, "vocoder", VOCODER).start(name="vocoder")   # sent by a timer
         self.streams = StreamDecoders(self.decoder, s.max_concurrent_requests or 1024, s.vocoder_stateful
                                       and dev.type == "cpu", self.metrics["stream_decoders"].set)
         self.thread = threading.Thread(target=self._decode_loop, name="vocoder-decode", daemon=True)
@@ -145,6 +144,7 @@ class TritonPythonModel:
         """Decode what is queued, then stop."""
         self.queue.close()
         self.thread.join(timeout=60)
+        self.metrics.close()
         self.board.close_file(unlink=True)
         if self.cores is not None:
             self.cores.close(unlink=True)     # whichever of llm and vocoder stops last finds it gone

@@ -1,6 +1,7 @@
 """Four threads at the same metrics of velocity.serving.metrics at once, as the vocoder's execute
-and decode threads are (its `dropped` counter and `backlog` gauge): the python backend's metrics
-are not thread-safe, and their race killed tritonserver (tests/test_server_smoke.py)."""
+and decode threads are (its `dropped` counter and `backlog` gauge), published meanwhile: the
+python backend's metrics are not thread-safe, and their race killed tritonserver
+(tests/test_server_smoke.py)."""
 import threading
 
 import numpy as np
@@ -13,7 +14,8 @@ THREADS = 4
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        self.metrics = make_metrics(pb_utils, "metrics_threads", VOCODER)
+        # published every 10 ms, from a thread beside the four: the publish path under load
+        self.metrics = make_metrics(pb_utils, "metrics_threads", VOCODER).start(every=0.01)
 
     def execute(self, requests: list) -> list:
         out = []

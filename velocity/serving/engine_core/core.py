@@ -1,0 +1,266 @@
+"""The engine core's loop (EngineCore), in a process of its own: the stub's commands applied
+between steps, one engine step, each output handed to its stream (velocity.serving.engine_core.
+stream), and one Report back to the stub with the chunks that became ready.
+
+Nothing here waits for the Triton server: the core has no python-backend object, and its only
+peer is the stub's socket. What it says (wire) is the stub's to send on.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import wait
+
+from velocity.serving.engine_core.stream import CoreStream
+from velocity.serving.engine_core.wire import Channel, Report
+from velocity.serving.llm_request import LLMInputs, check_prompts
+from velocity.serving.protocol import STREAM_FAILED
+from velocity.serving.settings import Settings
+
+log = logging.getLogger("velocity.llm")
+REPORT_EVERY = 0.1       # seconds between the core's reports when no event needs one sooner
+PACE_EVERY = 0.05        # seconds between its looks at every stream's backlog (a sentence ahead grows each step)
+
+
+class EngineCore:
+    """The llm's engine and its streams, driven by the stub's commands over `channel`."""
+
+    def __init__(self, settings: Settings, channel: Channel, core_board: str) -> None:
+        import torch
+
+        from velocity.device import resolve_device
+        from velocity.engine.llm_engine import LLMEngine
+        from velocity.serving.core_board import CoreBoard, ThreadLender
+        from velocity.tts.frontend import TextFrontend
+
+        s = self.settings = settings
+        self.channel = channel
+        own = s.set_threads("llm")
+        self.lender, self.cores = None, None
+        if s.lend_vocoder_cores and resolve_device(s.device).type == "cpu":
+            # all cores while no vocoder decodes (velocity.serving.core_board)
+            self.cores = CoreBoard(core_board)
+            self.lender = ThreadLender(self.cores, own, s.threads_lent(own), torch.set_num_threads)
+        self.engine = LLMEngine(s.engine_config())
+        self.frontend = TextFrontend(s.weights)          # the tokenizer, for text refine
+        self._carrier = None
+        if s.voice_carry_over:
+            self.carrier()
+        model = self.engine.model
+        self.end_code, self.num_vq = model.num_audio_tokens - 1, model.num_vq
+        self.schedule = s.schedule(gpu=self.engine.device.type == "cuda")     # every stream's chunk sizes
+        self.backlog = s.backlog_frames()
+        self.streams: dict[int, CoreStream] = {}
+        self.owner: dict[str, tuple[CoreStream, int]] = {}   # engine request -> (its stream, its sentence)
+        self.report = Report()
+        self.totals = self.report.totals
+        self.voicer = ThreadPoolExecutor(1, thread_name_prefix="llm-voicing")   # voice carry-over's samples
+        self.voiced: queue.SimpleQueue = queue.SimpleQueue()     # (stream, sample or None: failed)
+        self._wake_r, self._wake_w = socket.socketpair()         # the voicing thread wakes the loop
+        self._wake_r.setblocking(False)
+        self._running = True
+        self.idle = False                          # every request is paused: the loop waits for a command
+
+    def info(self) -> dict:
+        """What the stub needs to know of the engine."""
+        return {"num_vq": self.num_vq, "device": self.engine.device.type, "pid": os.getpid()}
+
+    def carrier(self):
+        """Voice carry-over's decoders and voice encoder (velocity.tts.carry_over), on the CPU: loaded
+        at the start under VELOCITY_VOICE_CARRY_OVER=1, else at the first request that asks."""
+        from velocity.tts.carry_over import VoiceCarrier
+
+        if self._carrier is None:
+            self._carrier = VoiceCarrier.load(self.settings.weights)
+            log.info("voice carry-over: the decoders and the voice encoder are loaded")
+        return self._carrier
+
+    # -- the streams' side ------------------------------------------------------------
+    def add(self, rid: str, stream: CoreStream, sentence: int, prompt: list, params, kwargs: dict) -> None:
+        self.owner[rid] = (stream, sentence)
+        self.engine.add_request(rid, prompt, params, **kwargs)
+
+    def abort(self, rid: str) -> None:
+        self.owner.pop(rid, None)
+        self.engine.abort(rid)
+
+    def emit(self, event: tuple) -> None:
+        self.report.events.append(event)
+
+    def finished(self, stream: CoreStream, event: tuple) -> None:
+        self.streams.pop(stream.key, None)
+        self.emit(event)
+
+    def voice(self, stream: CoreStream, first: tuple) -> None:
+        """Voice carry-over's sample of the first sentence, on the voicing thread: decoding its audio
+        in the loop would hold up every stream's step."""
+        def run() -> None:
+            try:
+                sample = stream.sentences.carry.sample(*first)
+            except Exception:
+                log.exception("stream %s: voice carry-over failed", stream.key)
+                sample = None
+            self.voiced.put((stream, sample))
+            self._wake_w.send(b"x")
+
+        self.voicer.submit(run)
+
+    # -- commands ---------------------------------------------------------------------
+    def apply(self, commands: list) -> None:
+        for cmd in commands:
+            kind = cmd[0]
+            if kind == "start":
+                self._start(*cmd[1:])
+            elif kind == "stop":
+                if (stream := self.streams.pop(cmd[1], None)) is not None:
+                    stream.over = True
+                    stream.abort_all()
+            elif kind == "progress":
+                for key, done in cmd[1]:
+                    if (stream := self.streams.get(key)) is not None:
+                        stream.done_frames = done
+                        if self.backlog:
+                            stream.pace(self.backlog)
+            elif kind == "shutdown":
+                self._running = False
+
+    def _start(self, key: int, ref: int, inputs: LLMInputs) -> None:
+        """Check a request as the engine will, plan its refine or carry-over, start its stream; a
+        ValueError names the input, and the stub answers with it."""
+        import torch
+
+        try:
+            check_prompts(inputs, self.engine.validate)
+            speaker = None
+            if inputs.speaker is not None:
+                try:               # checked and normalised once: every sentence reuses it
+                    speaker = self.engine.model.check_speaker(torch.from_numpy(inputs.speaker))
+                except ValueError as e:
+                    raise ValueError(f"SPEAKER_VECTOR: {e}") from e
+            refine = None if inputs.refine is None else self.frontend.refine_plan(
+                inputs.refine_prompts, inputs.refine, inputs.code_prefix, inputs.frames)
+            carry = None if inputs.carry_prompts is None else self.carrier().plan(inputs.carry_prompts)
+            stream = CoreStream(self, key, ref, inputs, speaker, refine, carry)
+        except ValueError as e:
+            self.emit(("reject", key, str(e), True))
+            return
+        except Exception as e:
+            log.exception("llm: could not start a request")
+            self.emit(("reject", key, f"llm: internal error ({e}); see the server log", False))
+            return
+        self.streams[key] = stream
+        try:
+            stream.start_requests()
+        except Exception:                        # checked before, so our fault
+            log.exception("llm: could not start stream %s", key)
+            stream.finish(("end", key, STREAM_FAILED))
+
+    # -- the loop ---------------------------------------------------------------------
+    def run(self) -> None:
+        """Until the stub says shutdown (or is gone): commands, a step, a report."""
+        last_report = last_pace = time.monotonic()
+        while self._running:
+            busy = self.engine.has_unfinished() and not self.idle
+            if busy:
+                waiting = self.channel.poll(0)
+            else:                                # nothing to step: until a command or a voice sample
+                waiting = self.channel.sock in wait([self.channel.sock, self._wake_r], REPORT_EVERY)
+            if waiting:
+                while True:                      # every command waiting, then a step
+                    self.apply(self.channel.recv())
+                    if not self.channel.poll(0):
+                        break
+                self.idle = False
+            self._take_voiced()
+            if self.engine.has_unfinished() and not self.idle:
+                self.idle = not self._step()     # every request paused: wait for a command
+            now = time.monotonic()
+            if self.backlog and now - last_pace >= PACE_EVERY:
+                last_pace = now
+                for stream in list(self.streams.values()):
+                    if stream.ref:
+                        stream.pace(self.backlog)
+                self.idle = False
+            if self.report.events or now - last_report >= REPORT_EVERY:
+                last_report = now
+                self._send_report()
+        self._shutdown()
+
+    def _step(self) -> bool:
+        """One engine step and its outputs to their streams; False when every request is paused."""
+        t = time.perf_counter()
+        if self.lender is not None:
+            self.lender()
+        try:
+            outputs = self.engine.step()
+        except Exception:  # a bug in scheduling: fail everyone rather than hang them
+            log.exception("engine loop failed; aborting all requests")
+            outputs = [self.engine.abort(r) for r in list(self.engine.requests)]
+        if not outputs:
+            return False
+        owner = self.owner
+        for out in outputs:
+            got = owner.pop(out.request_id, None) if out.finished else owner.get(out.request_id)
+            if got is not None and not got[0].over:
+                got[0].on_output(got[1], out)
+        tot = self.totals
+        tot.steps += 1
+        tot.step_seconds += time.perf_counter() - t
+        return True
+
+    def _take_voiced(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                stream, sample = self.voiced.get_nowait()
+            except queue.Empty:
+                return
+            if sample is None:
+                stream.finish(("end", stream.key, STREAM_FAILED))
+            else:
+                stream.voiced(sample)
+            self.idle = False
+
+    def _send_report(self) -> None:
+        st, tot = self.engine.stats(), self.totals
+        tot.running, tot.waiting, tot.kv_used, tot.kv_free = st.running, st.waiting + st.swapped, \
+            st.kv_blocks_used, st.kv_blocks_free
+        tot.preemptions, tot.paused = st.preemptions, st.paused
+        tot.lent_steps = self.lender.lent_steps if self.lender is not None else 0
+        report, self.report = self.report, Report(totals=tot)
+        self.channel.send(report)
+
+    def _shutdown(self) -> None:
+        """Abort what is left (its KV blocks free), tell the stub, close."""
+        for stream in list(self.streams.values()):
+            stream.finish(("end", stream.key, None))
+        self._send_report()
+        self.voicer.shutdown(wait=False, cancel_futures=True)
+        if self.cores is not None:
+            self.cores.close(unlink=True)     # whichever of llm and vocoder stops last finds it gone
+
+
+def serve(settings: Settings, channel: Channel, core_board: str) -> None:
+    """The core process's life: start the engine, say ready (or why not), run until told to stop.
+    core_board: the file the vocoder marks while it decodes (velocity.serving.core_board)."""
+    import traceback
+
+    try:
+        core = EngineCore(settings, channel, core_board)
+    except Exception as e:
+        log.exception("the engine core could not start")
+        channel.send(("failed", f"{type(e).__name__}: {e}", traceback.format_exc()))
+        return
+    channel.send(("ready", core.info()))
+    try:
+        core.run()
+    except (EOFError, OSError):                   # the stub is gone: nothing to tell
+        log.warning("the llm stub closed its socket: the engine core stops")
