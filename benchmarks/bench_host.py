@@ -198,7 +198,8 @@ def run_level(server: TritonServer, arm: str, streams: int, llm_inputs: list[dic
         return got, samples, wall
 
     got, samples, wall = asyncio.run(main())
-    window = steady(samples)
+    # through tts the vocoder paces the streams (a stream pauses with its backlog): a looser window
+    window = steady(samples, 0.9 if arm == "llm" else 0.6)
     firsts = [g["first"] for g in got if g["first"] is not None]
     errors = [g["error"] for g in got if g["error"]]
     out = {"streams": streams, "arm": arm, "wall_s": wall, "errors": len(errors), "error_samples": errors[:3],
@@ -251,7 +252,8 @@ def main() -> None:
     labels = {"this": revision() or "this"}
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-host-")))
-        weights = str(write_checkpoint(tmp / "tiny", "tiny", seed=0))
+        # small audio models: the vocoder's CPU decode of hundreds of streams paces the tts arm less
+        weights = str(write_checkpoint(tmp / "tiny", "tiny", seed=0, small_audio=True))
         trees: dict[str, Path | None] = {"this": None}
         if args.baseline_rev:
             trees["baseline"], labels["baseline"] = stack.enter_context(baseline_tree(args.baseline_rev)), \

@@ -16,7 +16,7 @@ from velocity.engine.worker import Worker
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
     """A request's state after a step: what is new, and everything generated so far (token_ids,
     copied only when read: the output shares its sequence's list, which only grows)."""
@@ -140,8 +140,13 @@ class LLMEngine:
         try:
             tokens, hidden = self.worker.execute(sched)
             want = [i for i, seq in enumerate(sched.seqs) if seq.return_hidden]
-            # one device-to-host copy for the rows that asked: position in the batch -> [1, H]
-            rows = dict(zip(want, hidden[want].float().cpu().numpy()[:, None])) if want else {}
+            # one device-to-host copy for the rows that asked: each row's [1, H], None for the others
+            rows: list = [None] * len(sched.seqs)
+            if len(want) == len(rows):
+                rows = list(hidden.float().cpu().numpy()[:, None])
+            elif want:
+                for i, h in zip(want, hidden[want].float().cpu().numpy()[:, None]):
+                    rows[i] = h
         except Exception as e:
             # Fail this batch's requests, not the engine; their KV can't be trusted for reuse.
             logger.exception("engine step failed; failing %d requests", len(sched.seqs))
@@ -154,23 +159,25 @@ class LLMEngine:
                 outputs[-1].error = f"engine step failed: {e}"
             return outputs
         outputs = []
+        check_stop = self.check_stop
         for i, (seq, tok) in enumerate(zip(sched.seqs, tokens)):
             seq.num_computed_tokens = len(seq)
             seq.append(tok)
-            reason = self.check_stop(seq, tok)
+            reason = check_stop(seq, tok)
             if reason:
                 self.requests.pop(seq.request_id, None)
                 self.scheduler.finish(seq, reason)
-            outputs.append(self._output(seq, [tok]))
-            outputs[-1].new_hidden = rows.get(i)
+            gen = seq.output_token_ids
+            outputs.append(RequestOutput(seq.request_id, gen, len(gen), [tok], rows[i], None, reason is not None,
+                                         reason))
         return outputs
 
     def check_stop(self, seq: Sequence, tok: Token) -> str | None:
         """An audio frame stops when any of its codes is a stop token (seq.stop_ids)."""
-        p = seq.params
+        p, stops = seq.params, seq.stop_ids
         n = len(seq.output_token_ids)
-        if n >= p.min_new_tokens and seq.stop_ids and (
-                not seq.stop_ids.isdisjoint(tok) if isinstance(tok, tuple) else tok in seq.stop_ids):
+        if stops and n >= p.min_new_tokens and (
+                not stops.isdisjoint(tok) if type(tok) is tuple else tok in stops):
             return "stop"
         if n >= p.max_new_tokens or len(seq) >= self.max_model_len:
             return "length"

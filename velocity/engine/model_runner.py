@@ -26,7 +26,7 @@ DECODE_ROOM_BLOCKS = 8    # columns a decode's block tables keep for blocks take
 @dataclass(slots=True)
 class DecodeInputs:
     """A decode step's inputs that the next decode of the same sequences updates (next_decode)."""
-    rows: dict[int, int]       # seq_id -> row
+    ids: list[int]             # row -> seq_id
     pos: torch.Tensor          # [B] the position each row computed
     tables: torch.Tensor       # [B, W + room] block tables, padded with the scratch block
     lens: list[int]            # blocks in each row's table
@@ -122,8 +122,8 @@ class ModelRunner:
         if Q == 1 and self.reuse_decode_inputs:      # the next decode of these sequences starts from here
             room = torch.full((len(seqs), W + DECODE_ROOM_BLOCKS), self.scratch_block, device=dev)
             room[:, :W] = md.block_tables
-            self.decode = DecodeInputs({s.seq_id: i for i, s in enumerate(seqs)}, pos_t, room,
-                                       [len(s.block_table) for s in seqs], last_t)
+            self.decode = DecodeInputs([s.seq_id for s in seqs], pos_t, room, [len(s.block_table) for s in seqs],
+                                       last_t)
         return self.token_tensor(tokens), pos_t, md, last_t, overrides
 
     def next_decode(self, seqs: list[Sequence]) -> tuple | None:
@@ -133,20 +133,23 @@ class ModelRunner:
         d = self.decode
         if d is None:
             return None
-        rows = [d.rows.get(s.seq_id) for s in seqs]
-        if None in rows:
-            return None
+        ids = [s.seq_id for s in seqs]
+        if same := ids == d.ids:                 # the usual case: the batch of the step before
+            rows = range(len(ids))
+        else:
+            at = {sid: i for i, sid in enumerate(d.ids)}
+            rows = [at.get(sid) for sid in ids]
+            if None in rows:
+                return None
         lens = [len(s.block_table) for s in seqs]
         W = max(lens)
         if W > d.tables.shape[1]:
             return None
-        same = rows == list(range(len(d.lens)))
         pos = d.pos + 1 if same else d.pos[rows] + 1                                # [B]
         tables = d.tables if same else d.tables[rows]                               # [B, W + room]
-        for i, (s, n) in enumerate(zip(seqs, lens)):
-            was = d.lens[rows[i]]
+        for i, (n, was) in enumerate(zip(lens, d.lens if same else [d.lens[r] for r in rows])):
             if n > was:                                 # a block taken since: write it in
-                tables[i, was:n] = torch.tensor(s.block_table[was:n])
+                tables[i, was:n] = torch.tensor(seqs[i].block_table[was:n])
         S = self.block_size
         md = AttentionMetadata(slot_mapping=tables.gather(1, (pos // S)[:, None])[:, 0] * S + pos % S,
                                block_tables=tables, attn_mask=None)
@@ -155,7 +158,7 @@ class ModelRunner:
         else:                                   # attends over the whole width: prepare's
             md.block_tables, md.attn_mask = tables[:, :W], build_attn_mask(pos[:, None], W * S)
         last = d.last if same else d.last[:len(seqs)]
-        self.decode = DecodeInputs({s.seq_id: i for i, s in enumerate(seqs)}, pos, tables, lens, last)
+        self.decode = DecodeInputs(ids, pos, tables, lens, last)
         tokens = self.token_tensor([s.output_token_ids[-1] for s in seqs])
         return tokens, pos, md, last, None
 

@@ -88,6 +88,98 @@ def sampling_batch(seqs: list[Sequence], K: int, V: int, stop_ids: set[int], sty
     return batch
 
 
+class SamplingBatches:
+    """The eager sampler's batch of each head, kept from one step to the next (a persistent batch,
+    as vLLM V1's InputBatch keeps its sampling tensors). While a head's batch holds the same
+    sequences in the same order as the step before (a run of decodes), each one token further, its
+    fixed parts (which rows sample, temperatures, top-k, top-p, the penalties) are the last
+    step's, the seeded rows' noise keys advance a step (numpy, all at once), and each penalty
+    row's history takes the token it sampled into a ring of its window (the penalty counts the
+    window's tokens, in any order). Any other batch is made whole (sampling_batch), and is kept
+    only where that holds for the next step too: no stop mask in play (min_new_tokens passed, no
+    first token) and every penalty over a window."""
+
+    def __init__(self) -> None:
+        self.kept: dict[str, _Kept] = {}
+
+    def batch(self, head: str, seqs: list[Sequence], K: int, V: int, stop_ids: set[int], style: str = "transformers",
+              window: int | None = None, device: torch.device | str = "cpu") -> SamplingBatch:
+        """sampling_batch's batch for this head's rows (the same values, made faster where kept)."""
+        kept = self.kept.get(head)
+        if kept is not None and kept.follows(seqs):
+            return kept.next_batch(device)
+        b = sampling_batch(seqs, K, V, stop_ids, style, window, device)
+        self.kept[head] = _Kept.of(seqs, b, K, V, window)
+        return b
+
+    def sampled(self, head: str, tokens: np.ndarray) -> None:
+        """This step's tokens of the head's rows, [b, K] (the penalty histories take them)."""
+        if (kept := self.kept.get(head)) is not None:
+            kept.take(tokens)
+
+
+class _Kept:
+    """One head's batch as SamplingBatches keeps it (see there)."""
+
+    def __init__(self, seqs: list[Sequence], batch: SamplingBatch, seeds: np.ndarray, unseeded: np.ndarray,
+                 rows: np.ndarray, pen: np.ndarray, windows: np.ndarray, ring: np.ndarray | None) -> None:
+        self.ids = [s.seq_id for s in seqs]
+        self.n_out = np.array([len(s.output_token_ids) for s in seqs], dtype=np.int64)   # [B] at this batch
+        self.batch, self.seeds, self.unseeded, self.rows = batch, seeds, unseeded, rows
+        self.pen, self.windows, self.ring = pen, windows, ring
+        self.taken = False
+
+    @classmethod
+    def of(cls, seqs: list[Sequence], b: SamplingBatch, K: int, V: int, window: int | None) -> "_Kept | None":
+        """The batch kept for the next step, or None where the next one must be made whole."""
+        if b.stop_mask is not None or b.first_stop_mask is not None:
+            return None
+        if any(len(s.output_token_ids) + 1 < s.params.min_new_tokens for s in seqs):
+            return None                          # a stop mask comes back while under min_new_tokens
+        rows = np.array([i for i, s in enumerate(seqs) if not s.params.greedy], dtype=np.int64)
+        seeds = np.array([0 if seqs[i].params.seed is None else seqs[i].params.seed & M64 for i in rows],
+                         dtype=np.uint64)
+        unseeded = np.array([j for j, i in enumerate(rows) if seqs[i].params.seed is None], dtype=np.int64)
+        pen = np.array([i for i, s in enumerate(seqs) if s.params.repetition_penalty != 1.0], dtype=np.int64)
+        windows = np.array([seqs[i].params.repetition_window or window or 0 for i in pen], dtype=np.int64)
+        ring = None
+        if len(pen):
+            if not windows.all():                # a history without a window: made whole each step
+                return None
+            ring = np.full((len(pen), int(windows.max()), K), V, dtype=np.int64)
+            for j, i in enumerate(pen):
+                h, n = seqs[i].output_array()[-windows[j]:], len(seqs[i].output_token_ids)
+                ring[j, np.arange(n - len(h), n) % windows[j]] = h[:, :K]
+        return cls(seqs, b, seeds, unseeded, rows, pen, windows, ring)
+
+    def follows(self, seqs: list[Sequence]) -> bool:
+        """seqs are the kept batch's, in its order, each one token further (its tokens taken)."""
+        return self.taken and len(seqs) == len(self.ids) and all(
+            s.seq_id == i for s, i in zip(seqs, self.ids))
+
+    def take(self, tokens: np.ndarray) -> None:
+        """The tokens the kept batch's rows sampled [B, K]: into the penalty rings."""
+        if self.ring is not None:
+            slot = self.n_out[self.pen] % self.windows
+            self.ring[np.arange(len(self.pen)), slot] = tokens[self.pen, :self.ring.shape[2]]
+        self.n_out += 1
+        self.taken = True
+
+    def next_batch(self, device: torch.device | str) -> SamplingBatch:
+        """The next step's batch: the kept one with this step's noise keys and histories."""
+        self.taken = False
+        b = self.batch
+        keys = noise_keys(self.seeds, self.n_out[self.rows].astype(np.uint64)) if len(self.rows) else b.keys
+        for j in self.unseeded:
+            keys[j] = random_key()
+        out = SamplingBatch(b.style, b.rows, b.temperatures, b.top_k, b.top_p, b.width, b.filtered, keys,
+                            None, None, b.penalty_rows, b.penalty_ids, b.penalty_once, b.penalty)
+        if self.ring is not None:
+            # (on a GPU a copy; on the CPU the ring itself, which the next take() writes once this step is done)
+            out.penalty_ids = to_device(torch.from_numpy(self.ring), device).transpose(1, 2)    # [P, K, L]
+        return out
+
+
 class SamplingRows:
     """Fills `GraphSampler` rows from sequences; the parts of a row that do not change from step to
     step are kept for the sequences of the last step only."""

@@ -61,10 +61,16 @@ class Scheduler:
         paused = [s for s in self.running if s.paused]
         running = sorted((s for s in self.running if not s.paused), key=lambda s: s.arrival_time)
         kept: list[Sequence] = []
-        while running:
-            seq = running.pop(0)
+        lo, hi = 0, len(running)            # running[lo:hi] to place; victims come from its end
+        while lo < hi:
+            seq = running[lo]
+            lo += 1
             while not self.bm.can_append(seq):
-                victim = running.pop() if running else seq
+                if hi > lo:
+                    hi -= 1
+                    victim = running[hi]
+                else:
+                    victim = seq
                 self._preempt(victim, out)
                 if victim is seq:
                     break

@@ -34,8 +34,9 @@ class Sequence:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[Token] = []
-        # output_token_ids as an int64 array [capacity, codes per token], kept by append
+        # output_token_ids as an int64 array [capacity, codes per token], brought up to date when read
         self._out, self._out_n = np.empty((0, 1), dtype=np.int64), 0
+        self._len = len(self.prompt_token_ids)      # len(self), kept by append
         self.params = params
         # Anything besides the tokens that changes the KV (a speaker vector's digest):
         # it seeds the prefix-cache hash chain, so different salts never share blocks.
@@ -53,7 +54,7 @@ class Sequence:
         self.arrival_time = time.monotonic()
 
     def __len__(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return self._len
 
     def __repr__(self) -> str:
         return f"Sequence({self.request_id!r}, len={len(self)}, {self.status.value})"
@@ -76,19 +77,24 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     def append(self, token: Token) -> None:
-        """Add a generated token (the only way tokens are added: it keeps output_array too)."""
+        """Add a generated token (the only way tokens are added: it keeps len() and output_array)."""
         self.output_token_ids.append(token)
-        n = self._out_n = self._out_n + 1
-        if n > len(self._out):                         # grow by doubling
-            grown = np.empty((max(16, 2 * n), len(token) if isinstance(token, tuple) else 1), dtype=np.int64)
-            grown[:n - 1] = self._out[:n - 1]
-            self._out = grown
-        self._out[n - 1] = token
+        self._len += 1
 
     def output_array(self) -> np.ndarray:
-        """The generated tokens as int64 [n, codes per token] (a view; the sampler's penalty history)."""
-        assert self._out_n == len(self.output_token_ids), "output tokens added without Sequence.append"
-        return self._out[:self._out_n]
+        """The generated tokens as int64 [n, codes per token] (a view; the sampler's penalty history).
+        The tokens added since the last call are written in here, at once."""
+        out, done, n = self._out, self._out_n, len(self.output_token_ids)
+        assert self._len == len(self.prompt_token_ids) + n, "tokens added without Sequence.append"
+        if n > done:
+            if n > len(out):                           # grow by doubling
+                first = self.output_token_ids[0]
+                grown = np.empty((max(16, 2 * n), len(first) if isinstance(first, tuple) else 1), dtype=np.int64)
+                grown[:done] = out[:done]
+                self._out = out = grown
+            out[done:n] = np.array(self.output_token_ids[done:n], dtype=np.int64).reshape(n - done, -1)
+            self._out_n = n
+        return out[:n]
 
     def finish(self, reason: str) -> None:
         self.status = SequenceStatus.FINISHED

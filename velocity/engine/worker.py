@@ -19,7 +19,7 @@ from velocity.engine.sampler import Sampler, to_device
 from velocity.engine.cache_engine import CacheEngine, bytes_per_block
 from velocity.device import kv_dtype, resolve_device, resolve_dtype
 from velocity.engine.model_runner import ModelRunner
-from velocity.engine.sampling_rows import sampling_batch
+from velocity.engine.sampling_rows import SamplingBatches
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ class Worker:
                                   graph_sampler=self._graph_sampler() if use_graphs and fused else None,
                                   in_place_prefill=rows is not None)
         self.sampler = Sampler(sort_rows_kernel() if self.device.type == "cpu" and config.cpu_kernel else None)
+        self.batches = SamplingBatches()                 # the eager sampler's inputs, kept between steps
 
     def _use_gpu_kernels(self) -> bool:
         """The decoder layer on the Triton kernels, and the code heads as one GEMM; False (logged) where
@@ -150,8 +151,10 @@ class Worker:
             head = self.model.heads[name]
             some = len(rows) < len(out.seqs)
             logits = head.fn(hidden[to_device(torch.tensor(rows), hidden.device)] if some else hidden)   # [b, K, V]
-            batch = sampling_batch([out.seqs[i] for i in rows], logits.shape[1], logits.shape[2], head.stop_ids,
-                                   head.sampling_style, head.repetition_window, hidden.device)
-            for i, t in zip(rows, self.sampler(logits, batch).tolist()):       # [b, K]
+            batch = self.batches.batch(name, [out.seqs[i] for i in rows], logits.shape[1], logits.shape[2],
+                                       head.stop_ids, head.sampling_style, head.repetition_window, hidden.device)
+            picked = self.sampler(logits, batch).cpu().numpy()                    # [b, K]
+            self.batches.sampled(name, picked)
+            for i, t in zip(rows, picked.tolist()):
                 tokens[i] = t[0] if len(t) == 1 else tuple(t)
         return tokens, hidden

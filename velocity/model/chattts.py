@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -85,8 +86,9 @@ class ChatTTSGPT(nn.Module):
 
     def token_tensor(self, tokens: list, device: torch.device) -> torch.Tensor:
         pad = (-1,) * (self.num_vq - 1)
-        rows = [(t, *pad) if isinstance(t, int) else t for t in tokens]
-        return torch.tensor(rows, dtype=torch.long, device=device).view(len(tokens), self.num_vq)
+        rows = [(t, *pad) if type(t) is int else t for t in tokens]
+        # numpy reads a list of tuples several times faster than torch.tensor does
+        return torch.from_numpy(np.array(rows, dtype=np.int64).reshape(len(tokens), self.num_vq)).to(device)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """ids: [T, num_vq] -> [T, H]"""
