@@ -137,3 +137,26 @@ def test_a_paused_sequence_sits_out_keeps_its_blocks_and_is_never_preempted():
     c.paused = True                                   # a paused waiting sequence is not admitted
     s.finish(a, "stop")
     assert [q.request_id for q in step(s).seqs] == ["b"] and c.status is SequenceStatus.WAITING
+
+
+def test_beside_decodes_a_burst_of_prompts_spreads_over_steps():
+    """max_prefill_tokens: beside running decodes a step takes at most that many prompt tokens (a
+    longer prompt alone), so a burst of new requests is admitted over several steps instead of
+    one step that stalls the running streams; with nothing running, all the budget allows."""
+    bm = BlockManager(256, 4, watermark=0.0)
+    s = Scheduler(bm, 64, 4096, max_prefill_tokens=10)
+    first = [add(s, f"r{i}", 6, i) for i in range(3)]
+    out = step(s)
+    assert [q.request_id for q in out.seqs] == ["r0", "r1", "r2"]       # nothing ran: no cap
+    burst = [add(s, f"b{i}", 4, 10 + i) for i in range(6)]
+    admitted = []
+    for _ in range(3):
+        out = step(s)
+        new = [q.request_id for q in out.seqs if q in burst and len(q.output_token_ids) == 1]
+        assert all(q in out.seqs for q in first)                          # the running ones every step
+        assert sum(len(q.prompt_token_ids) for q in burst if q.request_id in new) <= 10
+        admitted.append(new)
+    assert admitted == [["b0", "b1"], ["b2", "b3"], ["b4", "b5"]]
+    long = add(s, "long", 30, 20)                                          # over the cap: alone
+    out = step(s)
+    assert long in out.seqs and long.num_computed_tokens == 30

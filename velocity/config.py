@@ -22,6 +22,9 @@ class EngineConfig:
     watermark: float = 0.01               # fraction of blocks kept free when admitting prefills
     max_num_seqs: int = 64
     max_num_batched_tokens: int | None = None  # tokens per step; None: 4096 (see token_budget)
+    # prompt tokens a step takes beside running decodes (a longer prompt goes alone): a burst of new
+    # requests is taken over several steps instead of one that stalls every running stream; 0: no cap
+    max_prefill_tokens: int = 256
     max_model_len: int | None = None      # None: the model's max positions
     enforce_eager: bool = False           # True: no CUDA graphs
     pack_cpu_weights: bool = True         # CPU float32: linears on packed weights (the C++ f32_gemm, else oneDNN)
@@ -43,6 +46,8 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_prefill_tokens < 0:
+            raise ValueError(f"max_prefill_tokens must be >= 0 (0: no cap), got {self.max_prefill_tokens}")
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

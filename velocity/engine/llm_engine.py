@@ -61,7 +61,7 @@ class LLMEngine:
         self.block_manager = BlockManager(self.worker.num_blocks, config.block_size, self.worker.num_cpu_blocks,
                                           config.watermark, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.token_budget(self.max_model_len),
-                                   config.preemption_mode)
+                                   config.preemption_mode, config.max_prefill_tokens)
         self.requests: dict[str, Sequence] = {}
         self.num_paused = 0                       # of them, paused (pause)
 

@@ -31,17 +31,19 @@ class SchedulerOutput:
 
 class Scheduler:
     """Decodes of running sequences first, then swapped-in sequences, then new prefills
-    join the same step while budgets and blocks allow. When a running sequence needs a
-    block and none is free, the newest running sequence is preempted (recompute or swap).
+    join the same step while budgets and blocks allow (beside decodes, max_prefill_tokens of
+    them). When a running sequence needs a block and none is free, the newest running sequence
+    is preempted (recompute or swap).
     A paused sequence (`seq.paused`: its stream has enough audio waiting for the vocoder) is
     left out of every step until resumed: it keeps its blocks and is never preempted.
     """
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 preemption_mode: str = "recompute") -> None:
+                 preemption_mode: str = "recompute", max_prefill_tokens: int = 0) -> None:
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_prefill_tokens = max_prefill_tokens     # beside decodes (0: no cap); a longer prompt goes alone
         self.preemption_mode = preemption_mode
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -91,19 +93,26 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             budget -= 1
-        # 3. new prefills join while budgets and blocks allow (none while others are swapped out)
-        waiting = [s for s in self.waiting if not s.paused]
+        # 3. new prefills join while budgets and blocks allow (none while others are swapped out);
+        #    beside decodes at most max_prefill_tokens of them (a longer prompt alone): a burst of
+        #    new requests spreads over several steps, each a little longer, instead of one that
+        #    stalls every running stream
+        cap = self.max_prefill_tokens if kept and self.max_prefill_tokens else budget
+        taken = 0
+        waiting = [s for s in self.waiting if not s.paused] if self.waiting else []
         while waiting and not swapped and len(self.running) < self.max_num_seqs:
             seq = waiting[0]
             hits = self.bm.prefix_hits(seq)
             new_tokens = max(len(seq) - len(hits) * self.bm.block_size, 1)
-            if (new_tokens > budget and self.running) or not self.bm.can_allocate(seq, hits):
+            if (new_tokens > budget and self.running) or (taken and taken + new_tokens > cap) \
+                    or not self.bm.can_allocate(seq, hits):
                 break
             self.bm.allocate(seq)
             self.waiting.remove(waiting.pop(0))
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             budget -= seq.num_new_tokens
+            taken += seq.num_new_tokens
         out.seqs = list(self.running)
         self.running += paused
         return out

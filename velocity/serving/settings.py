@@ -20,6 +20,10 @@ class Settings:
     kv_cache_dtype: str = "auto"             # VELOCITY_KV_CACHE_DTYPE: auto or float16
     gpu_memory_utilization: float = 0.85     # VELOCITY_GPU_MEMORY_UTILIZATION
     max_num_seqs: int = 64                   # VELOCITY_MAX_NUM_SEQS
+    # Prompt tokens an engine step takes beside the running streams' frames (a longer prompt goes
+    # alone): a burst of new requests is admitted over several steps, and the running streams keep
+    # their pace. 0: no cap (a burst's prompts all in one step).
+    max_prefill_tokens: int = 256            # VELOCITY_MAX_PREFILL_TOKENS
     # The chunk sizes (frames; 46.875 frames = 1 s): the first, the second, and each later one
     # `growth` times the one before, up to the largest. A stream's first audio waits for its
     # first chunk and the lookahead past it. On a GPU (steps of a few ms): 12, 36, 2. On CPU a
@@ -167,6 +171,7 @@ class Settings:
         return EngineConfig(model=self.weights, device=self.device, dtype=self.dtype, kv_cache_bytes=self.kv_cache_bytes,
                             kv_cache_dtype=self.kv_cache_dtype,
                             gpu_memory_utilization=self.gpu_memory_utilization, max_num_seqs=self.max_num_seqs,
+                            max_prefill_tokens=self.max_prefill_tokens,
                             pack_cpu_weights=self.pack_cpu_weights, cpu_kernel=self.cpu_kernel,
                             gpu_kernels=self.gpu_kernels, graph_sampler=self.graph_sampler, quantize=self.quantize)
 

@@ -98,6 +98,12 @@ class SentenceStream:
         """Sentence i's engine output (velocity.engine.llm_engine.RequestOutput) -> the chunks now
         ready. A sentence that ends ("stop" or "length") lets the next one speak; a refine that
         ends readies the sentence's audio request."""
+        if not out.finished and i == self.sentence and self.phase[i] == "audio":
+            new = out.new_token_ids
+            if len(new) == 1 and self.end_code not in new[0]:     # a frame of the sentence spoken (most)
+                self.made += 1
+                mine = self.chunker.push(new, out.new_hidden)
+                return self._marked(mine) if mine else mine
         ended = out.finished and out.finish_reason in ("stop", "length")
         if self.phase[i] == "refine":
             self.generated[i] += out.new_token_ids
@@ -144,17 +150,22 @@ class SentenceStream:
         self.sentences = [p + sample for p in self.carry.prompts]
         self.phase[0], self.started[0] = "audio", False
 
+    def _marked(self, mine: list[CodeChunk]) -> list[CodeChunk]:
+        """The current sentence's new chunks, its first one carrying the refined text (text refine)
+        and the text it speaks (for marks)."""
+        if self.texts[self.sentence]:
+            mine[0].text, self.texts[self.sentence] = self.texts[self.sentence], ""
+        if self.spoken[self.sentence]:
+            mine[0].sentence_text, self.spoken[self.sentence] = self.spoken[self.sentence], ""
+        return mine
+
     def _speak(self, outputs: list[tuple]) -> list[CodeChunk]:
         """The current sentence's outputs into the chunker; at its end, the next one's held ones."""
         chunks: list[CodeChunk] = []
         while outputs:
             frames, hidden, ended = outputs.pop(0)
             mine = self.chunker.push(frames, hidden) + (self.chunker.finish() if ended else [])
-            if mine and self.texts[self.sentence]:       # the refined text rides on its first chunk
-                mine[0].text, self.texts[self.sentence] = self.texts[self.sentence], ""
-            if mine and self.spoken[self.sentence]:      # and the text it speaks, for marks
-                mine[0].sentence_text, self.spoken[self.sentence] = self.spoken[self.sentence], ""
-            chunks += mine
+            chunks += self._marked(mine) if mine else mine
             if ended:
                 self.sentence += 1
                 if not self.done:

@@ -13,6 +13,7 @@ import os
 import queue
 import socket
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import wait
 
@@ -24,6 +25,7 @@ from velocity.serving.settings import Settings
 
 log = logging.getLogger("velocity.llm")
 REPORT_EVERY = 0.1       # seconds between the core's reports when no event needs one sooner
+START_S = 0.002          # seconds of new requests' checks and plans between two steps (one at least)
 PACE_EVERY = 0.05        # seconds between its looks at every stream's backlog (a sentence ahead grows each step)
 
 
@@ -56,6 +58,7 @@ class EngineCore:
         self.schedule = s.schedule(gpu=self.engine.device.type == "cuda")     # every stream's chunk sizes
         self.backlog = s.backlog_frames()
         self.streams: dict[int, CoreStream] = {}
+        self.pending: deque = deque()                    # start commands not yet taken (START_S a loop)
         self.owner: dict[str, tuple[CoreStream, int]] = {}   # engine request -> (its stream, its sentence)
         self.report = Report()
         self.totals = self.report.totals
@@ -119,11 +122,13 @@ class EngineCore:
         for cmd in commands:
             kind = cmd[0]
             if kind == "start":
-                self._start(*cmd[1:])
+                self.pending.append(cmd[1:])
             elif kind == "stop":
                 if (stream := self.streams.pop(cmd[1], None)) is not None:
                     stream.over = True
                     stream.abort_all()
+                else:                            # not taken yet: dropped
+                    self.pending = deque(c for c in self.pending if c[0] != cmd[1])
             elif kind == "progress":
                 for key, done in cmd[1]:
                     if (stream := self.streams.get(key)) is not None:
@@ -132,6 +137,16 @@ class EngineCore:
                             stream.pace(self.backlog)
             elif kind == "shutdown":
                 self._running = False
+
+    def _start_pending(self) -> None:
+        """Start queued requests for START_S seconds (one at least): checking and planning a burst
+        of them at once would hold up every running stream's next step."""
+        end = time.perf_counter() + START_S
+        while self.pending:
+            self._start(*self.pending.popleft())
+            if time.perf_counter() >= end:
+                break
+        self.idle = False
 
     def _start(self, key: int, ref: int, inputs: LLMInputs) -> None:
         """Check a request as the engine will, plan its refine or carry-over, start its stream; a
@@ -169,7 +184,7 @@ class EngineCore:
         """Until the stub says shutdown (or is gone): commands, a step, a report."""
         last_report = last_pace = time.monotonic()
         while self._running:
-            busy = self.engine.has_unfinished() and not self.idle
+            busy = (self.engine.has_unfinished() and not self.idle) or bool(self.pending)
             if busy:
                 waiting = self.channel.poll(0)
             else:                                # nothing to step: until a command or a voice sample
@@ -181,6 +196,8 @@ class EngineCore:
                         break
                 self.idle = False
             self._take_voiced()
+            if self.pending:                     # a burst of requests: START_S of them a loop
+                self._start_pending()
             if self.engine.has_unfinished() and not self.idle:
                 self.idle = not self._step()     # every request paused: wait for a command
             now = time.monotonic()
