@@ -23,8 +23,8 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int | None = None  # tokens per step; None: 4096 (see token_budget)
     # prompt tokens a step takes beside running decodes (a longer prompt goes alone): a burst of new
-    # requests is taken over several steps instead of one that stalls every running stream; 0: no cap
-    max_prefill_tokens: int = 256
+    # requests is taken over several steps instead of one that holds up every running stream; 0: no cap
+    max_prefill_tokens: int = 0
     max_model_len: int | None = None      # None: the model's max positions
     enforce_eager: bool = False           # True: no CUDA graphs
     pack_cpu_weights: bool = True         # CPU float32: linears on packed weights (the C++ f32_gemm, else oneDNN)

@@ -21,9 +21,10 @@ class Settings:
     gpu_memory_utilization: float = 0.85     # VELOCITY_GPU_MEMORY_UTILIZATION
     max_num_seqs: int = 64                   # VELOCITY_MAX_NUM_SEQS
     # Prompt tokens an engine step takes beside the running streams' frames (a longer prompt goes
-    # alone): a burst of new requests is admitted over several steps, and the running streams keep
-    # their pace. 0: no cap (a burst's prompts all in one step).
-    max_prefill_tokens: int = 256            # VELOCITY_MAX_PREFILL_TOKENS
+    # alone): a burst of new requests is admitted over several steps. 0: no cap, a burst's prompts in
+    # one step, which measured best on the tiny checkpoint (docs/benchmarks.md, "A burst of new
+    # requests"); a cap helps where a prompt token costs much of a step (the full model on CPU).
+    max_prefill_tokens: int = 0              # VELOCITY_MAX_PREFILL_TOKENS
     # The chunk sizes (frames; 46.875 frames = 1 s): the first, the second, and each later one
     # `growth` times the one before, up to the largest. A stream's first audio waits for its
     # first chunk and the lookahead past it. On a GPU (steps of a few ms): 12, 36, 2. On CPU a
