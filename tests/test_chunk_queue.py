@@ -129,3 +129,18 @@ def test_a_batch_is_the_most_urgent_chunk_and_queued_chunks_of_its_length():
     assert names(q.get_due(1, key)) == ["y"]
     q.close()
     assert q.get_due(8, key) == []
+
+
+def test_a_batch_holds_one_chunk_of_a_stream_and_the_rest_keep_their_order():
+    """one_of: streams' chunks through their stateful decoders go together, one chunk a stream a
+    call (its decoder takes its chunks in order); the next call takes the next of each."""
+    clock = Clock()
+    q = ChunkQueue(lambda i: 1.0 * i, clock)
+    for stream, index in [(1, 1), (1, 2), (2, 1), (1, 3), (3, 1), (2, 2)]:
+        q.put(index, (f"s{stream}c{index}", stream))
+    key = lambda item: "stream"  # noqa: E731
+    one_of = lambda item: item[1]  # noqa: E731
+    names = lambda batch: [item[0] for _, item in batch]  # noqa: E731
+    assert names(q.get_due(8, key, one_of)) == ["s1c1", "s2c1", "s3c1"]
+    assert names(q.get_due(8, key, one_of)) == ["s1c2", "s2c2"]
+    assert names(q.get_due(2, key, one_of)) == ["s1c3"]

@@ -56,7 +56,16 @@ def test_streams_interleaved_decode_as_each_alone(decoder):
         want = np.concatenate([alone.decode_chunks([c], torch.device("cpu"))[0][0].numpy() for c in chunks], axis=-1)
         mine = np.concatenate(got[ref], axis=-1)
         assert mine.shape == want.shape == np.concatenate(chunked(decoder, chunks), axis=-1).shape
-        assert np.array_equal(mine, want)
+        # both streams' chunks went through each layer at once: the convolutions sum in another
+        # order for a batch of two, so within float32's rounding of the stream alone (measured 5e-6
+        # of its peak), not bit for bit
+        np.testing.assert_allclose(mine, want, rtol=0, atol=1e-5 * np.abs(want).max())
+        one_by_one = StreamDecoders(decoder, 4)                      # the default: one chunk a call
+        interleaved = {11: [], 22: []}
+        for pair in zip(a, b):
+            for c in pair:
+                interleaved[c.stream].append(one_by_one.decode_chunks([c], torch.device("cpu"))[0][0].numpy())
+        assert np.array_equal(np.concatenate(interleaved[ref], axis=-1), want)   # interleaved, bit for bit
     fed = sum(c.x.shape[-1] for c in a + b)                          # what the chunked decode computes
     assert audio <= frames < fed
 

@@ -50,9 +50,12 @@ class ChunkQueue:
             self._cv.notify()
         return deadline
 
-    def get_due(self, n: int = 1, key: Callable[[Any], Hashable] | None = None) -> list[tuple[float, Any]]:
+    def get_due(self, n: int = 1, key: Callable[[Any], Hashable] | None = None,
+                one_of: Callable[[Any], Hashable] | None = None) -> list[tuple[float, Any]]:
         """The next (deadline, item), and up to n - 1 more queued items with the same key (not
-        None), earliest deadline first: chunks to decode in one call. Blocks; [] once closed and empty."""
+        None), earliest deadline first: chunks to decode in one call; one_of(item): at most one item
+        a value of it in the call (a stream's chunks go one a call, in order). Blocks; [] once
+        closed and empty."""
         with self._cv:
             while not self._heap and not self._closed:
                 self._cv.wait()
@@ -60,7 +63,18 @@ class ChunkQueue:
                 return []
             first = heapq.heappop(self._heap)
             k = key(first[3]) if key is not None and n > 1 else None
-            more = [] if k is None else heapq.nsmallest(n - 1, (e for e in self._heap if key(e[3]) == k))
+            if k is None:
+                more = []
+            elif one_of is None:
+                more = heapq.nsmallest(n - 1, (e for e in self._heap if key(e[3]) == k))
+            else:
+                seen, more = {one_of(first[3])}, []
+                for e in sorted(e for e in self._heap if key(e[3]) == k):
+                    if len(more) == n - 1:
+                        break
+                    if (v := one_of(e[3])) not in seen:
+                        seen.add(v)
+                        more.append(e)
             if more:
                 taken = {order for _, _, order, _ in more}
                 self._heap = [e for e in self._heap if e[2] not in taken]

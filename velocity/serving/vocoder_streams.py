@@ -1,7 +1,8 @@
 """The vocoder's stateful decoders, one per stream (velocity.tts.stateful_decoder): a stream's
 chunk goes through its own, which keeps each layer's input tail between the stream's chunks, so
 that no chunk decodes its left context again (only the positions within reach past the last
-chunk's end).
+chunk's end). Several streams' chunks, one each, go through their decoders' layers at once
+(decode_together).
 
 A stream's decoder lives for one utterance (sentence): made at its first chunk, freed at its
 last (`last`), and dropped when the stream is over otherwise: its client left, a chunk failed,
@@ -21,7 +22,7 @@ import torch
 
 from velocity.serving.protocol import Job, same_shape
 from velocity.tts.audio_decoder import AudioDecoder
-from velocity.tts.stateful_decoder import StatefulDecoder
+from velocity.tts.stateful_decoder import StatefulDecoder, decode_together
 
 log = logging.getLogger("velocity.vocoder")
 
@@ -39,11 +40,8 @@ class StreamDecoders:
         self.held: OrderedDict[int, StatefulDecoder] = OrderedDict()
         self.lock = threading.Lock()
 
-    def decode(self, stream: int, x: torch.Tensor, context: int, length: int, last: bool, start: int
-               ) -> tuple[torch.Tensor, float]:
-        """The stream's chunk (x [1, ...] as decode_chunks takes it; `start`: its first frame in the
-        stream) -> (its audio [1, samples], the GPT frames the decode cost: positions computed,
-        each layer weighted by its cost, over two). ValueError for a chunk out of order."""
+    def _decoder(self, stream: int, start: int) -> StatefulDecoder:
+        """The stream's utterance's decoder, made at its first chunk (`start`: its first frame)."""
         with self.lock:
             dec = self.held.get(stream)
             if dec is None:
@@ -52,20 +50,41 @@ class StreamDecoders:
                     log.warning("vocoder: over %d stream decoders held: stream %d's dropped", self.limit, old)
                 dec = self.held[stream] = StatefulDecoder(self.shared, position=start)
                 self.tell(len(self.held))
-        before = dec.weighted()
+            return dec
+
+    def decode(self, chunks: list[tuple]) -> tuple[list[torch.Tensor], float]:
+        """Streams' chunks, each (stream, x [1, ...] as decode_chunks takes it, context, length,
+        last, start: its first frame in the stream), a stream at most once, through their
+        decoders together (decode_together) -> (each one's audio [1, samples], the GPT frames the
+        decode cost: positions computed, each layer weighted by its cost, over two). ValueError
+        for a chunk out of order (its stream's decoder dropped, as every one's in a failed call)."""
+        decs = [self._decoder(stream, start) for stream, *_, start in chunks]
+        before = sum(d.weighted() for d in decs)
         try:
-            audio = dec.decode(x, context, length, last, at=start)
+            audio = decode_together([(d, x, context, length, last, start)
+                                     for d, (_, x, context, length, last, start) in zip(decs, chunks)])
         except Exception:
-            self.drop(stream)
+            for stream, *_ in chunks:
+                self.drop(stream)
             raise
-        if last:
-            self.drop(stream)
-        return audio, (dec.weighted() - before) / 2
+        for stream, *_, last, _ in chunks:
+            if last:
+                self.drop(stream)
+        return audio, (sum(d.weighted() for d in decs) - before) / 2
 
     def batch_key(self, job: Job) -> tuple | None:
-        """What queued jobs decoded in one call share (protocol.same_shape); a stream's chunk goes
-        alone when on, so that the queue hands each stream's chunks over in order."""
-        return None if self.on and job.chunk.stream else same_shape(job)
+        """What queued jobs decoded in one call share: on, streams' chunks of one path (codes or
+        hidden states) through their stateful decoders at once (decode_together), a first chunk
+        only beside other first chunks (it is not held up by later ones); else protocol.same_shape."""
+        c = job.chunk
+        if self.on and c.stream and job.error is None and c.x.shape[0] == 1:
+            return "stream", c.hidden is None, c.number == 0
+        return same_shape(job)
+
+    @staticmethod
+    def one_of(job: Job) -> int:
+        """A stream's chunks go one a call (in order): the queue takes at most one job of each."""
+        return job.chunk.stream
 
     def drop(self, stream: int) -> None:
         with self.lock:
@@ -90,10 +109,12 @@ class StreamDecoders:
         out: list[torch.Tensor | None] = [None] * len(chunks)
         frames = 0.0
         if self.on:
-            for i, (c, x) in enumerate(zip(chunks, xs)):
-                if c.stream and x.shape[0] == 1:
-                    out[i], cost = self.decode(c.stream, x, c.context, c.length, c.last, c.start)
-                    frames += cost
+            mine = [i for i, (c, x) in enumerate(zip(chunks, xs)) if c.stream and x.shape[0] == 1]
+            if mine:
+                audio, frames = self.decode([(chunks[i].stream, xs[i], chunks[i].context, chunks[i].length,
+                                              chunks[i].last, chunks[i].start) for i in mine])
+                for i, a in zip(mine, audio):
+                    out[i] = a
         rest = [i for i, a in enumerate(out) if a is None]
         if rest:
             audio = self.decoder.decode_chunks([(xs[i], chunks[i].context, chunks[i].length, chunks[i].last)

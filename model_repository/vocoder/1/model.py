@@ -88,7 +88,7 @@ class TritonPythonModel:
         return None if why is None else pb_utils.InferenceResponse(error=Err(why[0], getattr(Err, why[1])))
 
     def _decode_loop(self) -> None:
-        while batch := self.queue.get_due(self.batch, key=self.streams.batch_key):
+        while batch := self.queue.get_due(self.batch, key=self.streams.batch_key, one_of=self.streams.one_of):
             self.metrics["backlog"].set(len(self.queue))
             keep = []
             for deadline, job in batch:
