@@ -144,3 +144,6 @@ def test_a_batch_holds_one_chunk_of_a_stream_and_the_rest_keep_their_order():
     assert names(q.get_due(8, key, one_of)) == ["s1c1", "s2c1", "s3c1"]
     assert names(q.get_due(8, key, one_of)) == ["s1c2", "s2c2"]
     assert names(q.get_due(2, key, one_of)) == ["s1c3"]
+    for k in range(3):                                  # no stream (None): any number of them
+        q.put(1 + k, (f"x{k}", None))
+    assert names(q.get_due(8, key, one_of)) == ["x0", "x1", "x2"]

@@ -5,6 +5,7 @@ vocoder batches chunks on this server (VELOCITY_VOCODER_BATCH=4, the GPU's defau
 from __future__ import annotations
 
 import re
+import time
 import threading
 from pathlib import Path
 
@@ -60,6 +61,7 @@ def test_vocoder_batches_queued_chunks_and_refuses_bad_codes(server):
     The vocoder is decoupled (it answers a probe with nothing): a direct caller streams."""
     rng = np.random.default_rng(0)
     chunks = [rng.integers(0, 625, (4, 24)) for _ in range(4)]
+    time.sleep(0.3)              # the counters are published four times a second: all of the tests before
     chunks_before, calls_before = (server.metric(f"velocity_vocoder_{m}_total") for m in ("chunks", "calls"))
     got, lock = {}, threading.Lock()
 

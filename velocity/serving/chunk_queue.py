@@ -54,8 +54,8 @@ class ChunkQueue:
                 one_of: Callable[[Any], Hashable] | None = None) -> list[tuple[float, Any]]:
         """The next (deadline, item), and up to n - 1 more queued items with the same key (not
         None), earliest deadline first: chunks to decode in one call; one_of(item): at most one item
-        a value of it in the call (a stream's chunks go one a call, in order). Blocks; [] once
-        closed and empty."""
+        of each value of it in the call, None free (a stream's chunks go one a call, in order).
+        Blocks; [] once closed and empty."""
         with self._cv:
             while not self._heap and not self._closed:
                 self._cv.wait()
@@ -68,11 +68,11 @@ class ChunkQueue:
             elif one_of is None:
                 more = heapq.nsmallest(n - 1, (e for e in self._heap if key(e[3]) == k))
             else:
-                seen, more = {one_of(first[3])}, []
+                seen, more = {one_of(first[3])} - {None}, []
                 for e in sorted(e for e in self._heap if key(e[3]) == k):
                     if len(more) == n - 1:
                         break
-                    if (v := one_of(e[3])) not in seen:
+                    if (v := one_of(e[3])) is None or v not in seen:
                         seen.add(v)
                         more.append(e)
             if more:

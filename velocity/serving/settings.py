@@ -81,8 +81,9 @@ class Settings:
     # Queued chunks the vocoder decodes in one call: of one length, or on CPU streams' chunks (one
     # each) through their stateful decoders together (0: 32 on a GPU, 1 on CPU, where a batch of
     # the chunked decode costs what its chunks do one by one and only delays the most urgent, and
-    # the stateful decoders' batch gains 1.1-1.4x but gives a stream's audio within 1e-5 of its own,
-    # not bit for bit: docs/benchmarks.md, "The vocoder's streams together")
+    # the stateful decoders' batch gives more chunks a second but a stream's audio only within
+    # float32's rounding of its own, not bit for bit: docs/benchmarks.md, "The vocoder's streams
+    # together")
     vocoder_batch: int = 0                   # VELOCITY_VOCODER_BATCH
     # On: on CPU, each stream's chunks go through a decoder of its own that keeps each layer's
     # input between chunks (velocity.serving.vocoder_streams): no chunk decodes its left context

@@ -82,9 +82,10 @@ class StreamDecoders:
         return same_shape(job)
 
     @staticmethod
-    def one_of(job: Job) -> int:
-        """A stream's chunks go one a call (in order): the queue takes at most one job of each."""
-        return job.chunk.stream
+    def one_of(job: Job) -> int | None:
+        """A stream's chunks go one a call (in order): the queue takes at most one job of each
+        stream; chunks of no stream (a direct caller's, None) any number."""
+        return job.chunk.stream or None
 
     def drop(self, stream: int) -> None:
         with self.lock:

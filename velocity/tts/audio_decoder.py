@@ -36,10 +36,10 @@ def exact_context(dvae: DVAE, vocos: Vocos) -> int:
 def default_decode_batch(device: torch.device) -> int:
     """Chunks decoded in one call: on a GPU a call costs about what one chunk does (kernel
     launches); on CPU a batch of the chunked decode costs what its chunks do one by one and only
-    delays the first, and streams' chunks through their stateful decoders together (1.1-1.4x the
-    chunks a second) give each stream's audio within 1e-5 of its own, not bit for bit (the
-    convolutions sum in another order for another batch): one a call keeps a stream's audio its
-    own whatever else is decoded (docs/benchmarks.md, "The vocoder's streams together")."""
+    delays the first, and streams' chunks through their stateful decoders together (more chunks a
+    second) give each stream's audio only within float32's rounding of its own (the convolutions
+    sum in another order for another batch): one a call keeps a stream's audio its own whatever
+    else is decoded (docs/benchmarks.md, "The vocoder's streams together")."""
     return 32 if device.type == "cuda" else 1
 
 
