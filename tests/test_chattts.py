@@ -87,6 +87,39 @@ def test_greedy_frames_equal_reference_with_speakers_prefix_cache_and_preemption
         assert llm.engine.block_manager.num_used_blocks == 0
 
 
+def test_a_client_that_takes_its_share_by_preemption_changes_no_ones_frames(ckpt, ref, prompts, speakers):
+    """Client a fills the batch (max_num_seqs 4), then client b asks: a's newest sequences are
+    preempted for b (recomputed later); every sequence's frames equal the reference's (greedy)
+    and its seeded frames equal those it samples alone."""
+    n = len(prompts)
+    params = [greedy() if i % 2 else sampled(seed=i) for i in range(n)]
+    alone = [make_llm(ckpt).generate([p], q, speakers=[s])[0].token_ids for p, q, s in zip(prompts, params, speakers)]
+    refs = [ref.greedy_frames(p, 16, s) if i % 2 else None for i, (p, s) in enumerate(zip(prompts, speakers))]
+    engine = make_llm(ckpt, max_num_seqs=4).engine
+    done = {}
+
+    def step() -> None:
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.token_ids
+
+    for i in range(4):
+        engine.add_request(f"a{i}", prompts[i], params[i], speaker=speakers[i], client="a")
+    step()
+    step()
+    for i in range(4, n):
+        engine.add_request(f"b{i}", prompts[i], params[i], speaker=speakers[i], client="b")
+    step()
+    assert engine.scheduler.num_preemptions == 2 and engine.stats().clients == 2
+    assert sorted(s.request_id for s in engine.scheduler.running) == ["a0", "a1", "b4", "b5"]
+    while engine.has_unfinished():
+        step()
+    got = [done[f"{'a' if i < 4 else 'b'}{i}"] for i in range(n)]
+    assert got == alone
+    assert all(g == r for g, r in zip(got, refs) if r is not None)
+    assert engine.block_manager.num_used_blocks == 0
+
+
 def test_greedy_unchanged_by_sampling_neighbours_and_seeds_reproducible(ckpt, prompts, speakers):
     llm = make_llm(ckpt)
     alone = llm.generate([prompts[1]], greedy(), speakers=[speakers[1]])[0].token_ids

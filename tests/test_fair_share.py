@@ -1,5 +1,5 @@
 """Issue #45, item 2: no client can take the gateway from the others. A client (its API key, else
-its address: here 127.0.0.2, .3 and .4, all this machine) has a cap on its streams and on its
+its address: here 127.0.0.2 to .6, all this machine) has a cap on its streams and on its
 WebSockets, all clients on their WebSockets together, and a silent socket is closed; past a cap,
 503 with Retry-After, and the other clients are served. The side gateway (conftest.SIDE_GATEWAY_ENV:
 4 streams and 3 sockets a client, 5 sockets in all, idle after 2 s, refusals sent after 0.5 s) in
@@ -58,6 +58,25 @@ def test_a_client_past_its_streams_gets_503_and_the_others_are_served(side_gw):
     assert other.status == 200 and len(other.read()) > 0
     for r in held:
         r.close()
+
+
+def test_the_engine_is_told_which_client_each_stream_is_for(side_gw, tts_server):
+    """The gateway names each stream's client to the server (CLIENT), and the engine counts its
+    clients (velocity_engine_clients): two addresses with streams held open are two clients."""
+    from triton_server import wait_for
+
+    gw, _ = side_gw
+    text = "Held open: one. Two. Three. Four. Five. Six."
+    clients = lambda: tts_server.metric("velocity_engine_clients")   # noqa: E731
+    one = [request(gw, "127.0.0.5", text) for _ in range(2)]
+    assert all(r.status == 200 and r.read1(1024) for r in one), [(r.status, r.read(300)) for r in one]
+    assert wait_for(lambda: clients() == 1, 30), clients()         # two streams of one client
+    two = request(gw, "127.0.0.6", text)
+    assert two.status == 200 and two.read1(1024), two.read(300)
+    assert wait_for(lambda: clients() == 2, 30), clients()
+    for r in [*one, two]:
+        r.close()
+    assert wait_for(lambda: clients() == 0, 30), clients()
 
 
 def ws_from(gw: str, source: str):

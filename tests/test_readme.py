@@ -41,7 +41,8 @@ def example_values(weights: Path) -> dict:
             "MAX_NEW_TOKENS": 16, "SEED": 7, "DECODER": "codes", "VOICE": "basil", "SPEAKER_SAMPLE": sample,
             "SAMPLE_TEXT": "the sample text", "REFINE_TEXT": True, "REFINE_PROMPT": "[oral_2]",
             "REFINE_TEMPERATURE": 0.5, "REFINE_TOP_P": 0.9, "REFINE_TOP_K": 10, "REFINE_REPETITION_PENALTY": 1.1,
-            "REFINE_MAX_NEW_TOKENS": 8, "LEXICON": '{"Hello": "hi"}', "VOICE_CARRY_OVER": True}
+            "REFINE_MAX_NEW_TOKENS": 8, "LEXICON": '{"Hello": "hi"}', "VOICE_CARRY_OVER": True,
+            "CLIENT": "a client"}
 
 
 def run_snippet(code: str, server) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Scheduler: FCFS continuous batching, budgets, preemption, abort. Pure Python."""
+"""Scheduler: FCFS continuous batching, budgets, preemption, abort, the fair share between clients. Pure Python."""
 import pytest
 
 from velocity.engine.block_manager import BlockManager
@@ -12,8 +12,8 @@ def make(num_blocks=16, block_size=4, max_num_seqs=8, max_tokens=64, mode="recom
     return Scheduler(bm, max_num_seqs, max_tokens, mode), bm
 
 
-def add(s, rid, n, t0):
-    q = Sequence(rid, list(range(100 * t0, 100 * t0 + n)), SamplingParams())
+def add(s, rid, n, t0, client=None):
+    q = Sequence(rid, list(range(100 * t0, 100 * t0 + n)), SamplingParams(), client=client)
     q.arrival_time = t0
     s.add(q)
     return q
@@ -160,3 +160,47 @@ def test_beside_decodes_a_burst_of_prompts_spreads_over_steps():
     long = add(s, "long", 30, 20)                                          # over the cap: alone
     out = step(s)
     assert long in out.seqs and long.num_computed_tokens == 30
+
+
+def test_a_new_client_takes_its_share_of_a_batch_that_one_client_fills():
+    s, bm = make(num_blocks=64, max_num_seqs=4)
+    flood = [add(s, f"a{i}", 3, i, client="a") for i in range(12)]
+    step(s)
+    assert {q.request_id for q in s.running} == {"a0", "a1", "a2", "a3"}
+    b0, b1, b2 = (add(s, f"b{i}", 3, 20 + i, client="b") for i in range(3))
+    out = step(s)                       # a runs 4, b none: a's newest two make room, one at a time
+    assert out.preempted == [flood[3], flood[2]]
+    assert [q.request_id for q in out.seqs] == ["a0", "a1", "b0", "b1"]
+    assert flood[3].num_computed_tokens == 0 and flood[3] in s.waiting      # recomputed later
+    out = step(s)                       # 2 and 2: b takes no more, and a none of b's
+    assert not out.preempted and [q.request_id for q in out.seqs] == ["a0", "a1", "b0", "b1"]
+    s.finish(b0, "stop")
+    out = step(s)                       # a slot is free: b runs fewer, so b2 goes first
+    assert [q.request_id for q in out.seqs] == ["a0", "a1", "b1", "b2"]
+    for q in [*flood, b1, b2]:
+        s.finish(q, "stop")
+    assert bm.num_free_blocks == 64 and not s.has_unfinished()
+
+
+def test_between_clients_admission_takes_turns_and_one_client_is_fcfs():
+    s, _ = make(num_blocks=64, max_num_seqs=8)
+    for i in range(4):
+        add(s, f"a{i}", 3, i, client="a")
+    for i in range(2):
+        add(s, f"b{i}", 3, 10 + i, client="b")
+    out = s.schedule()
+    assert [q.request_id for q in out.seqs] == ["a0", "b0", "a1", "b1", "a2", "a3"]
+    s2, _ = make(num_blocks=64, max_num_seqs=3)
+    for i in range(5):
+        add(s2, f"q{i}", 3, i)
+    out = step(s2)
+    assert [q.request_id for q in out.seqs] == ["q0", "q1", "q2"] and not out.preempted
+
+
+def test_a_client_whose_blocks_fill_the_cache_gives_a_new_client_room():
+    s, bm = make(num_blocks=4, block_size=4, max_num_seqs=8)
+    a = [add(s, f"a{i}", 3, i, client="a") for i in range(4)]      # one block each: the cache is full
+    step(s)
+    b = add(s, "b", 3, 10, client="b")
+    out = step(s)
+    assert out.preempted == [a[3]] and b in out.seqs and bm.num_free_blocks == 0

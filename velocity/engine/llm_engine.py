@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,6 +50,7 @@ class EngineStats:
     preemptions: int
     prefix_cache_hits: int
     paused: int = 0
+    clients: int = 0              # distinct clients among the requests
 
 
 class LLMEngine:
@@ -85,9 +87,11 @@ class LLMEngine:
             model.check_speaker(speaker)
 
     def add_request(self, request_id: str, prompt_token_ids: list[Token], params: SamplingParams,
-                    head: str | None = None, speaker: object = None, return_hidden: bool = False) -> None:
+                    head: str | None = None, speaker: object = None, return_hidden: bool = False,
+                    client: Hashable = None) -> None:
         """Queue a request. speaker (audio models): a speaker embedding for this request alone.
-        return_hidden: each output's new_hidden holds the hidden states of its new tokens."""
+        return_hidden: each output's new_hidden holds the hidden states of its new tokens.
+        client: who asked; the scheduler shares the batch fairly between clients."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         self.validate(prompt_token_ids, params, head)
@@ -95,7 +99,8 @@ class LLMEngine:
         checked = None if speaker is None else model.check_speaker(speaker)     # once per request
         spk, salt = (None, None) if checked is None else (checked.row, checked.digest)
         seq = Sequence(request_id, prompt_token_ids, params, cache_salt=salt,
-                       head=head or model.default_head, speaker=spk, return_hidden=return_hidden)
+                       head=head or model.default_head, speaker=spk, return_hidden=return_hidden,
+                       client=client)
         seq.stop_ids = params.stops(model.heads[seq.head].stop_ids)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
@@ -190,4 +195,5 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         s, bm = self.scheduler, self.block_manager
         return EngineStats(len(s.running), len(s.waiting), len(s.swapped), bm.num_used_blocks,
-                           bm.num_free_blocks, s.num_preemptions, bm.num_prefix_hits, self.num_paused)
+                           bm.num_free_blocks, s.num_preemptions, bm.num_prefix_hits, self.num_paused,
+                           len({seq.client for seq in self.requests.values()}))

@@ -1,8 +1,10 @@
-"""FCFS continuous-batching scheduler with preemption. Pure Python, no torch."""
+"""Continuous-batching scheduler: FCFS within a client, a fair share between clients, preemption.
+Pure Python, no torch."""
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from velocity.engine.block_manager import BlockManager
@@ -32,8 +34,8 @@ class SchedulerOutput:
 class Scheduler:
     """Decodes of running sequences first, then swapped-in sequences, then new prefills
     join the same step while budgets and blocks allow (beside decodes, max_prefill_tokens of
-    them). When a running sequence needs a block and none is free, the newest running sequence
-    is preempted (recompute or swap).
+    them), shared fairly between clients (`seq.client`: see _admit). When a running sequence
+    needs a block and none is free, the newest running sequence is preempted (recompute or swap).
     A paused sequence (`seq.paused`: its stream has enough audio waiting for the vocoder) is
     left out of every step until resumed: it keeps its blocks and is never preempted.
     """
@@ -97,30 +99,63 @@ class Scheduler:
         #    beside decodes at most max_prefill_tokens of them (a longer prompt alone): a burst of
         #    new requests spreads over several steps, each a little longer, instead of one that
         #    stalls every running stream
-        cap = self.max_prefill_tokens if kept and self.max_prefill_tokens else budget
-        taken = 0
         waiting = [s for s in self.waiting if not s.paused] if self.waiting else []
-        while waiting and not swapped and len(self.running) < self.max_num_seqs:
-            seq = waiting[0]
-            hits = self.bm.prefix_hits(seq)
-            new_tokens = max(len(seq) - len(hits) * self.bm.block_size, 1)
-            if (new_tokens > budget and self.running) or (taken and taken + new_tokens > cap) \
-                    or not self.bm.can_allocate(seq, hits):
-                break
-            self.bm.allocate(seq)
-            self.waiting.remove(waiting.pop(0))
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            budget -= seq.num_new_tokens
-            taken += seq.num_new_tokens
+        if waiting and not swapped:
+            self._admit(waiting, budget, self.max_prefill_tokens if kept and self.max_prefill_tokens else budget, out)
         out.seqs = list(self.running)
         self.running += paused
         return out
 
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+    def _admit(self, waiting: list[Sequence], budget: int, cap: int, out: SchedulerOutput) -> None:
+        """Waiting sequences into the step, the client with the fewest running first (FCFS within
+        a client, and among clients running as many). A client that finds no room (no slot, or no
+        blocks) takes it from the client running the most, if that one runs at least two more:
+        its newest sequence is preempted (recompute). So the counts move towards equal and never
+        swap places, and one client alone is plain FCFS. The first sequence that does not fit
+        ends the admissions (none is skipped)."""
+        counts = Counter(s.client for s in self.running)
+        queues: dict[Hashable, deque[tuple[int, Sequence]]] = {}
+        for i, seq in enumerate(waiting):
+            queues.setdefault(seq.client, deque()).append((i, seq))
+        taken = 0
+        while queues:
+            client = min(queues, key=lambda c: (counts[c], queues[c][0][0]))
+            seq = queues[client][0][1]
+            hits = self.bm.prefix_hits(seq)
+            new_tokens = max(len(seq) - len(hits) * self.bm.block_size, 1)
+            if (new_tokens > budget and self.running) or (taken and taken + new_tokens > cap):
+                break
+            while (len(self.running) >= self.max_num_seqs or not self.bm.can_allocate(seq, hits)) \
+                    and (victim := self._fair_victim(counts, counts[client])) is not None:
+                self.running.remove(victim)
+                counts[victim.client] -= 1
+                self._preempt(victim, out, swap=False)
+                hits = self.bm.prefix_hits(seq)
+            if len(self.running) >= self.max_num_seqs or not self.bm.can_allocate(seq, hits):
+                break
+            self.bm.allocate(seq)
+            self.waiting.remove(seq)
+            queues[client].popleft()
+            if not queues[client]:
+                del queues[client]
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            counts[client] += 1
+            budget -= seq.num_new_tokens
+            taken += seq.num_new_tokens
+
+    def _fair_victim(self, counts: Counter, fewer: int) -> Sequence | None:
+        """The newest running sequence of the client running the most, if that is at least two
+        more than `fewer` (what the client that needs room runs)."""
+        client, n = max(counts.items(), key=lambda kv: kv[1], default=(None, 0))
+        if n < fewer + 2:
+            return None
+        return max((s for s in self.running if s.client == client), key=lambda s: s.arrival_time)
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput, swap: bool = True) -> None:
         self.num_preemptions += 1
         out.preempted.append(seq)
-        if self.preemption_mode == "swap" and self.bm.can_swap_out(seq):
+        if swap and self.preemption_mode == "swap" and self.bm.can_swap_out(seq):
             out.swap_out += self.bm.swap_out(seq)
             seq.status = SequenceStatus.SWAPPED
             self.swapped.appendleft(seq)

@@ -29,7 +29,7 @@ class Sequence:
 
     def __init__(self, request_id: str, prompt_token_ids: list[Token], params: SamplingParams,
                  cache_salt: Hashable = None, head: str = "text", speaker: object = None,
-                 return_hidden: bool = False) -> None:
+                 return_hidden: bool = False, client: Hashable = None) -> None:
         self.seq_id = next(_seq_ids)
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -44,6 +44,7 @@ class Sequence:
         self.head = head                   # which output head samples its tokens
         self.speaker = speaker             # audio models: the speaker embedding (a tensor), or None
         self.return_hidden = return_hidden # outputs carry the hidden state that sampled each token
+        self.client = client               # whose request (the scheduler's fair share); None: one anonymous client
         self.stop_ids: frozenset[int] = frozenset()   # tokens that end it (LLMEngine.add_request sets them)
         self.status = SequenceStatus.WAITING
         self.paused = False                # skipped by the scheduler (keeps its blocks) until resumed

@@ -14,13 +14,12 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from contextvars import ContextVar
 from dataclasses import dataclass
 
+from velocity.gateway.caller import CLIENT
 from velocity.gateway.upstream import ApiError
 
 log = logging.getLogger("velocity.gateway")
-CLIENT: ContextVar[str] = ContextVar("velocity_gateway_client", default="")   # whose work this task does
 RETRY_AFTER_S = 2
 
 

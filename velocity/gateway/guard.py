@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from velocity.gateway import fair
+from velocity.gateway import caller, fair
 from velocity.gateway.upstream import ApiError
 
 
@@ -36,7 +36,7 @@ def api_keys(settings) -> set[str]:
 
 class Guard:
     """API keys (Authorization: Bearer) on /v1, the body size limit, and whose request it is
-    (fair.CLIENT: its streams count against its cap). Plain ASGI, not Starlette's
+    (caller.CLIENT: its streams count against its cap). Plain ASGI, not Starlette's
     BaseHTTPMiddleware, which relays a streamed body through a response of its own and ends it
     cleanly when the stream fails: a client would take cut audio for whole."""
 
@@ -55,7 +55,7 @@ class Guard:
                                             code="invalid_api_key").body(), status_code=401)(scope, receive, send)
                 return
         client = self.admission.client(key, request.client.host if request.client else None)
-        fair.CLIENT.set(client)
+        caller.CLIENT.set(client)
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > self.limit:
             await JSONResponse(ApiError(413, f"the request body is {size} bytes; the limit is {self.limit} "

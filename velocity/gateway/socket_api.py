@@ -8,7 +8,7 @@ import logging
 
 from fastapi import APIRouter, WebSocket
 
-from velocity.gateway import elevenlabs, fair
+from velocity.gateway import caller, elevenlabs, fair
 from velocity.gateway.guard import api_key, error_response, origin_allowed
 from velocity.gateway.speech_socket import PATH, SpeechSocket
 from velocity.gateway.state import AppState
@@ -24,7 +24,7 @@ def socket_router(state: AppState) -> APIRouter:
     async def admit(ws: WebSocket, xi: bool = False) -> str | None:
         """The socket's client if it may go on: its page's origin allowed, its API key valid (xi:
         ElevenLabs' header too), its socket counted against its and the gateway's caps (close with
-        admission.close_socket) and its streams as its own (fair.CLIENT). None when refused: the
+        admission.close_socket) and its streams as its own (caller.CLIENT). None when refused: the
         handshake answered (403, 1008, or 503 with Retry-After past a cap)."""
         if not origin_allowed(ws.headers, state.origins):
             log.warning("websocket %s: refused the page at %r (not this gateway's, not in VELOCITY_GATEWAY_ORIGINS)",
@@ -45,7 +45,7 @@ def socket_router(state: AppState) -> APIRouter:
             except RuntimeError:                    # a server without the denial-response extension
                 await ws.close(code=1013, reason=e.message[:120])
             return None
-        fair.CLIENT.set(client)
+        caller.CLIENT.set(client)
         return client
 
     @router.websocket(PATH)

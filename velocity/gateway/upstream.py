@@ -9,6 +9,7 @@ import logging
 import re
 from collections.abc import AsyncIterator, Awaitable
 
+from velocity.gateway.caller import current_tag
 from velocity.gateway.health_reason import HealthReason
 from velocity.gateway.pace import Pacer, read_ahead
 from velocity.serving.input_table import INPUTS
@@ -200,7 +201,9 @@ class Gateway:
         chunk move on to the next upstream (see the class). The stream counts as the current
         client's while it runs (fair.Admission; 503 past the client's cap). Read ahead of the
         caller, and paced by how far the caller's client read (velocity.gateway.pace: a writer
-        calls each chunk's read() once it handed the chunk to its client)."""
+        calls each chunk's read() once it handed the chunk to its client). The stream names its
+        client to the server (CLIENT: velocity.gateway.caller), whose engine shares its batch
+        between clients."""
         with self.admission.stream() if self.admission else contextlib.nullcontext():
             try:
                 async with contextlib.aclosing(read_ahead(self._chunks(values, timeout))) as chunks:
@@ -237,6 +240,8 @@ class Gateway:
         import tritonclient.grpc.aio as grpcclient
 
         from velocity.serving.input_table import make_inputs
+
+        values = {**values, "CLIENT": current_tag() or None}       # who asks: the engine's fair share
 
         async def requests():
             yield {"model_name": "tts", "inputs": make_inputs(grpcclient, values), "enable_empty_final_response": True,

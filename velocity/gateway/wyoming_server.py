@@ -28,6 +28,7 @@ from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
 from wyoming.server import AsyncEventHandler, AsyncServer
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
+from velocity.gateway import caller
 from velocity.gateway.encode import pcm16
 from velocity.gateway.sentences import MAX_QUEUED, SentenceBuffer
 from velocity.gateway.upstream import ApiError, Gateway
@@ -55,6 +56,8 @@ class SpeechHandler(AsyncEventHandler):
 
     def __init__(self, gw: Gateway, defaults: dict, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        peer = self.writer.get_extra_info("peername")
+        caller.CLIENT.set(f"address:{peer[0] if peer else '?'}")    # this connection's task and its speech
         self.gw, self.defaults = gw, defaults
         self.streaming: SynthesizeStart | None = None
         self.text = SentenceBuffer()                 # a streamed synthesize's text as it comes

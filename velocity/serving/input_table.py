@@ -200,6 +200,9 @@ INPUTS: tuple[Input, ...] = (
     *sampling_rows("REFINE_", refine_params, "text refine", {
         "help": "text refine: text tokens per sentence", "default": refine_params().max_new_tokens,
         "hi": REFINE_MAX_NEW_TOKENS}, requires=REFINE),
+    Input("CLIENT", "BYTES", "who asks, for the engine's fair share of its batch between clients: the gateway "
+          "and Wyoming send a digest of the caller's API key or address; every request without it is one client",
+          max_chars=128, field=None, flag=None),
 )
 BY_NAME = {i.name: i for i in INPUTS}
 PARAM_INPUTS = ("TEMPERATURE", "TOP_P", "TOP_K", "REPETITION_PENALTY", "MAX_NEW_TOKENS", "SEED")

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from velocity.sampling_params import SamplingParams
-from velocity.serving.input_table import REFINE_MAX_NEW_TOKENS
-from velocity.serving.passed_inputs import decoder_input, params_from_arrays
+from velocity.serving.input_table import BY_NAME, REFINE_MAX_NEW_TOKENS
+from velocity.serving.passed_inputs import decoder_input, params_from_arrays, text_input
 from velocity.tts.speaker import sample_frames
 
 
@@ -25,6 +25,7 @@ class LLMInputs:
     code_prefix: list | None = None
     texts: list[str] | None = None        # each sentence's text (SENTENCE_TEXTS), for the marks
     carry_prompts: list | None = None     # voice carry-over (CARRY_IDS): each sentence's prompt before the sample
+    client: str = ""                      # who asks (CLIENT): the scheduler shares the batch between clients
 
 
 def split_ids(ids: np.ndarray, lengths: np.ndarray, what: str) -> list[list[int]]:
@@ -65,6 +66,7 @@ def llm_inputs(get, max_new_tokens: int, num_vq: int) -> LLMInputs:
     out = LLMInputs([s + frames for s in sentences], spk if spk.size else None,
                     params_from_arrays(need("PARAMS_F"), need("PARAMS_I"), max_new_tokens), frames,
                     decoder_input(get("DECODER")) == "hidden")
+    out.client = text_input(get("CLIENT"), "CLIENT", False, BY_NAME["CLIENT"].max_chars) or ""
     texts = get("SENTENCE_TEXTS")
     if texts is not None and texts.size:
         if texts.size != len(sentences):

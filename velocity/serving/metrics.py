@@ -50,6 +50,8 @@ LLM = {
                 "COUNTER", ("reason", ABORT_REASONS)),
     "paused": ("velocity_paused_sequences", "Sequences paused: their stream has enough audio waiting for the vocoder",
                "GAUGE", None),
+    "clients": ("velocity_engine_clients", "Clients (the CLIENT input) with requests in the engine, which shares "
+                "its batch between them", "GAUGE", None),
 }
 VOCODER = {
     "chunks": ("velocity_vocoder_chunks_total", "Chunks decoded by the vocoder", "COUNTER", None),

@@ -68,6 +68,7 @@ class EngineGauges:
         m["kv_used"].set(t.kv_used)
         m["kv_free"].set(t.kv_free)
         m["paused"].set(t.paused)
+        m["clients"].set(t.clients)
         m["active"].set(active)
         for key, name in (("preemptions", "preemptions"), ("steps", "steps"), ("step_seconds", "step_seconds"),
                           ("lent", "lent_steps"), ("frames", "frames")):

@@ -26,6 +26,7 @@ class TTSRequest:
     refine_prompts: list | None = None    # per sentence: the text head's prompt
     code_prefix: list | None = None       # the audio prompt before a refined text
     carry_prompts: list | None = None     # voice carry-over: each sentence's prompt, the first one's text as the sample's
+    client: str = ""                      # who asks (CLIENT), for the engine's fair share
 
 
 @dataclass
@@ -74,7 +75,7 @@ def parse_tts_request(get, front: TTSFront) -> TTSRequest:
                                    lexicon=lexicon, max_chars=front.settings.max_text_chars)
     if not sentences:
         raise ValueError("TEXT has nothing to speak after normalisation")
-    req = TTSRequest(sentences, vec, params, v["DECODER"] or "hidden", sample)
+    req = TTSRequest(sentences, vec, params, v["DECODER"] or "hidden", sample, client=v["CLIENT"] or "")
     if v["REFINE_TEXT"]:
         req.refine = sampling(v, "REFINE_", refine_params)
         try:

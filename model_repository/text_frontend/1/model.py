@@ -45,4 +45,5 @@ class TritonPythonModel:
             pb_utils.Tensor("SPEAKER_VECTOR", vec[None]), pb_utils.Tensor("PARAMS_F", pf),
             pb_utils.Tensor("PARAMS_I", pi), pb_utils.Tensor("DECODER", np.array([[req.decoder.encode()]], object)),
             pb_utils.Tensor("SAMPLE_CODES", sample[None]),
+            pb_utils.Tensor("CLIENT", np.array([[req.client.encode()]], object)),
             pb_utils.Tensor("IN_ENSEMBLE", np.ones((1, 1), np.bool_))])      # the llm's stream takes a board slot

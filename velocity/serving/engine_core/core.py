@@ -90,7 +90,7 @@ class EngineCore:
     # -- the streams' side ------------------------------------------------------------
     def add(self, rid: str, stream: CoreStream, sentence: int, prompt: list, params, kwargs: dict) -> None:
         self.owner[rid] = (stream, sentence)
-        self.engine.add_request(rid, prompt, params, **kwargs)
+        self.engine.add_request(rid, prompt, params, client=stream.client, **kwargs)
 
     def abort(self, rid: str) -> None:
         self.owner.pop(rid, None)
@@ -255,7 +255,7 @@ class EngineCore:
         st, tot = self.engine.stats(), self.totals
         tot.running, tot.waiting, tot.kv_used, tot.kv_free = st.running, st.waiting + st.swapped, \
             st.kv_blocks_used, st.kv_blocks_free
-        tot.preemptions, tot.paused = st.preemptions, st.paused
+        tot.preemptions, tot.paused, tot.clients = st.preemptions, st.paused, st.clients
         tot.lent_steps = self.lender.lent_steps if self.lender is not None else 0
         report, self.report = self.report, Report(totals=tot)
         self.channel.send(report)

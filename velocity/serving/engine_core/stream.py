@@ -27,6 +27,7 @@ class CoreStream:
         s = core.settings
         self.core, self.key, self.ref = core, key, ref
         self.speaker, self.params, self.hidden = speaker, inputs.params, inputs.hidden
+        self.client = inputs.client              # the scheduler's fair share: its requests are this client's
         self.sentences = SentenceStream(inputs.sentences, FrameChunker(core.schedule, s.left_context, s.lookahead),
                                         core.end_code, refine, ahead=s.sentences_ahead, texts=inputs.texts,
                                         carry=carry)

@@ -46,6 +46,7 @@ class Totals:
     kv_free: int = 0
     preemptions: int = 0
     paused: int = 0
+    clients: int = 0                # clients with requests in the engine
 
 
 @dataclass(slots=True)
