@@ -31,6 +31,9 @@
 # velocity_part_failures_total{part}.
 # --cpu-isa avx2 (or CPU_ISA) caps torch, fbgemm, oneDNN and MKL to AVX2 code: what an AVX2-only
 # machine runs, measured on one with AVX-512 (velocity/model/cpu_isa.py; the llm logs the ISA).
+# Triton's operator APIs (logging, trace, shared-memory, model-repository) need the operator key
+# on both ports (header velocity-admin-key; gRPC: triton-grpc-protocol-velocity-admin-key):
+# VELOCITY_ADMIN_KEY, else one made at each start in the run folder (mode 600; the log names it).
 # EXIT_WITH_PID: stop as on SIGTERM once that process has ended (the tests and benchmarks give
 # their own, so that a runner that dies leaves no server behind).
 set -euo pipefail
@@ -116,6 +119,20 @@ fi
 export VELOCITY_WEIGHTS="$(realpath -m "$WEIGHTS")"
 # The drain handshake with the llm model (velocity/serving/drain.py) goes through this folder.
 export VELOCITY_RUN_DIR="$(mktemp -d "${TMPDIR:-/tmp}/velocity-serve.XXXXXX")"
+# The operator's APIs (logging, trace, shared memory, the model repository's load and unload)
+# need the operator key on both of Triton's ports, always: VELOCITY_ADMIN_KEY, else a key made
+# at this start and written to the run folder (mode 600), which only this user can read.
+ADMIN_KEY="${VELOCITY_ADMIN_KEY:-$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')}"
+if [[ ! "$ADMIN_KEY" =~ ^[A-Za-z0-9._~-]{16,256}$ ]]; then
+    echo "serve.sh: VELOCITY_ADMIN_KEY must be 16 to 256 of A-Z a-z 0-9 . _ ~ - (it goes in a header)" >&2
+    rm -rf "$VELOCITY_RUN_DIR"
+    exit 2
+fi
+(umask 077; printf '%s\n' "$ADMIN_KEY" > "$VELOCITY_RUN_DIR/admin_key")
+ADMIN_APIS="logging,trace,shared-memory,model-repository"
+args+=(--http-restricted-api="$ADMIN_APIS:velocity-admin-key=$ADMIN_KEY"
+       --grpc-restricted-protocol="$ADMIN_APIS:velocity-admin-key=$ADMIN_KEY")
+unset ADMIN_KEY VELOCITY_ADMIN_KEY          # the models and tools that follow need none of it
 # The python backend's shared-memory regions (1 MiB+ each in /dev/shm) outlive a server that
 # crashes or is killed; named after this run, they are removed on exit whatever happened.
 shm_prefix=""
@@ -155,6 +172,7 @@ gateway=0; wyoming=0
 [[ $gateway == 1 ]] && echo "[serve] OpenAI  http://$host:$GATEWAY_PORT/v1/audio/speech   (web page: http://$host:$GATEWAY_PORT/)"
 [[ $wyoming == 1 ]] && echo "[serve] Wyoming tcp://$host:$WYOMING_PORT"
 [[ -z "$shm_prefix" ]] || echo "[serve] shared memory: /dev/shm/$shm_prefix*"
+echo "[serve] operator key: $VELOCITY_RUN_DIR/admin_key   (Triton's logging, trace, shared-memory and model-repository APIs: header velocity-admin-key)"
 
 start_server() {
     # a stale llm's drain files and the dead server's shared memory go first

@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -90,13 +91,22 @@ def test_the_python_snippet(tts_server):
 
 
 def test_the_curl_commands(tts_server):
-    cmds = dict(curl_commands())
-    assert set(cmds) == {"/v2/models/tts/generate_stream", "/v2/models/tts_offline/infer"}, cmds
+    from triton_server import admin_key
 
-    def post(path: str, body: dict) -> bytes:
-        req = urllib.request.Request(f"http://{tts_server.http_url}{path}", data=json.dumps(body).encode())
+    cmds = dict(curl_commands())
+    assert set(cmds) == {"/v2/models/tts/generate_stream", "/v2/models/tts_offline/infer", "/v2/logging"}, cmds
+
+    def post(path: str, body: dict, headers: dict | None = None) -> bytes:
+        req = urllib.request.Request(f"http://{tts_server.http_url}{path}", data=json.dumps(body).encode(),
+                                     headers=headers or {})
         with urllib.request.urlopen(req, timeout=180) as r:
             return r.read()
+
+    with pytest.raises(urllib.error.HTTPError, match="403"):            # the operator's: only with its key
+        post("/v2/logging", cmds["/v2/logging"])
+    key = {"velocity-admin-key": admin_key(tts_server)}
+    assert json.loads(post("/v2/logging", cmds["/v2/logging"], key))["log_verbose_level"] == 1
+    post("/v2/logging", {"log_verbose_level": 0}, key)
 
     events = [json.loads(x[6:]) for x in post("/v2/models/tts/generate_stream", cmds["/v2/models/tts/generate_stream"])
               .splitlines() if x.startswith(b"data: ")]

@@ -147,3 +147,13 @@ def side_by_side(action, servers) -> None:
         t.join()
     if errors:
         raise errors[0]
+
+
+def admin_key(server) -> str:
+    """The operator key serve.sh made, from the file its log names (only this user may read it)."""
+    import re
+    import stat
+
+    path = Path(re.search(r"\[serve\] operator key: (\S+)", server.log())[1])
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    return path.read_text().strip()
