@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_host import LLM_INPUTS, frontend_outputs, lasting, server_env, texts_of  # noqa: E402
-from benchmarks.harness import (ROOT, baseline_tree, by_arm, exit_on_sigterm, finish, hardware,  # noqa: E402
-                                paired_rounds, pct, revision, save, setting_pairs)
+from benchmarks.harness import (ROOT, baseline_tree, by_arm, exit_on_sigterm, hardware,  # noqa: E402
+                                paired_rounds, pct, revision, rounds_panels, save, setting_pairs)
 from benchmarks.server import TritonServer  # noqa: E402
 
 log = logging.getLogger("bench_burst")
@@ -147,24 +147,9 @@ def main() -> None:
 
 
 def plot(res: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    names = list(res["summary"])
-    for k, name in enumerate(names):
-        xs = [rd[name] for rd in res["rounds"]]
-        a.scatter([k] * len(xs), [x["pace_ratio_max"] for x in xs], color="tab:blue")
-        b.scatter([k] * len(xs), [x["burst_first_audio_p99_s"] for x in xs], color="tab:orange")
-    for ax, label in ((a, "running streams' largest chunk gap / their pace after"),
-                      (b, "the burst's first audio p99 (s)")):
-        ax.set_xticks(range(len(names)), [res["labels"][n] for n in names])
-        ax.set(ylabel=label, ylim=(0, None))
-        ax.grid(alpha=0.3)
-    a.axhline(1, color="tab:green", lw=0.8, ls=":")
-    fig.suptitle(f"{res['running']} streams running, a burst of {res['burst']} (tiny checkpoint)")
-    finish(fig, path, res)
+    rounds_panels(res, path, [("pace_ratio_max", "running streams' largest chunk gap / their pace after", 1),
+                              ("burst_first_audio_p99_s", "the burst's first audio p99 (s)", None)],
+                  f"{res['running']} streams running, a burst of {res['burst']} (tiny checkpoint)")
 
 
 if __name__ == "__main__":

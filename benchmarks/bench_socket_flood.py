@@ -29,8 +29,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.harness import (ROOT, baseline_tree, by_arm, exit_on_sigterm, finish, hardware,  # noqa: E402
-                                paired_rounds, revision, save)
+from benchmarks.harness import (ROOT, baseline_tree, by_arm, exit_on_sigterm, hardware,  # noqa: E402
+                                paired_rounds, revision, rounds_panels, save)
 from benchmarks.server import TritonServer, http_status, wait_for  # noqa: E402
 
 log = logging.getLogger("bench_socket_flood")
@@ -153,24 +153,9 @@ def main() -> None:
 
 
 def plot(res: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    names = list(res["summary"])
-    for k, name in enumerate(names):
-        xs = [rd[name] for rd in res["rounds"]]
-        a.scatter([k] * len(xs), [x["idle_after_s"] or 0 for x in xs], color="tab:blue")
-        b.scatter([k] * len(xs), [x["beside_over_alone"] for x in xs], color="tab:orange")
-    a.axhline(2, color="tab:green", ls=":", lw=0.8)
-    b.axhline(2, color="tab:green", ls=":", lw=0.8)
-    for ax, label in ((a, "s from the drop to an idle server"), (b, "B's first audio beside the flood / alone")):
-        ax.set_xticks(range(len(names)), [res["labels"][n] for n in names])
-        ax.set(ylabel=label, ylim=(0, None))
-        ax.grid(alpha=0.3)
-    fig.suptitle(f"{res['sockets']} ElevenLabs sockets x {res['contexts']} contexts from one client, dropped at once")
-    finish(fig, path, res)
+    rounds_panels(res, path, [("idle_after_s", "s from the drop to an idle server", 2),
+                              ("beside_over_alone", "B's first audio beside the flood / alone", 2)],
+                  f"{res['sockets']} ElevenLabs sockets x {res['contexts']} contexts from one client, dropped at once")
 
 
 if __name__ == "__main__":

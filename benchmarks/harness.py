@@ -179,6 +179,28 @@ def arms_plot(res: dict, path: Path, key: str, names: dict[str, str], ylabel: st
     finish(fig, path, res)
 
 
+def rounds_panels(res: dict, path: Path, panels: Sequence[tuple[str, str, float | None]], title: str) -> None:
+    """The PNG of a result with rounds over the arms of res["summary"] (named by res["labels"]):
+    a panel per (key, ylabel, a line at that value or None), each round's value a point per arm."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    names = list(res["summary"])
+    for ax, (key, label, line), color in zip(axes[0], panels, ("tab:blue", "tab:orange", "tab:purple")):
+        for k, name in enumerate(names):
+            xs = [rd[name][key] or 0 for rd in res["rounds"]]
+            ax.scatter([k] * len(xs), xs, color=color)
+        if line is not None:
+            ax.axhline(line, color="tab:green", lw=0.8, ls=":")
+        ax.set_xticks(range(len(names)), [res["labels"][n] for n in names])
+        ax.set(ylabel=label, ylim=(0, None))
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    finish(fig, path, res)
+
+
 def save(res: dict, out: Path, plot=None) -> Path:
     """out.json (with the hardware, if the result lacks it) and, given plot(res, png_path), out.png."""
     out = Path(out)
