@@ -128,7 +128,8 @@ if [[ ! "$ADMIN_KEY" =~ ^[A-Za-z0-9._~-]{16,256}$ ]]; then
     rm -rf "$VELOCITY_RUN_DIR"
     exit 2
 fi
-(umask 077; printf '%s\n' "$ADMIN_KEY" > "$VELOCITY_RUN_DIR/admin_key")
+(umask 077; printf '%s\n' "$ADMIN_KEY" > "$VELOCITY_RUN_DIR/admin_key"
+ od -An -N32 -tx1 /dev/urandom | tr -d ' \n' > "$VELOCITY_RUN_DIR/client_key")   # velocity/serving/client_tag.py
 ADMIN_APIS="logging,trace,shared-memory,model-repository"
 args+=(--http-restricted-api="$ADMIN_APIS:velocity-admin-key=$ADMIN_KEY"
        --grpc-restricted-protocol="$ADMIN_APIS:velocity-admin-key=$ADMIN_KEY")

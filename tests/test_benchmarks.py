@@ -11,7 +11,7 @@ from triton_server import ROOT
 
 def test_every_benchmark_saves_through_the_harness():
     """No benchmark writes a figure of its own: harness.finish names the hardware on each (its
-    arms_plot calls it)."""
+    arms_plot and rounds_panels call it)."""
     scripts = sorted((ROOT / "benchmarks").glob("*.py"))
     assert len(scripts) > 10
     for path in scripts:
@@ -20,7 +20,7 @@ def test_every_benchmark_saves_through_the_harness():
             continue
         assert "savefig(" not in text, f"{path.name} saves a figure itself: use benchmarks.harness.finish"
         if re.search(r"^def plot\(", text, re.M) or "plt.subplots" in text:
-            assert "finish(fig" in text or "arms_plot(res" in text, path.name
+            assert any(f in text for f in ("finish(fig", "arms_plot(res", "rounds_panels(res")), path.name
 
 
 def test_save_writes_json_with_the_hardware_and_a_png_that_names_it(tmp_path):

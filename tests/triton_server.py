@@ -108,7 +108,7 @@ def llm_inputs(url: str, values: dict) -> list:
 @contextlib.contextmanager
 def side_gateway(server: TritonServer, log_path: Path, with_process: bool = False, **env: str):
     """A gateway of its own in front of `server`, with these VELOCITY_* settings: its base URL
-    (with_process: (the URL, its Popen))."""
+    (with_process: (the URL, its Popen)). It signs its streams' CLIENT with the server's key."""
     import os
     import subprocess
     import sys
@@ -118,7 +118,7 @@ def side_gateway(server: TritonServer, log_path: Path, with_process: bool = Fals
     port = free_port()
     gw = subprocess.Popen([sys.executable, "-m", "velocity.gateway.app", "--triton", server.grpc_url, "--host",
                            "127.0.0.1", "--port", str(port)], cwd=ROOT, start_new_session=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "VELOCITY_RUN_DIR": str(run_dir(server)), **env},
                           stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
     try:
         assert wait_for(lambda: listening(port), 60), log_path.read_text()
@@ -149,11 +149,17 @@ def side_by_side(action, servers) -> None:
         raise errors[0]
 
 
+def run_dir(server) -> Path:
+    """serve.sh's run folder (its log names the operator key's file there)."""
+    import re
+
+    return Path(re.search(r"\[serve\] operator key: (\S+)", server.log())[1]).parent
+
+
 def admin_key(server) -> str:
     """The operator key serve.sh made, from the file its log names (only this user may read it)."""
-    import re
     import stat
 
-    path = Path(re.search(r"\[serve\] operator key: (\S+)", server.log())[1])
+    path = run_dir(server) / "admin_key"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     return path.read_text().strip()

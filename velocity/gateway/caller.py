@@ -1,5 +1,5 @@
 """Who the current task works for: the client, as the gateway's caps count it, and the tag that
-tells the server's engine who asks (the `tts` input CLIENT, for its fair share of the batch).
+tells the server's engine who asks (the `tts` input CLIENT, signed: velocity.serving.client_tag).
 
 The tag is a keyed digest: an API key or an address never leaves the gateway, and the key is
 made anew at each start, so a tag means nothing outside this process.

@@ -10,6 +10,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable
 
 from velocity.gateway.caller import current_tag
+from velocity.serving.client_tag import load_key, sign
 from velocity.gateway.health_reason import HealthReason
 from velocity.gateway.pace import Pacer, read_ahead
 from velocity.serving.input_table import INPUTS
@@ -91,10 +92,14 @@ class Gateway:
     After the first chunk nothing is retried: the client already has audio.
     """
 
-    def __init__(self, url: str, retries: int | None = None, admission=None, health: str = "") -> None:
+    def __init__(self, url: str, retries: int | None = None, admission=None, health: str = "",
+                 run_dir: str = "") -> None:
         """admission: velocity.gateway.fair.Admission, whose stream() each stream holds (None: no caps);
-        health: the health port's URL, whose reason names a part that died (HealthReason)."""
+        health: the health port's URL, whose reason names a part that died (HealthReason); run_dir:
+        serve.sh's run folder, whose client key signs each stream's CLIENT (none: the server
+        counts this gateway's streams as one client)."""
         self.admission, self.health = admission, HealthReason(health)
+        self.client_key = load_key(run_dir)
         self.urls = [u.strip() for u in url.split(",") if u.strip()]
         if not self.urls:
             raise ValueError("the Triton address is empty: give host:port (or several, comma-separated)")
@@ -241,7 +246,7 @@ class Gateway:
 
         from velocity.serving.input_table import make_inputs
 
-        values = {**values, "CLIENT": current_tag() or None}       # who asks: the engine's fair share
+        values = {**values, "CLIENT": sign(current_tag(), self.client_key) or None}   # the engine's fair share
 
         async def requests():
             yield {"model_name": "tts", "inputs": make_inputs(grpcclient, values), "enable_empty_final_response": True,

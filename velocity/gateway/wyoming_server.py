@@ -162,7 +162,8 @@ class SpeechHandler(AsyncEventHandler):
 
 
 async def serve(uri: str, triton: str, defaults: dict) -> None:
-    gw = Gateway(triton, health=Settings.from_env().gateway_health_url)
+    s = Settings.from_env()
+    gw = Gateway(triton, health=s.gateway_health_url, run_dir=s.run_dir)
     server = AsyncServer.from_uri(uri)
     log.info("Wyoming on %s, Triton at %s", uri, triton)
     try:

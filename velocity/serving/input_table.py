@@ -201,7 +201,8 @@ INPUTS: tuple[Input, ...] = (
         "help": "text refine: text tokens per sentence", "default": refine_params().max_new_tokens,
         "hi": REFINE_MAX_NEW_TOKENS}, requires=REFINE),
     Input("CLIENT", "BYTES", "who asks, for the engine's fair share of its batch between clients: the gateway "
-          "and Wyoming send a digest of the caller's API key or address; every request without it is one client",
+          "and Wyoming send a digest of the caller's API key or address, signed with the run's key; every request "
+          "without a valid one is one client",
           max_chars=128, field=None, flag=None),
 )
 BY_NAME = {i.name: i for i in INPUTS}

@@ -17,6 +17,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import wait
 
+from velocity.serving.client_tag import load_key
 from velocity.serving.engine_core.stream import CoreStream
 from velocity.serving.engine_core.wire import Channel, Report
 from velocity.serving.llm_request import LLMInputs, check_prompts
@@ -42,6 +43,7 @@ class EngineCore:
 
         s = self.settings = settings
         self.channel = channel
+        self.client_key = load_key(s.run_dir)            # which CLIENT values the gateway signed
         own = s.set_threads("llm")
         self.lender, self.cores = None, None
         if s.lend_vocoder_cores and resolve_device(s.device).type == "cpu":

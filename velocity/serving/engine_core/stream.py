@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from velocity.serving.client_tag import verify
 from velocity.serving.llm_request import LLMInputs
 from velocity.serving.protocol import STREAM_FAILED, chunk_outputs
 from velocity.tts.chunking import FrameChunker
@@ -27,7 +28,7 @@ class CoreStream:
         s = core.settings
         self.core, self.key, self.ref = core, key, ref
         self.speaker, self.params, self.hidden = speaker, inputs.params, inputs.hidden
-        self.client = inputs.client              # the scheduler's fair share: its requests are this client's
+        self.client = verify(inputs.client, core.client_key)   # the fair share's client ("": unsigned, direct)
         self.sentences = SentenceStream(inputs.sentences, FrameChunker(core.schedule, s.left_context, s.lookahead),
                                         core.end_code, refine, ahead=s.sentences_ahead, texts=inputs.texts,
                                         carry=carry)
