@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_host import LLM_INPUTS, frontend_outputs, lasting, server_env, texts_of  # noqa: E402
-from benchmarks.harness import (ROOT, baseline_tree, by_arm, exit_on_sigterm, hardware,  # noqa: E402
-                                paired_rounds, pct, revision, rounds_panels, save, setting_pairs)
-from benchmarks.server import TritonServer  # noqa: E402
+from benchmarks.harness import (ROOT, by_arm, exit_on_sigterm, hardware,  # noqa: E402
+                                paired_rounds, pct, rounds_panels, save, setting_pairs, trees)
+from benchmarks.server import TritonServer, start_servers  # noqa: E402
 
 log = logging.getLogger("bench_burst")
 CHUNKS = {"VELOCITY_CHUNK_FIRST": "4", "VELOCITY_CHUNK_REST": "8", "VELOCITY_CHUNK_GROWTH": "1",
@@ -111,26 +111,17 @@ def main() -> None:
     from velocity.demo.checkpoint import write_checkpoint
 
     n = args.running + args.burst
-    labels = {"this": revision() or "this"}
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-burst-")))
         weights = str(write_checkpoint(tmp / "tiny", "tiny", seed=0, small_audio=True))
-        trees: dict[str, Path | None] = {"this": None}
-        if args.baseline_rev:
-            trees["baseline"], labels["baseline"] = stack.enter_context(baseline_tree(args.baseline_rev)), \
-                " ".join([args.baseline_rev, *args.baseline_env])
-        labels["this"] = " ".join([labels["this"], *args.env])
-        servers = {}
-        for name, tree in trees.items():
-            root = tree or ROOT
-            env = server_env(weights, n) | CHUNKS | setting_pairs(args.env if name == "this" else args.baseline_env,
-                                                                 "--env" if name == "this" else "--baseline-env")
-            s = TritonServer(root / "model_repository", tmp / f"{name}.log", env, gateway_port=0, root=root)
-            stack.callback(s.stop)
-            servers[name] = s.start(timeout=400)
+        roots, labels = trees(stack, args.baseline_rev)
+        extra = {"this": (args.env, "--env"), "baseline": (args.baseline_env, "--baseline-env")}
+        labels = {name: " ".join([label, *extra[name][0]]) for name, label in labels.items()}
+        servers = start_servers(stack, roots, tmp, lambda name: server_env(weights, n) | CHUNKS
+                                | setting_pairs(*extra[name]), gateway_port=0)
         llm_inputs = lasting(frontend_outputs(servers["this"].grpc_url, 3 * n, texts_of(2), args.max_new_tokens),
                              weights, args.max_new_tokens, n)
-        rounds = paired_rounds(sorted(trees), args.rounds,
+        rounds = paired_rounds(sorted(roots), args.rounds,
                                lambda name: one_burst(servers[name], llm_inputs, args.running, args.burst))
     res = {"hardware": hardware(), "running": args.running, "burst": args.burst, "labels": labels,
            "env": {"this": args.env, "baseline": args.baseline_env},

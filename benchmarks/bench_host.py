@@ -36,9 +36,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.harness import (ROOT, baseline_tree, bench_texts, by_arm, exit_on_sigterm, finish,  # noqa: E402
-                                hardware, paired_rounds, pct, revision, save)
-from benchmarks.server import TritonServer  # noqa: E402
+from benchmarks.harness import (ROOT, bench_texts, by_arm, exit_on_sigterm, finish,  # noqa: E402
+                                hardware, paired_rounds, pct, save, trees)
+from benchmarks.server import TritonServer, start_servers  # noqa: E402
 
 log = logging.getLogger("bench_host")
 FPS = 24000 / 512                     # GPT frames a second of audio
@@ -260,26 +260,16 @@ def main() -> None:
     if any(k not in ("llm", "tts") for k in kinds):
         raise SystemExit(f"--arms: llm and/or tts, got {args.arms!r}")
     texts = texts_of(args.sentences)
-    labels = {"this": revision() or "this"}
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-host-")))
         # small audio models: the vocoder's CPU decode of hundreds of streams paces the tts arm less
         weights = str(write_checkpoint(tmp / "tiny", "tiny", seed=0, small_audio=True))
-        trees: dict[str, Path | None] = {"this": None}
-        if args.baseline_rev:
-            trees["baseline"], labels["baseline"] = stack.enter_context(baseline_tree(args.baseline_rev)), \
-                args.baseline_rev
-        servers = {}
-        for name, tree in trees.items():
-            root = tree or ROOT
-            s = TritonServer(root / "model_repository", tmp / f"{name}.log", server_env(weights, max(levels)),
-                             gateway_port=0, root=root)
-            stack.callback(s.stop)
-            log.info("starting the %s server (%s)", name, labels[name])
-            servers[name] = s.start(timeout=400)
+        roots, labels = trees(stack, args.baseline_rev)
+        log.info("starting the servers of %s", ", ".join(labels.values()))
+        servers = start_servers(stack, roots, tmp, lambda name: server_env(weights, max(levels)), gateway_port=0)
         llm_inputs = lasting(frontend_outputs(servers["this"].grpc_url, 3 * max(levels), texts, args.max_new_tokens),
                              weights, args.max_new_tokens, max(levels))
-        names = sorted(trees)                    # the baseline first in each pair
+        names = sorted(roots)                    # the baseline first in each pair
         steps = args.steps or max(20, args.max_new_tokens - 40)
         with tqdm(total=args.rounds * len(names) * len(levels) * len(kinds), desc="levels") as bar:
             def one_round(name: str) -> dict:
@@ -292,7 +282,7 @@ def main() -> None:
                                                             args.max_new_tokens)
                         if lv.get("sequences"):          # (a level with no full batch has none)
                             b = round(lv["sequences"])
-                            lv["bench_step_ms"] = engine_alone(None if trees[name] is None else str(trees[name]),
+                            lv["bench_step_ms"] = engine_alone(None if name == "this" else str(roots[name]),
                                                                weights, [b], steps)[b]
                             lv["us_per_sequence_step"] = 1e3 * (lv["server_step_ms"] - lv["bench_step_ms"]) / \
                                 lv["sequences"]

@@ -29,9 +29,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.harness import (ROOT, baseline_tree, by_arm, exit_on_sigterm, hardware,  # noqa: E402
-                                paired_rounds, revision, rounds_panels, save)
-from benchmarks.server import TritonServer, http_status, wait_for  # noqa: E402
+from benchmarks.harness import (ROOT, by_arm, exit_on_sigterm, hardware,  # noqa: E402
+                                paired_rounds, rounds_panels, save, trees)
+from benchmarks.server import TritonServer, http_status, start_servers, wait_for  # noqa: E402
 
 log = logging.getLogger("bench_socket_flood")
 LONG = "This sentence goes on for a while and then some more. " * 6
@@ -122,23 +122,16 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from velocity.demo.checkpoint import write_checkpoint
 
-    labels = {"this": revision() or "this"}
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-socket-flood-")))
         weights = str(write_checkpoint(tmp / "tiny", "tiny", seed=0))
-        trees: dict[str, Path] = {"this": ROOT}
-        if args.baseline_rev:
-            trees["baseline"], labels["baseline"] = Path(stack.enter_context(baseline_tree(args.baseline_rev))), \
-                args.baseline_rev
-        servers = {}
-        for name, root in trees.items():
-            env = {"VELOCITY_WEIGHTS": weights, "VELOCITY_MAX_NUM_SEQS": str(args.max_num_seqs)}
-            s = TritonServer(root / "model_repository", tmp / f"{name}.log", env, root=root)
-            stack.callback(s.stop)
-            servers[name] = s.start(timeout=400)
+        roots, labels = trees(stack, args.baseline_rev)
+        env = {"VELOCITY_WEIGHTS": weights, "VELOCITY_MAX_NUM_SEQS": str(args.max_num_seqs)}
+        servers = start_servers(stack, roots, tmp, lambda name: env)
+        for s in servers.values():
             wait_for(lambda: http_status(s.gateway_url + "/health") == 200, 60)
         seeds = iter(range(0, 1000, 2))
-        rounds = paired_rounds(sorted(trees), args.rounds, lambda name: one_round(servers[name], args, next(seeds)))
+        rounds = paired_rounds(sorted(roots), args.rounds, lambda name: one_round(servers[name], args, next(seeds)))
     res = {"hardware": hardware(), "max_num_seqs": args.max_num_seqs, "sockets": args.sockets, "contexts": args.contexts, "hold_s": args.hold,
            "read": args.read, "labels": labels, "rounds": rounds, "summary": {}}
     for name, xs in by_arm(rounds).items():

@@ -123,6 +123,15 @@ def baseline_tree(rev: str) -> Iterator[Path]:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
 
 
+def trees(stack: contextlib.ExitStack, baseline_rev: str | None) -> tuple[dict[str, Path], dict[str, str]]:
+    """The arms' trees ("this": this checkout; "baseline": baseline_rev's worktree, if given, kept
+    while the stack is open) and their labels (the revisions)."""
+    roots, labels = {"this": ROOT}, {"this": revision() or "this"}
+    if baseline_rev:
+        roots["baseline"], labels["baseline"] = Path(stack.enter_context(baseline_tree(baseline_rev))), baseline_rev
+    return roots, labels
+
+
 def medians(rounds: list[dict[A, dict]], keys: Sequence[str]) -> dict[str, dict[str, float]]:
     """Each arm's median of each key over the rounds: {str(arm): {key: median}}."""
     return {str(a): {k: statistics.median(x[k] for x in xs) for k in keys} for a, xs in by_arm(rounds).items()}

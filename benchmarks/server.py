@@ -260,3 +260,15 @@ class TritonServer:
             self.proc.wait(timeout=10)
         self._log.close()
         self.proc = None
+
+
+def start_servers(stack, roots: dict[str, Path], logs: Path, env_of: Callable[[str], dict], **kw) -> dict[str, TritonServer]:
+    """A started server (serve.sh) of each tree in roots (name -> tree, as harness.trees gives),
+    with env_of(name) and TritonServer's other fields in kw, stopped when the stack closes; each
+    logs to logs/<name>.log."""
+    servers = {}
+    for name, root in roots.items():
+        s = TritonServer(root / "model_repository", logs / f"{name}.log", env_of(name), root=root, **kw)
+        stack.callback(s.stop)
+        servers[name] = s.start(timeout=400)
+    return servers
