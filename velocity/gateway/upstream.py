@@ -9,7 +9,7 @@ import logging
 import re
 from collections.abc import AsyncIterator, Awaitable
 
-from velocity.gateway.caller import current_tag
+from velocity.gateway.caller import CLIENT
 from velocity.serving.client_tag import load_key, sign
 from velocity.gateway.health_reason import HealthReason
 from velocity.gateway.pace import Pacer, read_ahead
@@ -246,7 +246,7 @@ class Gateway:
 
         from velocity.serving.input_table import make_inputs
 
-        values = {**values, "CLIENT": sign(current_tag(), self.client_key) or None}   # the engine's fair share
+        values = {**values, "CLIENT": sign(CLIENT.get(), self.client_key) or None}   # the engine's fair share
 
         async def requests():
             yield {"model_name": "tts", "inputs": make_inputs(grpcclient, values), "enable_empty_final_response": True,

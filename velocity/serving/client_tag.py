@@ -1,7 +1,8 @@
-"""The `CLIENT` input's value: a client's tag signed with the run's client key, so that only the
-server's own gateway and Wyoming server can name clients for the engine's fair share. A value
-that does not verify (a direct Triton caller's, or none) is the one client "", which every such
-caller shares. serve.sh writes the key to its run folder (mode 600) at each start.
+"""The `CLIENT` input's value: a tag naming a client (a keyed digest of its API key or address,
+which so never leave the gateway) and its signature, both made with the run's client key, so
+that only the server's own gateway and Wyoming server can name clients for the engine's fair
+share. A value that does not verify (a direct Triton caller's, or none) is the one client "",
+which every such caller shares. serve.sh writes the key to its run folder (mode 600) at each start.
 
 Numpy-free and torch-free: the gateway imports it.
 """
@@ -22,16 +23,20 @@ def load_key(run_dir: str) -> bytes | None:
         return None
 
 
-def _mac(tag: str, key: bytes) -> str:
-    return hashlib.blake2b(tag.encode(), digest_size=8, key=key[:64], person=b"velocity-client").hexdigest()
+def _digest(data: str, key: bytes, person: bytes) -> str:
+    return hashlib.blake2b(data.encode(), digest_size=8, key=key[:64], person=person).hexdigest()
 
 
-def sign(tag: str, key: bytes | None) -> str:
-    """tag.mac ("" without a tag or a key)."""
-    return f"{tag}.{_mac(tag, key)}" if tag and key else ""
+def sign(client: str, key: bytes | None) -> str:
+    """The CLIENT value for a client (the gateway's name for it: "key:..." or "address:..."):
+    tag.signature ("" without a client or a key)."""
+    if not (client and key):
+        return ""
+    tag = _digest(client, key, b"velocity-tag")
+    return f"{tag}.{_digest(tag, key, b'velocity-client')}"
 
 
 def verify(value: str, key: bytes | None) -> str:
     """The tag of a value that `sign` made with this key; "" for anything else."""
     tag, _, mac = (value or "").rpartition(".")
-    return tag if tag and key and hmac.compare_digest(mac, _mac(tag, key)) else ""
+    return tag if tag and key and hmac.compare_digest(mac, _digest(tag, key, b"velocity-client")) else ""

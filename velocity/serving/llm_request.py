@@ -7,7 +7,7 @@ import numpy as np
 
 from velocity.sampling_params import SamplingParams
 from velocity.serving.input_table import BY_NAME, REFINE_MAX_NEW_TOKENS
-from velocity.serving.passed_inputs import decoder_input, params_from_arrays, text_input
+from velocity.serving.passed_inputs import decoder_input, params_from_arrays
 from velocity.tts.speaker import sample_frames
 
 
@@ -66,7 +66,7 @@ def llm_inputs(get, max_new_tokens: int, num_vq: int) -> LLMInputs:
     out = LLMInputs([s + frames for s in sentences], spk if spk.size else None,
                     params_from_arrays(need("PARAMS_F"), need("PARAMS_I"), max_new_tokens), frames,
                     decoder_input(get("DECODER")) == "hidden")
-    out.client = text_input(get("CLIENT"), "CLIENT", False, BY_NAME["CLIENT"].max_chars) or ""
+    out.client = BY_NAME["CLIENT"].read(get("CLIENT"), None) or ""
     texts = get("SENTENCE_TEXTS")
     if texts is not None and texts.size:
         if texts.size != len(sentences):
