@@ -37,6 +37,8 @@ COPY scripts ./scripts
 RUN useradd --create-home --uid 1000 --user-group velocity
 USER 1000:1000
 ENV VELOCITY_WEIGHTS=/weights
+# every interface: a container's loopback is its own (docker run -p decides what is published)
+ENV BIND=0.0.0.0
 VOLUME ["/weights"]
 EXPOSE 8000 8001 8002 8003 8080 10200
 HEALTHCHECK --interval=10s --timeout=3s --start-period=300s --retries=3 \

@@ -89,7 +89,8 @@ def main() -> None:
     d = Path(tempfile.mkdtemp())
     ckpt = write_checkpoint(d / "tiny", "tiny", seed=0)
     env = {"VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_MAX_NUM_SEQS": str(args.streams),
-           "VELOCITY_MAX_CONCURRENT_REQUESTS": str(args.streams)}
+           "VELOCITY_MAX_CONCURRENT_REQUESTS": str(args.streams),
+           "VELOCITY_MAX_DIRECT_REQUESTS": "0"}
     arms = ["this"] + (["baseline"] if args.baseline_rev or args.baseline_env else [])
     baseline_env = setting_pairs(args.baseline_env, "--baseline-env")
     rounds, crashed, tail = [{} for _ in range(args.rounds)], False, ""

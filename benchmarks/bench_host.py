@@ -52,7 +52,8 @@ COUNTERS = {"steps": "velocity_engine_steps_total", "step_s": "velocity_engine_s
 def server_env(weights: str, most: int) -> dict[str, str]:
     """A server for `most` streams of two sentences: every sequence in one batch, none refused."""
     return {"VELOCITY_WEIGHTS": weights, "VELOCITY_MAX_NUM_SEQS": str(2 * most),
-            "VELOCITY_MAX_CONCURRENT_REQUESTS": str(most + 8), "VELOCITY_KV_CACHE_BYTES": str(1 << 30),
+            "VELOCITY_MAX_CONCURRENT_REQUESTS": str(most + 8), "VELOCITY_MAX_DIRECT_REQUESTS": "0",
+            "VELOCITY_KV_CACHE_BYTES": str(1 << 30),
             "BIND": "127.0.0.1"}
 
 

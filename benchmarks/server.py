@@ -188,6 +188,29 @@ class TritonServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-20000:]
 
+    @property
+    def triton_key(self) -> str:
+        """The Triton key this serve.sh run shows (velocity.serving.triton_key): from the file its
+        log names, or `local` (a server without keys, or a tree from before the key)."""
+        import re
+
+        from velocity.serving import triton_key
+
+        m = re.search(r"\[serve\] Triton key: (\S+)", self.log_path.read_text(errors="replace"))
+        return triton_key.OPEN if m is None or m[1] == triton_key.OPEN else Path(m[1]).read_text().strip()
+
+    @property
+    def grpc_headers(self) -> dict | None:
+        """tritonclient's `headers=` for this server's gRPC port (None: it asks for no key)."""
+        from velocity.serving import triton_key
+        return triton_key.grpc_headers(self.triton_key)
+
+    @property
+    def http_headers(self) -> dict:
+        """The header Triton's HTTP port asks for (inference, always)."""
+        from velocity.serving import triton_key
+        return triton_key.http_headers(self.triton_key)
+
     def metric(self, name: str) -> float:
         """One sample from the metrics port (see client.triton.parse_metric)."""
         return parse_metric(self.metrics(), name)

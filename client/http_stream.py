@@ -16,17 +16,18 @@ import numpy as np
 
 from client.pace_teller import PaceTeller
 from client.triton import ServerError
+from velocity.serving import triton_key
 from velocity.serving.tts_responses import READ_AHEAD_S, end_frame
 
 HELD_MAX = round(READ_AHEAD_S * 24000)     # samples of a generate_stream read ahead of its caller at most
 
 
-def tell_pace_http(url: str, ref: int, taken: int) -> bool:
+def tell_pace_http(url: str, ref: int, taken: int, key: str = "") -> bool:
     """tell_pace over Triton's HTTP endpoint."""
     body = {"inputs": [{"name": n, "shape": [1, 1], "datatype": "INT64", "data": [v]}
                        for n, v in (("STREAM", ref), ("TAKEN", taken))]}
     req = urllib.request.Request(f"http://{url}/v2/models/pace/infer", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **triton_key.http_headers(key)})
     try:
         with urllib.request.urlopen(req, timeout=10):
             return True
@@ -99,15 +100,16 @@ def http_events(r: http.client.HTTPResponse, teller: PaceTeller, stop,
         reader.join(timeout=5)
 
 
-def stream_http(url: str, values: dict, timeout: float = 600) -> Iterator[tuple[int, np.ndarray]]:
+def stream_http(url: str, values: dict, timeout: float = 600, key: str = "") -> Iterator[tuple[int, np.ndarray]]:
     """Yield (chunk index, audio) from POST /v2/models/tts/generate_stream (server-sent events).
     A body cut short (the server died) raises ServerError: read with read1, since http.client's
     line iteration takes a chunked body's cut for its end. Paced by how fast the caller takes the
-    chunks, as stream_grpc is (over HTTP: POST /v2/models/pace/infer)."""
+    chunks, as stream_grpc is (over HTTP: POST /v2/models/pace/infer). key: the Triton key
+    (velocity.serving.triton_key; "": `local`, a server without keys')."""
     body = json.dumps({k: v for k, v in values.items() if v is not None}).encode()
     host, _, port = url.rpartition(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
-    teller = PaceTeller(lambda ref, taken: tell_pace_http(url, ref, taken))
+    teller = PaceTeller(lambda ref, taken: tell_pace_http(url, ref, taken, key))
 
     def stop() -> None:
         with contextlib.suppress(OSError, AttributeError):
@@ -118,7 +120,8 @@ def stream_http(url: str, values: dict, timeout: float = 600) -> Iterator[tuple[
             conn.connect()
         except OSError as e:
             raise ServerError(f"no Triton server at http://{url} ({e}); start one with `make serve`") from e
-        conn.request("POST", "/v2/models/tts/generate_stream", body, {"Content-Type": "application/json"})
+        conn.request("POST", "/v2/models/tts/generate_stream", body,
+                     {"Content-Type": "application/json", **triton_key.http_headers(key)})
         r = conn.getresponse()
         if r.status != 200:
             raise ServerError(f"HTTP {r.status}: {r.read().decode(errors='replace')}")

@@ -146,7 +146,7 @@ def run_long(args, url: str, values: dict, subtype: str) -> int:
         return 2
     pieces = split_long(values["TEXT"], args.max_chars)
     try:
-        got = speak_long(lambda v: stream_grpc(url, v, retries=args.retries, deadline=args.timeout), values, pieces,
+        got = speak_long(lambda v: stream_grpc(url, v, retries=args.retries, deadline=args.timeout, key=args.api_key), values, pieces,
                          args.out, subtype, args.in_flight, args.resume)
     except ServerError as e:
         hint = f" (the server's limit is lower: pass --max-chars {m.group(1)})" if (

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from velocity.serving import triton_key
 from velocity.serving.input_table import array_inputs, make_inputs  # noqa: F401 (re-exported)
 from client.pace_teller import PaceTeller
 from velocity.serving.tts_responses import AudioChunk, Retry, pace_inputs, stream_ref
@@ -29,13 +30,13 @@ class NotServing(ServerError):
     yet, so another try (behind a balancer, another replica) is safe."""
 
 
-def check_ready(client, model: str, where: str) -> None:
+def check_ready(client, model: str, where: str, headers: dict | None = None) -> None:
     try:
         live = client.is_server_live()
     except Exception as e:
         raise NotServing(f"no Triton server at {where} ({e}); start one with `make serve`") from e
     try:
-        ready = live and client.is_model_ready(model)
+        ready = live and client.is_model_ready(model, headers=headers)
     except Exception as e:                    # a server shutting down answers "Server not ready"
         raise NotServing(f"model '{model}' is not ready on {where} ({e}); see the server log (make serve)") from e
     if not ready:
@@ -44,7 +45,8 @@ def check_ready(client, model: str, where: str) -> None:
 
 def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True,
                 texts: list | None = None, retries: int = 0,
-                deadline: float | None = None, marks: list | None = None) -> Iterator[tuple[int, np.ndarray]]:
+                deadline: float | None = None, marks: list | None = None,
+                key: str = "") -> Iterator[tuple[int, np.ndarray]]:
     """Yield (chunk index, audio) as the `tts` ensemble streams them over one gRPC stream; with
     text refine each sentence's refined text is appended to `texts` as its first chunk comes.
     marks: each chunk's (chunk index, SENTENCE_INDEX, SAMPLE_OFFSET, SENTENCE_TEXT) appended as it comes.
@@ -59,12 +61,13 @@ def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True
     retries: a request refused before its first chunk (server busy, draining, or not serving:
     NotServing) is sent again, up to this many times, after a pause that grows by RETRY_PAUSE each
     time: behind a balancer the next try goes to another replica (the pause gives the balancer
-    time to see a drain)."""
+    time to see a drain).
+    key: the Triton key (velocity.serving.triton_key), where the server asks for one."""
     retry = Retry(retries, RETRY_PAUSE)
     for attempt in range(retries + 1):
         started = False
         try:
-            with contextlib.closing(_stream_grpc(url, values, timeout, check, texts, deadline, marks)) as chunks:
+            with contextlib.closing(_stream_grpc(url, values, timeout, check, texts, deadline, marks, key)) as chunks:
                 for item in chunks:
                     started = True
                     yield item
@@ -75,28 +78,30 @@ def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True
         time.sleep(retry.wait(attempt))
 
 
-def tell_pace(client, ref: int, taken: int) -> bool:
+def tell_pace(client, ref: int, taken: int, headers: dict | None = None) -> bool:
     """Tell the server's `pace` model how far stream `ref` was taken; False when it cannot be told
     (a server without `pace`): the stream then goes unpaced."""
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
     try:
-        client.infer("pace", pace_inputs(grpcclient, ref, taken))
+        client.infer("pace", pace_inputs(grpcclient, ref, taken), headers=headers)
         return True
     except InferenceServerException:
         return False
 
 
 def _stream_grpc(url: str, values: dict, timeout: float, check: bool, texts: list | None,
-                 deadline: float | None = None, marks: list | None = None) -> Iterator[tuple[int, np.ndarray]]:
+                 deadline: float | None = None, marks: list | None = None,
+                 key: str = "") -> Iterator[tuple[int, np.ndarray]]:
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
+    headers = triton_key.grpc_headers(key)
     if check:
-        check_ready(client, "tts", url)
+        check_ready(client, "tts", url, headers)
     got: queue.Queue = queue.Queue()
-    teller = PaceTeller(lambda ref, taken: tell_pace(client, ref, taken))
+    teller = PaceTeller(lambda ref, taken: tell_pace(client, ref, taken, headers))
 
     def came(result, error) -> None:                   # on tritonclient's thread, as each response comes
         c = None
@@ -107,7 +112,7 @@ def _stream_grpc(url: str, values: dict, timeout: float, check: bool, texts: lis
 
     ended = False        # the server ended the request (final flag or error): nothing to cancel
     try:
-        client.start_stream(callback=came)
+        client.start_stream(callback=came, headers=headers)
         client.async_stream_infer("tts", make_inputs(grpcclient, values), enable_empty_final_response=True,
                                   timeout=None if deadline is None else max(1, round(deadline * 1e6)))
         while True:
@@ -133,29 +138,31 @@ def _stream_grpc(url: str, values: dict, timeout: float, check: bool, texts: lis
         client.close()
 
 
-def offline_grpc(url: str, values: dict) -> Iterator[tuple[int, np.ndarray]]:
+def offline_grpc(url: str, values: dict, key: str = "") -> Iterator[tuple[int, np.ndarray]]:
     """The whole waveform from `tts_offline` in one response, as a single chunk."""
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
     client = grpcclient.InferenceServerClient(url)
-    check_ready(client, "tts_offline", url)
+    headers = triton_key.grpc_headers(key)
+    check_ready(client, "tts_offline", url, headers)
     try:
-        res = client.infer("tts_offline", make_inputs(grpcclient, values))
+        res = client.infer("tts_offline", make_inputs(grpcclient, values), headers=headers)
     except InferenceServerException as e:
         raise ServerError(e.message()) from e
     yield 0, res.as_numpy("WAVEFORM").reshape(-1)
 
 
-def list_voices(url: str) -> dict:
+def list_voices(url: str, key: str = "") -> dict:
     """The server's voices (the `voices` model): {"default": name, "voices": [{"name", "kind", ...}]}."""
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
     client = grpcclient.InferenceServerClient(url)
-    check_ready(client, "voices", url)
+    headers = triton_key.grpc_headers(key)
+    check_ready(client, "voices", url, headers)
     try:
-        res = client.infer("voices", [])
+        res = client.infer("voices", [], headers=headers)
     except InferenceServerException as e:
         raise ServerError(e.message()) from e
     return json.loads(res.as_numpy("VOICES").reshape(-1)[0])

@@ -6,6 +6,7 @@
     velocity-tts-client "Hello." -o h.wav --offline               # tts_offline, one response
     velocity-tts-client "Hello." -o - | aplay                      # a WAV stream to stdout, as it comes
     velocity-tts-client --file book.txt -o book.wav --resume      # over the text limit: pieces in a pipeline
+    velocity-tts-client "Hello." --api-key "$(cat RUN_DIR/triton_key)" # a server with API keys
 
 Prints time to first audio, total time, audio seconds and the real-time factor. The WAV is
 16-bit PCM (`--format float` for 32-bit float). Any failure prints one line and exits non-zero.
@@ -147,6 +148,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=None,
                     help="gRPC stream: seconds the server may take for the request (Triton's request timeout): past it "
                          "the server stops it and the client reports the error")
+    ap.add_argument("--api-key", default=os.environ.get("VELOCITY_TRITON_KEY", ""),
+                    help="the server's Triton key, where it has API keys (default: $VELOCITY_TRITON_KEY; "
+                         "serve.sh names the file that holds it)")
     ap.add_argument("--retries", type=int, default=0,
                     help="gRPC stream: send a request refused before its first chunk (busy, draining, not serving) "
                          "again, up to this many times (behind a balancer: to another replica)")
@@ -219,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.list_voices:
         try:
-            listing = list_voices(args.url or "localhost:8001")
+            listing = list_voices(args.url or "localhost:8001", args.api_key)
         except ServerError as e:
             log.error("error: %s", e)
             return 1
@@ -242,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         from client.long_text import run_long
         return run_long(args, url, values, WAV_FORMATS[args.format])
     refined: list[str] = []
-    source = stream_http(url, values) if args.http else offline_grpc(url, values) if args.offline else \
-        stream_grpc(url, values, texts=refined, retries=args.retries, deadline=args.timeout)
+    source = stream_http(url, values, key=args.api_key) if args.http else \
+        offline_grpc(url, values, args.api_key) if args.offline else \
+        stream_grpc(url, values, texts=refined, retries=args.retries, deadline=args.timeout, key=args.api_key)
     try:
         res = synthesize(source, args.out, WAV_FORMATS[args.format])
     except ServerError as e:

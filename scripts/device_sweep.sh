@@ -122,7 +122,8 @@ if [[ "$PARTS" == *" triton "* || "$PARTS" == *" overhead "* || "$PARTS" == *" a
     }
     trap 'stop_server; exit 143' TERM INT        # a time limit on this script stops its server too
     trap stop_server EXIT
-    VENV="$VENV" GATEWAY_PORT=0 VELOCITY_GPU_MEMORY_UTILIZATION="${SERVER_GPU_MEMORY:-0.4}" setsid scripts/serve.sh --weights "$W" --bind 127.0.0.1 > "$OUT/server.log" 2>&1 &
+    VENV="$VENV" GATEWAY_PORT=0 VELOCITY_MAX_DIRECT_REQUESTS="${VELOCITY_MAX_DIRECT_REQUESTS:-0}" \
+        VELOCITY_GPU_MEMORY_UTILIZATION="${SERVER_GPU_MEMORY:-0.4}" setsid scripts/serve.sh --weights "$W" --bind 127.0.0.1 > "$OUT/server.log" 2>&1 &
     spid=$!; echo "$spid" > /tmp/velocity-server.pgid      # scripts/device_parts.sh's last resort
     if wait_ready 8000 "$spid" "$OUT/server.log"; then
         echo "server ready after ${waited}s"
@@ -153,6 +154,7 @@ if [[ "$PARTS" == *" triton "* || "$PARTS" == *" overhead "* || "$PARTS" == *" a
         if [[ "$PARTS" == *" other "* ]]; then        # this tree's server against itself with OTHER_ENV
             env ${OTHER_ENV:-} VENV="$VENV" GATEWAY_PORT=0 HTTP_PORT=9000 GRPC_PORT=9001 METRICS_PORT=9002 HEALTH_PORT=9003 \
                 VELOCITY_GPU_MEMORY_UTILIZATION="${OTHER_GPU_MEMORY:-0.85}" \
+                VELOCITY_MAX_DIRECT_REQUESTS="${VELOCITY_MAX_DIRECT_REQUESTS:-0}" \
                 setsid scripts/serve.sh --weights "$W" --bind 127.0.0.1 > "$OUT/other_server.log" 2>&1 &
             opid=$!; echo "$opid" > /tmp/velocity-other.pgid
             if wait_ready 9000 "$opid" "$OUT/other_server.log"; then

@@ -6,8 +6,8 @@
 #                    [--model-repository DIR] [--cpu-isa avx2] [-- extra tritonserver flags]
 #
 # Each flag can also be set by environment: VELOCITY_WEIGHTS, HTTP_PORT, GRPC_PORT,
-# METRICS_PORT, HEALTH_PORT, GATEWAY_PORT, BIND (default 0.0.0.0, every interface; 127.0.0.1 =
-# this machine only), MODEL_REPOSITORY. GATEWAY_PORT (default 8080) serves the OpenAI speech API
+# METRICS_PORT, HEALTH_PORT, GATEWAY_PORT, BIND (default 127.0.0.1, this machine only; 0.0.0.0:
+# every interface, what a server for other machines asks), MODEL_REPOSITORY. GATEWAY_PORT (default 8080) serves the OpenAI speech API
 # and the web page (velocity-tts-gateway) beside Triton, when the repository has `tts`; 0: none.
 # WYOMING_PORT (default 0: none; Home Assistant's is 10200) serves Wyoming (velocity-tts-wyoming).
 # Without weights it serves the demo checkpoint (built on first use: noise, not speech); a
@@ -34,6 +34,10 @@
 # Triton's operator APIs (logging, trace, shared-memory, model-repository) need the operator key
 # on both ports (header velocity-admin-key; gRPC: triton-grpc-protocol-velocity-admin-key):
 # VELOCITY_ADMIN_KEY, else one made at each start in the run folder (mode 600; the log names it).
+# With API keys (VELOCITY_GATEWAY_API_KEYS or _FILE) or VELOCITY_TRITON_KEY, Triton's inference,
+# metadata and config need the Triton key on both ports (header velocity-key): VELOCITY_TRITON_KEY,
+# else one made at each start in the run folder; without keys, HTTP inference needs
+# `velocity-key: local`, which no web page can send (docs/operations.md#security).
 # EXIT_WITH_PID: stop as on SIGTERM once that process has ended (the tests and benchmarks give
 # their own, so that a runner that dies leaves no server behind).
 set -euo pipefail
@@ -47,7 +51,7 @@ METRICS_PORT="${METRICS_PORT:-8002}"
 HEALTH_PORT="${HEALTH_PORT:-8003}"
 GATEWAY_PORT="${GATEWAY_PORT:-8080}"
 WYOMING_PORT="${WYOMING_PORT:-0}"
-BIND="${BIND:-0.0.0.0}"
+BIND="${BIND:-127.0.0.1}"
 REPO="${MODEL_REPOSITORY:-$ROOT/model_repository}"
 EXIT_TIMEOUT="${EXIT_TIMEOUT:-30}"
 CPU_ISA="${CPU_ISA:-}"
@@ -56,7 +60,7 @@ RESTARTS="${RESTARTS:-10}"
 LIVE_GRACE="${LIVE_GRACE:-300}"
 extra=()
 
-usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,42p' "$0" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --weights) WEIGHTS="$2"; shift 2 ;;
@@ -134,6 +138,26 @@ ADMIN_APIS="logging,trace,shared-memory,model-repository"
 args+=(--http-restricted-api="$ADMIN_APIS:velocity-admin-key=$ADMIN_KEY"
        --grpc-restricted-protocol="$ADMIN_APIS:velocity-admin-key=$ADMIN_KEY")
 unset ADMIN_KEY VELOCITY_ADMIN_KEY          # the models and tools that follow need none of it
+# The Triton key (velocity/serving/triton_key.py), header velocity-key: with API keys set, or
+# VELOCITY_TRITON_KEY given, Triton's inference, metadata and model config need it on both ports
+# (VELOCITY_TRITON_KEY, else one made at this start); without keys it is the word "local", and
+# only HTTP inference asks for it: no web page can send it without a preflight, which Triton refuses.
+api_keys="${VELOCITY_GATEWAY_API_KEYS:-}"
+if [[ -n "${api_keys//[ ,]/}${VELOCITY_GATEWAY_API_KEYS_FILE:-}${VELOCITY_TRITON_KEY:-}" ]]; then
+    TRITON_KEY="${VELOCITY_TRITON_KEY:-$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')}"
+    if [[ ! "$TRITON_KEY" =~ ^[A-Za-z0-9._~-]{16,256}$ ]]; then
+        echo "serve.sh: VELOCITY_TRITON_KEY must be 16 to 256 of A-Z a-z 0-9 . _ ~ - (it goes in a header)" >&2
+        rm -rf "$VELOCITY_RUN_DIR"
+        exit 2
+    fi
+    KEYED_APIS="inference,metadata,model-config"
+    args+=(--http-restricted-api="$KEYED_APIS:velocity-key=$TRITON_KEY"
+           --grpc-restricted-protocol="$KEYED_APIS:velocity-key=$TRITON_KEY")
+else
+    TRITON_KEY=local
+    args+=(--http-restricted-api="inference:velocity-key=$TRITON_KEY")
+fi
+(umask 077; printf '%s\n' "$TRITON_KEY" > "$VELOCITY_RUN_DIR/triton_key")
 # The python backend's shared-memory regions (1 MiB+ each in /dev/shm) outlive a server that
 # crashes or is killed; named after this run, they are removed on exit whatever happened.
 shm_prefix=""
@@ -162,7 +186,11 @@ echo "[serve] models:       $REPO"
 echo "[serve] weights:      $VELOCITY_WEIGHTS"
 host="$BIND"; local_host="$BIND"
 if [[ "$BIND" == 0.0.0.0 ]]; then host="localhost"; local_host="127.0.0.1"; fi
-[[ "$BIND" == 0.0.0.0 ]] && echo "[serve] listening on every interface (--bind 127.0.0.1: this machine only)"
+if [[ "$BIND" == 127.0.0.1 ]]; then
+    echo "[serve] listening on this machine only (--bind 0.0.0.0: every interface, for other machines)"
+else
+    echo "[serve] listening on $BIND (every port below; see docs/operations.md#security)"
+fi
 echo "[serve] gRPC    $host:$GRPC_PORT"
 echo "[serve] HTTP    http://$host:$HTTP_PORT"
 echo "[serve] metrics http://$host:$METRICS_PORT/metrics"
@@ -174,6 +202,12 @@ gateway=0; wyoming=0
 [[ $wyoming == 1 ]] && echo "[serve] Wyoming tcp://$host:$WYOMING_PORT"
 [[ -z "$shm_prefix" ]] || echo "[serve] shared memory: /dev/shm/$shm_prefix*"
 echo "[serve] operator key: $VELOCITY_RUN_DIR/admin_key   (Triton's logging, trace, shared-memory and model-repository APIs: header velocity-admin-key)"
+if [[ "$TRITON_KEY" == local ]]; then
+    echo "[serve] Triton key: local   (HTTP inference: header velocity-key: local; gRPC needs none, no API keys are set)"
+else
+    echo "[serve] Triton key: $VELOCITY_RUN_DIR/triton_key   (inference, metadata and config on gRPC and HTTP: header velocity-key)"
+fi
+unset TRITON_KEY
 
 start_server() {
     # a stale llm's drain files and the dead server's shared memory go first

@@ -56,7 +56,8 @@ def test_manifests_render_and_validate(layout):
     for doc in docs:
         kubernetes_validate.validate(doc, version, strict=True)     # raises naming the field
     kinds = sorted(d["kind"] for d in docs)
-    want = ["Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Service", "Service", "Service"]
+    want = ["Deployment", "HorizontalPodAutoscaler", "NetworkPolicy", "PodDisruptionBudget", "Service", "Service",
+            "Service"]
     assert kinds == sorted(want + ([] if layout == "overlays/download" else ["PersistentVolumeClaim"]))
 
 
@@ -95,6 +96,32 @@ def test_the_deployment_fits_serve_sh_and_the_settings(layout):
         script = ROOT / init["command"][1]
         assert script.name == "download_weights.py" and script.exists()
         assert init["command"][-2:] == ["--out", weights["mountPath"]]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_clients_reach_only_the_client_ports_and_the_rest_stays_in_the_namespace(layout):
+    """The NetworkPolicy selects the replicas and names every port once: the gateway, gRPC and
+    HTTP open to any peer, metrics and readiness to this namespace's pods alone; the Service that
+    clients use publishes only the client ports; the image listens on every interface (BIND)."""
+    docs = render(layout)
+    dep = deployment(docs)
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    spec = policy["spec"]
+    assert spec["podSelector"]["matchLabels"].items() <= labels.items() and spec["policyTypes"] == ["Ingress"]
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    opened = {}
+    for rule in spec["ingress"]:
+        for p in rule["ports"]:
+            assert p["port"] not in opened, p
+            opened[p["port"]] = rule.get("from")
+    assert set(opened) == {p["name"] for p in c["ports"]}
+    clients = {"gateway", "grpc", "http"}
+    assert all(opened[p] is None for p in clients)                     # no `from`: any peer
+    assert all(opened[p] == [{"podSelector": {}}] for p in set(opened) - clients)   # this namespace's pods
+    (public,) = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("velocity-tts")]
+    assert {p["targetPort"] for p in public["spec"]["ports"]} == clients
+    assert re.search(r"^ENV BIND=0\.0\.0\.0$", (ROOT / "Dockerfile").read_text(), re.M)
 
 
 def test_the_autoscaler_scales_on_a_gauge_the_llm_exports():

@@ -92,7 +92,7 @@ def refusal(url: str, text: str = "Am I let in?") -> str | None:
 def test_request_limit_then_drain_on_stop(start_triton, tmp_path):
     ckpt = tiny_checkpoint(tmp_path / "tiny", seed=0, small_audio=True)
     s = start_triton(ROOT / "model_repository", env={
-        "VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_MAX_CONCURRENT_REQUESTS": "2", "VELOCITY_MAX_TEXT_CHARS": "5000",
+        "VELOCITY_WEIGHTS": str(ckpt), "VELOCITY_MAX_CONCURRENT_REQUESTS": "2", "VELOCITY_MAX_DIRECT_REQUESTS": "0", "VELOCITY_MAX_TEXT_CHARS": "5000",
         "DRAIN_TIMEOUT": str(DRAIN), "EXIT_TIMEOUT": str(EXIT)})
 
     # malformed direct llm calls are refused, name the input, and give their slot back: with

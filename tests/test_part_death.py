@@ -96,7 +96,8 @@ def grpc_stream(s: TritonServer) -> Client:
 def http_stream(s: TritonServer) -> Client:
     """Triton's HTTP generate_stream (server-sent events): an error event ends it."""
     def run(first) -> None:
-        for _ in stream_http(s.http_url.removeprefix("http://"), {"TEXT": LONG, "MAX_NEW_TOKENS": 2000}, timeout=120):
+        for _ in stream_http(s.http_url.removeprefix("http://"), {"TEXT": LONG, "MAX_NEW_TOKENS": 2000}, timeout=120,
+                             key=s.triton_key):
             first()
     return Client("http", run)
 
@@ -184,7 +185,8 @@ def offline(s: TritonServer) -> Client:
         from velocity.serving.input_table import make_inputs
         with httpclient.InferenceServerClient(s.http_url.removeprefix("http://"), network_timeout=120) as c:
             threading.Timer(0.5, first).start()
-            c.infer("tts_offline", make_inputs(httpclient, {"TEXT": LONG, "MAX_NEW_TOKENS": 2000}))
+            c.infer("tts_offline", make_inputs(httpclient, {"TEXT": LONG, "MAX_NEW_TOKENS": 2000}),
+                    headers=s.http_headers)
     return Client("offline", run)
 
 
@@ -242,8 +244,8 @@ def offline_speaks(s: TritonServer) -> bool:
 
     from velocity.serving.input_table import make_inputs
     with httpclient.InferenceServerClient(s.http_url.removeprefix("http://"), network_timeout=60) as c:
-        return c.infer("tts_offline", make_inputs(httpclient, {"TEXT": "Whole.", "MAX_NEW_TOKENS": 30})
-                       ).as_numpy("WAVEFORM").size > 0
+        return c.infer("tts_offline", make_inputs(httpclient, {"TEXT": "Whole.", "MAX_NEW_TOKENS": 30}),
+                       headers=s.http_headers).as_numpy("WAVEFORM").size > 0
 
 
 def test_each_part_that_dies_is_told_seen_and_replaced(served):

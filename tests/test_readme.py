@@ -27,10 +27,12 @@ def python_snippet() -> str:
     return blocks[0]
 
 
-def curl_commands() -> list[tuple[str, dict]]:
-    """(path, JSON body) of each `curl ... -d '<body>' localhost:8000/<path>` in the README and docs/."""
-    found = re.findall(r"curl [^']*-d '([^']*)'[\s\\]*localhost:8000(/\S+)", README + "".join(DOCS.values()))
-    return [(path, json.loads(body)) for body, path in found]
+def curl_commands() -> list[tuple[str, dict, dict]]:
+    """(path, JSON body, headers) of each `curl ... -d '<body>' localhost:8000/<path>` in the README
+    and docs/ (its headers: each -H 'name: value')."""
+    found = re.findall(r"curl ((?:[^'\n]|'[^']*'|\\\n)*?)localhost:8000(/\S+)", README + "".join(DOCS.values()))
+    return [(path, json.loads(re.search(r"-d '([^']*)'", args)[1]),
+             dict(h.split(": ", 1) for h in re.findall(r"""-H ["']([^"']+)["']""", args))) for args, path in found]
 
 
 def example_values(weights: Path) -> dict:
@@ -93,26 +95,28 @@ def test_the_python_snippet(tts_server):
 def test_the_curl_commands(tts_server):
     from triton_server import admin_key
 
-    cmds = dict(curl_commands())
+    cmds = {path: (body, headers) for path, body, headers in curl_commands()}
     assert set(cmds) == {"/v2/models/tts/generate_stream", "/v2/models/tts_offline/infer", "/v2/logging"}, cmds
 
-    def post(path: str, body: dict, headers: dict | None = None) -> bytes:
-        req = urllib.request.Request(f"http://{tts_server.http_url}{path}", data=json.dumps(body).encode(),
-                                     headers=headers or {})
+    def post(path: str, headers: dict | None = None, body: dict | None = None) -> bytes:
+        """The docs' command for `path`, with its headers (or these instead)."""
+        req = urllib.request.Request(f"http://{tts_server.http_url}{path}", data=json.dumps(body or cmds[path][0]).encode(),
+                                     headers=cmds[path][1] if headers is None else headers)
         with urllib.request.urlopen(req, timeout=180) as r:
             return r.read()
 
-    with pytest.raises(urllib.error.HTTPError, match="403"):            # the operator's: only with its key
-        post("/v2/logging", cmds["/v2/logging"])
+    for path in cmds:                            # each needs the header the docs give it
+        with pytest.raises(urllib.error.HTTPError, match="403"):
+            post(path, {})
+    assert cmds["/v2/logging"][1] == {"velocity-admin-key": "$(cat /tmp/velocity-serve.XXXXXX/admin_key)"}
     key = {"velocity-admin-key": admin_key(tts_server)}
-    assert json.loads(post("/v2/logging", cmds["/v2/logging"], key))["log_verbose_level"] == 1
-    post("/v2/logging", {"log_verbose_level": 0}, key)
+    assert json.loads(post("/v2/logging", key))["log_verbose_level"] == 1
+    post("/v2/logging", key, {"log_verbose_level": 0})
 
-    events = [json.loads(x[6:]) for x in post("/v2/models/tts/generate_stream", cmds["/v2/models/tts/generate_stream"])
-              .splitlines() if x.startswith(b"data: ")]
+    events = [json.loads(x[6:]) for x in post("/v2/models/tts/generate_stream").splitlines() if x.startswith(b"data: ")]
     streamed = np.concatenate([np.asarray(e["WAVEFORM"], np.float32).reshape(-1) for e in events])
     assert [e["CHUNK_INDEX"] for e in events] == list(range(len(events)))
-    whole = json.loads(post("/v2/models/tts_offline/infer", cmds["/v2/models/tts_offline/infer"]))
+    whole = json.loads(post("/v2/models/tts_offline/infer"))
     out = whole["outputs"][0]
     assert whole["model_name"] == "tts_offline" and out["name"] == "WAVEFORM" and out["datatype"] == "FP32"
     assert out["shape"] == [1, len(streamed)]

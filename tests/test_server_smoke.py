@@ -58,7 +58,7 @@ def test_bad_input_gets_error_and_server_goes_on(grpc_client):
 def test_http_generate_stream(smoke_server):
     req = urllib.request.Request(
         f"http://{smoke_server.http_url}/v2/models/smoke_stream/generate_stream",
-        data=json.dumps({"COUNT": [4]}).encode(), headers={"Content-Type": "application/json"})
+        data=json.dumps({"COUNT": [4]}).encode(), headers={"Content-Type": "application/json", **smoke_server.http_headers})
     with urllib.request.urlopen(req, timeout=60) as r:
         events = [json.loads(line[len(b"data: "):]) for line in r.read().splitlines()
                   if line.startswith(b"data: ")]
@@ -117,7 +117,8 @@ def test_threads_at_the_same_metrics_leave_the_server_up(smoke_server):
     from velocity.serving.input_table import array_inputs
     with httpclient.InferenceServerClient(smoke_server.http_url) as c:
         for _ in range(3):
-            res = c.infer("metrics_threads", array_inputs(httpclient, {"OPS": np.array([2000], dtype=np.int32)}))
+            res = c.infer("metrics_threads", array_inputs(httpclient, {"OPS": np.array([2000], dtype=np.int32)}),
+                          headers=smoke_server.http_headers)
             assert int(res.as_numpy("DONE")[0]) == 4 * 2000
     want = 'velocity_vocoder_dropped_chunks_total{model="metrics_threads"} 24000'
     assert wait_for(lambda: want in smoke_server.metrics(), 5) and smoke_server.ready(), smoke_server.metrics()

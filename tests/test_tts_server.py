@@ -144,14 +144,16 @@ def test_offline_equals_stream_over_grpc_and_http(server):
     whole = g.infer("tts_offline", make_inputs(grpcclient, GOOD)).as_numpy("WAVEFORM").reshape(-1)
     np.testing.assert_allclose(whole, streamed, rtol=0, atol=0)
     with httpclient.InferenceServerClient(server.http_url) as h:
-        via_http = h.infer("tts_offline", make_inputs(httpclient, GOOD)).as_numpy("WAVEFORM").reshape(-1)
+        via_http = h.infer("tts_offline", make_inputs(httpclient, GOOD), headers=server.http_headers
+                           ).as_numpy("WAVEFORM").reshape(-1)
     np.testing.assert_array_equal(via_http, streamed)
 
 
 def test_http_generate_stream(server):
     body = {"TEXT": "Hi there.", "SEED": 3, "MAX_NEW_TOKENS": 16}
     req = urllib.request.Request(f"http://{server.http_url}/v2/models/tts/generate_stream",
-                                 data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+                                 data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", **server.http_headers})
     with urllib.request.urlopen(req, timeout=120) as r:
         events = [json.loads(line[6:]) for line in r.read().splitlines() if line.startswith(b"data: ")]
     chunks = [e for e in events if "WAVEFORM" in e]
@@ -218,7 +220,7 @@ def test_bad_inputs_invalid_arg_then_good_request(server, bad, match):
     # closed here: the exception's traceback would hold its connection open until a garbage
     # collection, and Triton waits for open HTTP connections when it stops
     with httpclient.InferenceServerClient(server.http_url) as h, pytest.raises(InferenceServerException) as e:
-        h.infer("tts_offline", make_inputs(httpclient, bad))
+        h.infer("tts_offline", make_inputs(httpclient, bad), headers=server.http_headers)
     assert e.value.status() == "400" and re.search(match, e.value.message()), e.value
     ok, err2 = stream_tts(server.grpc_url, {"TEXT": "fine.", "MAX_NEW_TOKENS": 8, "SEED": 1})
     assert err2 is None and ok
@@ -281,7 +283,7 @@ def test_a_stream_without_text_is_an_error_not_silence(server):
     chunks, err = stream_tts(server.grpc_url, {"SEED": 3})
     assert not chunks and err is not None and "TEXT is required" in err, err
     req = urllib.request.Request(f"http://{server.http_url}/v2/models/tts/generate_stream",
-                                 data=json.dumps({"text": "lowercase key", "SEED": 3}).encode())
+                                 data=json.dumps({"text": "lowercase key", "SEED": 3}).encode(), headers=server.http_headers)
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=120)
     assert e.value.code == 400 and "TEXT is required" in e.value.read().decode()
@@ -291,7 +293,7 @@ def test_a_json_value_of_the_wrong_type_is_refused_by_triton_itself(server):
     """Documented in the README: Triton's HTTP front end parses the body before any model sees it
     and answers a wrong JSON type with 500 "Unable to parse 'data'" (2.51); nothing breaks."""
     req = urllib.request.Request(f"http://{server.http_url}/v2/models/tts/generate_stream",
-                                 data=json.dumps({"TEXT": "Hi.", "TEMPERATURE": "hot"}).encode())
+                                 data=json.dumps({"TEXT": "Hi.", "TEMPERATURE": "hot"}).encode(), headers=server.http_headers)
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=120)
     assert e.value.code == 500 and "Unable to parse 'data'" in e.value.read().decode()

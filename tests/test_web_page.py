@@ -98,3 +98,43 @@ def test_an_error_is_shown_not_swallowed(page):
     assert page.evaluate("window.speech.state") == "error"
     assert "TEXT has 2001 characters; the limit is 2000" in page.text_content("#status")
     assert page.is_enabled("#speak")
+
+
+def test_a_page_cannot_make_triton_speak_or_change_its_settings(page, tts_server):
+    """A page (here the gateway's, another origin than Triton's HTTP port) sends what any page may:
+    a simple request (text/plain, no header of its own: no CORS preflight) to tts_offline's infer and
+    to /v2/logging, and a request with the Triton key's header, which needs a preflight. None runs:
+    the first two lack the header (403), and Triton refuses the preflight. Triton's own counts say so."""
+    from client.triton import model_metric
+    from triton_server import admin_key
+
+    def runs() -> float:
+        return model_metric(tts_server.metrics(), "nv_inference_request_success", "tts_offline") + \
+            model_metric(tts_server.metrics(), "nv_inference_request_failure", "tts_offline")
+
+    before = runs()
+    body = '{"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["From a page."]}]}'
+    got = page.evaluate("""async ([base, body]) => {
+        const simple = {method: "POST", mode: "no-cors", headers: {"Content-Type": "text/plain"}};
+        const out = {};
+        for (const [name, path, b] of [["infer", "/v2/models/tts_offline/infer", body],
+                                       ["logging", "/v2/logging", '{"log_verbose_level": 1}']]) {
+            try { out[name] = (await fetch(base + path, {...simple, body: b})).type; }
+            catch (e) { out[name] = "refused: " + e; }
+        }
+        try {
+            const r = await fetch(base + "/v2/models/tts_offline/infer",
+                                  {method: "POST", headers: {"velocity-key": "local"}, body});
+            out.keyed = "status " + r.status;
+        } catch (e) { out.keyed = "refused: " + e; }
+        return out;
+    }""", [f"http://127.0.0.1:{tts_server.http_port}", body])
+    assert got["infer"] == got["logging"] == "opaque", got        # sent, its answer unreadable to the page
+    assert got["keyed"].startswith("refused: TypeError"), got        # the preflight failed: never sent
+    assert runs() == before, "a web page ran an inference on Triton's HTTP port"
+    import json
+    import urllib.request
+    req = urllib.request.Request(f"http://{tts_server.http_url}/v2/logging",
+                                 headers={"velocity-admin-key": admin_key(tts_server)})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert json.loads(r.read())["log_verbose_level"] == 0

@@ -54,7 +54,8 @@ def create_app(triton_url: str, settings=None, retries: int | None = None) -> Fa
     admission = fair.Admission(fair.Limits.of(settings))
     origins = {o.strip().rstrip("/") for o in f"{settings.gateway_origins},{settings.gateway_cors_origins}".split(",")
                if o.strip()}
-    gateway = Gateway(triton_url, retries, admission, settings.gateway_health_url, settings.run_dir)
+    gateway = Gateway(triton_url, retries, admission, settings.gateway_health_url, settings.run_dir,
+                      settings.triton_key)
     state = AppState(settings, gateway, admission,
                      GatewayMetrics(), origins, api_keys(settings), speech_model(settings))
 

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable
 
 from velocity.gateway.caller import CLIENT
 from velocity.serving.client_tag import load_key, sign
+from velocity.serving import triton_key
 from velocity.gateway.health_reason import HealthReason
 from velocity.gateway.pace import Pacer, read_ahead
 from velocity.serving.input_table import INPUTS
@@ -93,13 +94,15 @@ class Gateway:
     """
 
     def __init__(self, url: str, retries: int | None = None, admission=None, health: str = "",
-                 run_dir: str = "") -> None:
+                 run_dir: str = "", key: str = "") -> None:
         """admission: velocity.gateway.fair.Admission, whose stream() each stream holds (None: no caps);
         health: the health port's URL, whose reason names a part that died (HealthReason); run_dir:
         serve.sh's run folder, whose client key signs each stream's CLIENT (none: the server
-        counts this gateway's streams as one client)."""
+        counts this gateway's streams as direct callers') and whose Triton key every call shows,
+        unless `key` (VELOCITY_TRITON_KEY) gives it (velocity.serving.triton_key)."""
         self.admission, self.health = admission, HealthReason(health)
         self.client_key = load_key(run_dir)
+        self.headers = triton_key.grpc_headers(triton_key.load(key, run_dir))
         self.urls = [u.strip() for u in url.split(",") if u.strip()]
         if not self.urls:
             raise ValueError("the Triton address is empty: give host:port (or several, comma-separated)")
@@ -129,7 +132,7 @@ class Gateway:
 
     def infer(self, url: str, model: str, inputs: list):
         """A unary infer of `model` on upstream `url`, never cancelled in flight (uncancelled)."""
-        return self.uncancelled(self.client_for(url).infer(model, inputs))
+        return self.uncancelled(self.client_for(url).infer(model, inputs, headers=self.headers))
 
     def _unary_done(self, task: asyncio.Task) -> None:
         self._unary.discard(task)
@@ -171,7 +174,7 @@ class Gateway:
         """Some upstream's `tts` is ready and that server is not draining (its `voices` says)."""
         for url in self.urls:
             try:
-                ready = await self.uncancelled(self.client_for(url).is_model_ready("tts"))
+                ready = await self.uncancelled(self.client_for(url).is_model_ready("tts", headers=self.headers))
                 if ready and not (await self._listing(url))["draining"]:
                     return True
             except Exception:
@@ -252,7 +255,7 @@ class Gateway:
             yield {"model_name": "tts", "inputs": make_inputs(grpcclient, values), "enable_empty_final_response": True,
                    "timeout": None if timeout is None else max(1, round(timeout * 1e6))}
 
-        stream = self.client_for(url).stream_infer(requests())
+        stream = self.client_for(url).stream_infer(requests(), headers=self.headers)
         pending: dict[int, AudioChunk] = {}
         nxt, pacer = 0, None
         ended = False       # the server ended the request (an error or the final flag): nothing to cancel

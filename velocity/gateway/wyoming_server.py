@@ -163,7 +163,7 @@ class SpeechHandler(AsyncEventHandler):
 
 async def serve(uri: str, triton: str, defaults: dict) -> None:
     s = Settings.from_env()
-    gw = Gateway(triton, health=s.gateway_health_url, run_dir=s.run_dir)
+    gw = Gateway(triton, health=s.gateway_health_url, run_dir=s.run_dir, key=s.triton_key)
     server = AsyncServer.from_uri(uri)
     log.info("Wyoming on %s, Triton at %s", uri, triton)
     try:

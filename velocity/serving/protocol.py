@@ -45,6 +45,7 @@ STREAM_DRAINING = -4          # refused: the server is stopping
 STREAM_DEADLINE = -5          # ended: the request's timeout passed
 STREAM_PROBE = -6             # not an error: a probe (see above), dropped by the vocoder
 STREAM_PART_DIED = -7         # ended: another part of the server died (the watchdog names it in the run dir)
+STREAM_DIRECT_BUSY = -8       # refused: direct Triton callers hold VELOCITY_MAX_DIRECT_REQUESTS
 
 NO_HIDDEN = np.zeros((1, 0, 0), np.float32)
 
@@ -84,6 +85,10 @@ def stream_error(code: int, settings: Settings) -> tuple[str, bool]:
     if code == STREAM_BUSY:
         return (f"server busy: {settings.max_concurrent_requests} requests are in flight, the limit "
                 f"(VELOCITY_MAX_CONCURRENT_REQUESTS); retry later"), True
+    if code == STREAM_DIRECT_BUSY:
+        return (f"server busy: direct Triton callers have {settings.direct_limit()} requests in flight, their "
+                f"limit (VELOCITY_MAX_DIRECT_REQUESTS), which keeps room for the gateway's clients; retry "
+                f"later, or speak through the gateway"), True
     if code == STREAM_DRAINING:
         return "server shutting down: new requests are refused; retry on another instance", True
     if code == STREAM_PART_DIED:

@@ -70,7 +70,14 @@ class Settings:
     # Requests in flight in the llm (running, waiting, or between sentences); one more is refused
     # with UNAVAILABLE ("server busy") instead of queueing without bound. 0: no limit.
     max_concurrent_requests: int = 256       # VELOCITY_MAX_CONCURRENT_REQUESTS
+    # Of them, requests from direct Triton callers (CLIENT not signed by this server's gateway or
+    # Wyoming server: perf_analyzer, tritonclient, tts_offline's callers), so that they cannot take
+    # the slots the gateway's clients need. -1: half of VELOCITY_MAX_CONCURRENT_REQUESTS; 0: no cap
+    # of their own.
+    max_direct_requests: int = -1            # VELOCITY_MAX_DIRECT_REQUESTS
     run_dir: str = ""                        # VELOCITY_RUN_DIR: set by serve.sh for the drain handshake
+    # The key the gateway and Wyoming show Triton (velocity.serving.triton_key); "": the run folder's
+    triton_key: str = ""                     # VELOCITY_TRITON_KEY
     # CPU threads per model process. The llm and the vocoder run at the same time in separate
     # processes; two full OpenMP pools on the same cores spin against each other.
     # Default: the vocoder one thread, the llm the other cores.
@@ -179,6 +186,12 @@ class Settings:
                             max_prefill_tokens=self.max_prefill_tokens,
                             pack_cpu_weights=self.pack_cpu_weights, cpu_kernel=self.cpu_kernel,
                             gpu_kernels=self.gpu_kernels, graph_sampler=self.graph_sampler, quantize=self.quantize)
+
+    def direct_limit(self) -> int:
+        """Requests in flight from direct Triton callers at most (0: no cap of their own)."""
+        if self.max_direct_requests >= 0:
+            return self.max_direct_requests
+        return -(-self.max_concurrent_requests // 2)
 
     def backlog_frames(self) -> int:
         """VELOCITY_BACKLOG_SECONDS in frames (0: no bound), raised to one largest chunk and its

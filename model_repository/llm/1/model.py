@@ -92,9 +92,14 @@ class TritonPythonModel:
             log.exception("llm: could not read a request")
             send_failure(request.get_response_sender(), f"llm: internal error ({e}); see the server log", False)
             return
+        direct = self.streams.is_direct(inputs)
+        if direct and (refusal := self.streams.direct_refusal()):
+            self.streams.metrics["refused"].increment(1)
+            send(request.get_response_sender(), error_outputs(refusal, self.streams.num_vq), final=True)
+            return
         # Triton's request timeout (microseconds, 0: none): the stream ends with an error after it
         self.streams.start(request.get_response_sender(), request.is_cancelled, inputs, in_ensemble,
-                           request.timeout() / 1e6)
+                           request.timeout() / 1e6, direct)
 
     def finalize(self) -> None:
         self.streams.close()                 # in-flight requests end with the final flag; the core stops
