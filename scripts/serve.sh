@@ -185,7 +185,8 @@ echo "[serve] tritonserver: $server"
 echo "[serve] models:       $REPO"
 echo "[serve] weights:      $VELOCITY_WEIGHTS"
 host="$BIND"; local_host="$BIND"
-if [[ "$BIND" == 0.0.0.0 ]]; then host="localhost"; local_host="127.0.0.1"; fi
+if [[ "$BIND" == 0.0.0.0 ]]; then local_host="127.0.0.1"; fi
+[[ "$BIND" == 0.0.0.0 || "$BIND" == 127.0.0.1 ]] && host="localhost"
 if [[ "$BIND" == 127.0.0.1 ]]; then
     echo "[serve] listening on this machine only (--bind 0.0.0.0: every interface, for other machines)"
 else

@@ -18,7 +18,7 @@ import urllib.request
 
 import pytest
 
-from triton_server import LONG_TEXT, ROOT, TritonServer, run_dir
+from triton_server import LONG_TEXT, ROOT, TritonServer, run_dir, wait_for
 
 pytestmark = pytest.mark.server
 API_KEY = "sk-door-test-one"
@@ -81,7 +81,8 @@ def test_without_the_key_every_door_is_refused(keyed: TritonServer):
         assert status == 403 and b"velocity-key" in body, (status, body)
     assert http(base + "/v2/models/tts/config")[0] == 403
     assert http(base + "/v2/logging", b'{"log_verbose_level": 1}')[0] == 403
-    assert http(f"http://127.0.0.1:{keyed.health_port}/v2/health/ready")[0] == 200
+    # readiness stays open for balancers (the health port polls Triton's, which needs no key)
+    assert wait_for(lambda: http(f"http://127.0.0.1:{keyed.health_port}/v2/health/ready")[0] == 200, 30)
 
 
 def test_with_the_key_tritonclient_the_client_and_the_readme_example_speak(keyed: TritonServer, tmp_path):
@@ -166,10 +167,3 @@ def test_a_flood_of_direct_callers_leaves_the_gateways_clients_served(keyed: Tri
             c.stop_stream(cancel_requests=True)
             c.close()
 
-
-def test_a_triton_key_that_cannot_be_a_header_value_stops_serve_sh(tmp_path):
-    env = {**os.environ, "VELOCITY_TRITON_KEY": "short key", "TMPDIR": str(tmp_path)}
-    p = subprocess.run(["bash", str(ROOT / "scripts" / "serve.sh"), "--model-repository", str(ROOT / "tests" / "model_repository")],
-                       env=env, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 2 and "VELOCITY_TRITON_KEY must be" in p.stderr, p.stderr
-    assert not list(tmp_path.iterdir())

@@ -62,9 +62,11 @@ def test_the_operator_apis_need_the_key_on_grpc(smoke_server):
         c.close()
 
 
-def test_an_operator_key_that_cannot_be_a_header_value_stops_serve_sh(tmp_path):
-    env = {**os.environ, "VELOCITY_ADMIN_KEY": "short,key", "TMPDIR": str(tmp_path)}
+@pytest.mark.parametrize("name", ["VELOCITY_ADMIN_KEY", "VELOCITY_TRITON_KEY"])
+def test_a_key_that_cannot_be_a_header_value_stops_serve_sh(tmp_path, name):
+    """The operator key and the Triton key (tests/test_doors.py) go in headers."""
+    env = {**os.environ, name: "short,key", "TMPDIR": str(tmp_path)}
     p = subprocess.run(["bash", str(ROOT / "scripts" / "serve.sh"), "--model-repository", str(ROOT / "tests" / "model_repository")],
                        env=env, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 2 and "VELOCITY_ADMIN_KEY must be" in p.stderr, p.stderr
+    assert p.returncode == 2 and f"{name} must be" in p.stderr, p.stderr
     assert not list(tmp_path.iterdir())                    # its run folder went with it
