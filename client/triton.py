@@ -95,6 +95,7 @@ def _stream_grpc(url: str, values: dict, timeout: float, check: bool, texts: lis
                  deadline: float | None = None, marks: list | None = None,
                  key: str = "") -> Iterator[tuple[int, np.ndarray]]:
     import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
 
     client = grpcclient.InferenceServerClient(url)
     headers = triton_key.grpc_headers(key)
@@ -113,8 +114,16 @@ def _stream_grpc(url: str, values: dict, timeout: float, check: bool, texts: lis
     ended = False        # the server ended the request (final flag or error): nothing to cancel
     try:
         client.start_stream(callback=came, headers=headers)
-        client.async_stream_infer("tts", make_inputs(grpcclient, values), enable_empty_final_response=True,
-                                  timeout=None if deadline is None else max(1, round(deadline * 1e6)))
+        try:
+            client.async_stream_infer("tts", make_inputs(grpcclient, values), enable_empty_final_response=True,
+                                      timeout=None if deadline is None else max(1, round(deadline * 1e6)))
+        except InferenceServerException as e:     # the stream failed at once (a key refused): its reason came
+            ended = True                          # to the callback, or is this
+            try:
+                error = got.get(timeout=5)[1] or e
+            except queue.Empty:
+                error = e
+            raise ServerError(str(error)) from e
         while True:
             result, error, c = got.get(timeout=timeout)
             if error is not None:

@@ -28,13 +28,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from velocity.serving.client_tag import load_key, verify
+from velocity.serving.direct_callers import DirectCallers
 from velocity.serving.drain import Drain, all_told, failed_part
 from velocity.serving.engine_core.client import CoreClient
 from velocity.serving.engine_core.wire import Report, Totals
 from velocity.serving.llm_request import LLMInputs
-from velocity.serving.protocol import (STREAM_BUSY, STREAM_DEADLINE, STREAM_DIRECT_BUSY, STREAM_DRAINING,
-                                       STREAM_FAILED, STREAM_PART_DIED, STREAM_SHUTTING_DOWN)
+from velocity.serving.protocol import (STREAM_BUSY, STREAM_DEADLINE, STREAM_DRAINING, STREAM_FAILED,
+                                       STREAM_PART_DIED, STREAM_SHUTTING_DOWN)
 from velocity.serving.settings import Settings
 from velocity.serving.stream import Fail, Failure, Send, Stream
 from velocity.serving.stream_board import CANCELLED, StreamBoard
@@ -90,8 +90,7 @@ class Streams:
         self.totals = Totals()
         self.backlog_frames = settings.backlog_frames()
         self.live: dict[int, Stream] = {}
-        self.direct: set[int] = set()            # of them, the keys of direct callers' (CLIENT unsigned)
-        self.client_key = load_key(settings.run_dir)     # which CLIENT values this server's gateway signed
+        self.direct = DirectCallers(settings)    # of them, direct Triton callers' (CLIENT unsigned)
         self._keys = itertools.count(1)
         self.probe_every = settings.cancel_probe_seconds     # seconds a quiet stream waits to probe (the monitor's)
         self.drain = Drain(settings.run_dir)
@@ -117,22 +116,13 @@ class Streams:
         limit = self.settings.max_concurrent_requests
         return STREAM_BUSY if limit and len(self.live) >= limit else None
 
-    def is_direct(self, inputs: LLMInputs) -> bool:
-        """A request whose CLIENT this server's gateway or Wyoming server did not sign."""
-        return not verify(inputs.client, self.client_key)
-
-    def direct_refusal(self) -> int | None:
-        """STREAM_DIRECT_BUSY while direct callers hold VELOCITY_MAX_DIRECT_REQUESTS, else None."""
-        limit = self.settings.direct_limit()
-        return STREAM_DIRECT_BUSY if limit and len(self.direct) >= limit else None
-
     def start(self, sender, cancelled: Callable[[], bool], inputs: LLMInputs, in_ensemble: bool = False,
               timeout: float = 0.0, direct: bool = False) -> None:
         """Start a request whose inputs were read (the core checks them against the engine and
         answers a mistake with an error); it holds a slot until its final flag is sent.
         in_ensemble: the `tts` ensemble's vocoder follows (the stream takes a board slot: probes,
-        backpressure); timeout: seconds it may take (0: no limit); direct: a direct caller's
-        (is_direct), counted against their own cap too."""
+        backpressure); timeout: seconds it may take (0: no limit); direct: a direct caller's,
+        counted against their own cap too (DirectCallers)."""
         ref = (self.board.open() or 0) if in_ensemble and self.board is not None else 0
         if in_ensemble and self.board is not None and not ref:
             log.warning("the stream board is full (%d streams): this stream will not notice its client leaving",
@@ -140,7 +130,7 @@ class Streams:
         stream = Stream(self, next(self._keys), sender, cancelled, ref, timeout)
         self.live[stream.key] = stream
         if direct:
-            self.direct.add(stream.key)
+            self.direct.keys.add(stream.key)
         self.core.start(stream.key, ref, inputs)
 
     def core_stop(self, key: int) -> None:
@@ -205,7 +195,7 @@ class Streams:
         finally:
             if final:                            # the slot is free once the final flag is sent
                 self.live.pop(stream.key, None)
-                self.direct.discard(stream.key)
+                self.direct.keys.discard(stream.key)
                 if stream.ref:
                     self.board.close(stream.ref)
 

@@ -92,8 +92,8 @@ class TritonPythonModel:
             log.exception("llm: could not read a request")
             send_failure(request.get_response_sender(), f"llm: internal error ({e}); see the server log", False)
             return
-        direct = self.streams.is_direct(inputs)
-        if direct and (refusal := self.streams.direct_refusal()):
+        direct = self.streams.direct.is_direct(inputs)
+        if direct and (refusal := self.streams.direct.refusal()):
             self.streams.metrics["refused"].increment(1)
             send(request.get_response_sender(), error_outputs(refusal, self.streams.num_vq), final=True)
             return
