@@ -69,8 +69,7 @@ def main() -> None:
     texts = bench_texts()
     with tempfile.TemporaryDirectory() as tmp:
         server = TritonServer(repo=ROOT / "model_repository", log_path=Path(tmp) / "server.log",
-                              env={"VELOCITY_TRITON_KEY": key, "GATEWAY_PORT": "0"})
-        server.gateway_port = 0
+                              env={"VELOCITY_TRITON_KEY": key}, gateway_port=0)    # no gateway
         server.start(timeout=400)
         proc = None
         try:

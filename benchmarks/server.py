@@ -189,15 +189,20 @@ class TritonServer:
         return self.log_path.read_text(errors="replace")[-20000:]
 
     @property
-    def triton_key(self) -> str:
-        """The Triton key this serve.sh run shows (velocity.serving.triton_key): from the file its
-        log names, or `local` (a server without keys, or a tree from before the key)."""
+    def run_dir(self) -> Path | None:
+        """serve.sh's run folder (its log names the operator key's file there); None for a tree
+        from before the key."""
         import re
 
-        from velocity.serving import triton_key
+        m = re.search(r"\[serve\] operator key: (\S+)", self.log_path.read_text(errors="replace"))
+        return Path(m[1]).parent if m else None
 
-        m = re.search(r"\[serve\] Triton key: (\S+)", self.log_path.read_text(errors="replace"))
-        return triton_key.OPEN if m is None or m[1] == triton_key.OPEN else Path(m[1]).read_text().strip()
+    @property
+    def triton_key(self) -> str:
+        """The Triton key this serve.sh run shows (velocity.serving.triton_key): its run folder's,
+        or `local` (a tree from before the key)."""
+        from velocity.serving import triton_key
+        return triton_key.load(run_dir=str(self.run_dir or ""))
 
     @property
     def grpc_headers(self) -> dict | None:

@@ -126,14 +126,21 @@ export VELOCITY_RUN_DIR="$(mktemp -d "${TMPDIR:-/tmp}/velocity-serve.XXXXXX")"
 # The operator's APIs (logging, trace, shared memory, the model repository's load and unload)
 # need the operator key on both of Triton's ports, always: VELOCITY_ADMIN_KEY, else a key made
 # at this start and written to the run folder (mode 600), which only this user can read.
-ADMIN_KEY="${VELOCITY_ADMIN_KEY:-$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')}"
-if [[ ! "$ADMIN_KEY" =~ ^[A-Za-z0-9._~-]{16,256}$ ]]; then
-    echo "serve.sh: VELOCITY_ADMIN_KEY must be 16 to 256 of A-Z a-z 0-9 . _ ~ - (it goes in a header)" >&2
-    rm -rf "$VELOCITY_RUN_DIR"
-    exit 2
-fi
+random_hex() { od -An -N"$1" -tx1 /dev/urandom | tr -d ' \n'; }     # $1 random bytes, as hex
+# header_key NAME VALUE: VALUE, else a new random key, printed; a VALUE that cannot be a header
+# value stops serve.sh (its run folder removed), naming the variable NAME
+header_key() {
+    local key="${2:-$(random_hex 24)}"
+    if [[ ! "$key" =~ ^[A-Za-z0-9._~-]{16,256}$ ]]; then
+        echo "serve.sh: $1 must be 16 to 256 of A-Z a-z 0-9 . _ ~ - (it goes in a header)" >&2
+        rm -rf "$VELOCITY_RUN_DIR"
+        return 2
+    fi
+    printf '%s' "$key"
+}
+ADMIN_KEY="$(header_key VELOCITY_ADMIN_KEY "${VELOCITY_ADMIN_KEY:-}")" || exit 2
 (umask 077; printf '%s\n' "$ADMIN_KEY" > "$VELOCITY_RUN_DIR/admin_key"
- od -An -N32 -tx1 /dev/urandom | tr -d ' \n' > "$VELOCITY_RUN_DIR/client_key")   # velocity/serving/client_tag.py
+ random_hex 32 > "$VELOCITY_RUN_DIR/client_key")   # velocity/serving/client_tag.py
 ADMIN_APIS="logging,trace,shared-memory,model-repository"
 args+=(--http-restricted-api="$ADMIN_APIS:velocity-admin-key=$ADMIN_KEY"
        --grpc-restricted-protocol="$ADMIN_APIS:velocity-admin-key=$ADMIN_KEY")
@@ -144,12 +151,7 @@ unset ADMIN_KEY VELOCITY_ADMIN_KEY          # the models and tools that follow n
 # only HTTP inference asks for it: no web page can send it without a preflight, which Triton refuses.
 api_keys="${VELOCITY_GATEWAY_API_KEYS:-}"
 if [[ -n "${api_keys//[ ,]/}${VELOCITY_GATEWAY_API_KEYS_FILE:-}${VELOCITY_TRITON_KEY:-}" ]]; then
-    TRITON_KEY="${VELOCITY_TRITON_KEY:-$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')}"
-    if [[ ! "$TRITON_KEY" =~ ^[A-Za-z0-9._~-]{16,256}$ ]]; then
-        echo "serve.sh: VELOCITY_TRITON_KEY must be 16 to 256 of A-Z a-z 0-9 . _ ~ - (it goes in a header)" >&2
-        rm -rf "$VELOCITY_RUN_DIR"
-        exit 2
-    fi
+    TRITON_KEY="$(header_key VELOCITY_TRITON_KEY "${VELOCITY_TRITON_KEY:-}")" || exit 2
     KEYED_APIS="inference,metadata,model-config"
     args+=(--http-restricted-api="$KEYED_APIS:velocity-key=$TRITON_KEY"
            --grpc-restricted-protocol="$KEYED_APIS:velocity-key=$TRITON_KEY")

@@ -13,12 +13,10 @@ import queue
 import stat
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 
 import pytest
 
-from triton_server import LONG_TEXT, ROOT, TritonServer, run_dir, wait_for
+from triton_server import LONG_TEXT, ROOT, TritonServer, simple_request, wait_for
 
 pytestmark = pytest.mark.server
 API_KEY = "sk-door-test-one"
@@ -40,17 +38,6 @@ def keyed(tmp_path_factory: pytest.TempPathFactory):
     s.stop(at_once=True)
 
 
-def http(url: str, body: bytes | None = None, headers: dict | None = None, method: str | None = None):
-    """(status, body) of a request; a page's simple request by default (text/plain, no header of its own)."""
-    req = urllib.request.Request(url, data=body, method=method,
-                                 headers={"Content-Type": "text/plain", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
 OFFLINE = json.dumps({"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["Hi."]}]}).encode()
 
 
@@ -61,7 +48,7 @@ def test_without_the_key_every_door_is_refused(keyed: TritonServer):
     from client.triton import ServerError, stream_grpc
 
     speech = json.dumps({"model": "tts-1", "input": "Hello.", "voice": "amber"}).encode()
-    assert http(keyed.gateway_url + "/v1/audio/speech", speech, {"Content-Type": "application/json"})[0] == 401
+    assert simple_request(keyed.gateway_url + "/v1/audio/speech", speech, {"Content-Type": "application/json"})[0] == 401
     with pytest.raises(ServerError, match="restricted"):
         list(stream_grpc(keyed.grpc_url, {"TEXT": "Hello."}, timeout=60, check=False))
     with pytest.raises(ServerError, match="restricted"):                 # a wrong key is no key
@@ -77,25 +64,25 @@ def test_without_the_key_every_door_is_refused(keyed: TritonServer):
         c.close()
     base = f"http://{keyed.http_url}"
     for headers in ({}, {"velocity-key": "local"}):                     # the keyless server's value is no key here
-        status, body = http(base + "/v2/models/tts_offline/infer", OFFLINE, headers)
+        status, body = simple_request(base + "/v2/models/tts_offline/infer", OFFLINE, headers)
         assert status == 403 and b"velocity-key" in body, (status, body)
-    assert http(base + "/v2/models/tts/config")[0] == 403
-    assert http(base + "/v2/logging", b'{"log_verbose_level": 1}')[0] == 403
+    assert simple_request(base + "/v2/models/tts/config")[0] == 403
+    assert simple_request(base + "/v2/logging", b'{"log_verbose_level": 1}')[0] == 403
     # readiness stays open for balancers (the health port polls Triton's, which needs no key)
-    assert wait_for(lambda: http(f"http://127.0.0.1:{keyed.health_port}/v2/health/ready")[0] == 200, 30)
+    assert wait_for(lambda: simple_request(f"http://127.0.0.1:{keyed.health_port}/v2/health/ready")[0] == 200, 30)
 
 
 def test_with_the_key_tritonclient_the_client_and_the_readme_example_speak(keyed: TritonServer, tmp_path):
     from client.triton import offline_grpc, stream_grpc
     from test_readme import python_snippet, run_snippet
 
-    path = run_dir(keyed) / "triton_key"
+    path = keyed.run_dir / "triton_key"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     key = keyed.triton_key
     assert key == path.read_text().strip() and len(key) >= 16 and key not in keyed.log()
     assert sum(len(a) for _, a in stream_grpc(keyed.grpc_url, {"TEXT": "Hello.", "SEED": 1}, timeout=120, key=key)) > 0
     assert sum(len(a) for _, a in offline_grpc(keyed.grpc_url, {"TEXT": "Hello.", "SEED": 1}, key)) > 0
-    status, body = http(f"http://{keyed.http_url}/v2/models/tts_offline/infer", OFFLINE, {"velocity-key": key})
+    status, body = simple_request(f"http://{keyed.http_url}/v2/models/tts_offline/infer", OFFLINE, {"velocity-key": key})
     assert status == 200 and b"WAVEFORM" in body
     for url, mode in ((keyed.grpc_url, []), (keyed.http_url, ["--http"])):
         p = subprocess.run([sys.executable, "-m", "client.tts_client", "Hello.", "-o", str(tmp_path / "h.wav"),
@@ -120,7 +107,7 @@ def perf_analyzer(url: str, out, **env: str) -> subprocess.CompletedProcess:
 
 def test_perf_analyzer_runs_with_the_key_and_on_a_server_without_keys(keyed: TritonServer, tts_server: TritonServer,
                                                                       tmp_path):
-    p = perf_analyzer(keyed.grpc_url, tmp_path / "keyed", KEY_FILE=str(run_dir(keyed) / "triton_key"))
+    p = perf_analyzer(keyed.grpc_url, tmp_path / "keyed", KEY_FILE=str(keyed.run_dir / "triton_key"))
     assert p.returncode == 0 and "through the key relay" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
     for model in ("tts", "tts_offline"):
         assert json.loads((tmp_path / "keyed" / f"{model}_c1.json").read_text())["experiments"], model
@@ -159,7 +146,7 @@ def test_a_flood_of_direct_callers_leaves_the_gateways_clients_served(keyed: Tri
         refused = [str(e) for e in answers if e is not None]
         assert len(refused) == 4 and all("VELOCITY_MAX_DIRECT_REQUESTS" in e for e in refused), answers
         speech = json.dumps({"model": "tts-1", "input": "Still served.", "voice": "amber"}).encode()
-        status, body = http(keyed.gateway_url + "/v1/audio/speech", speech,
+        status, body = simple_request(keyed.gateway_url + "/v1/audio/speech", speech,
                             {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
         assert status == 200 and len(body) > 1000, (status, body[:300])
     finally:

@@ -7,25 +7,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import urllib.error
-import urllib.request
 
 import pytest
 
-from triton_server import ROOT, admin_key
+from triton_server import ROOT, admin_key, simple_request
 
 pytestmark = pytest.mark.server
 HEADER = "velocity-admin-key"
 
 
 def http(server, method: str, path: str, body: bytes | None = None, headers: dict | None = None) -> int:
-    req = urllib.request.Request(f"http://{server.http_url}{path}", data=body, method=method,
-                                 headers={"Content-Type": "text/plain", **(headers or {})})   # a page's simple request
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
+    return simple_request(f"http://{server.http_url}{path}", body, headers, method, timeout=10)[0]
 
 
 def test_the_operator_apis_need_the_key_on_http(smoke_server):

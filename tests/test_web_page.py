@@ -106,7 +106,7 @@ def test_a_page_cannot_make_triton_speak_or_change_its_settings(page, tts_server
     to /v2/logging, and a request with the Triton key's header, which needs a preflight. None runs:
     the first two lack the header (403), and Triton refuses the preflight. Triton's own counts say so."""
     from client.triton import model_metric
-    from triton_server import admin_key
+    from triton_server import admin_key, simple_request
 
     def runs() -> float:
         return model_metric(tts_server.metrics(), "nv_inference_request_success", "tts_offline") + \
@@ -133,8 +133,6 @@ def test_a_page_cannot_make_triton_speak_or_change_its_settings(page, tts_server
     assert got["keyed"].startswith("refused: TypeError"), got        # the preflight failed: never sent
     assert runs() == before, "a web page ran an inference on Triton's HTTP port"
     import json
-    import urllib.request
-    req = urllib.request.Request(f"http://{tts_server.http_url}/v2/logging",
-                                 headers={"velocity-admin-key": admin_key(tts_server)})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        assert json.loads(r.read())["log_verbose_level"] == 0
+    status, body = simple_request(f"http://{tts_server.http_url}/v2/logging",
+                                  headers={"velocity-admin-key": admin_key(tts_server)})
+    assert status == 200 and json.loads(body)["log_verbose_level"] == 0

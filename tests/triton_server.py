@@ -118,7 +118,7 @@ def side_gateway(server: TritonServer, log_path: Path, with_process: bool = Fals
     port = free_port()
     gw = subprocess.Popen([sys.executable, "-m", "velocity.gateway.app", "--triton", server.grpc_url, "--host",
                            "127.0.0.1", "--port", str(port)], cwd=ROOT, start_new_session=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "VELOCITY_RUN_DIR": str(run_dir(server)), **env},
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "VELOCITY_RUN_DIR": str(server.run_dir), **env},
                           stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
     try:
         assert wait_for(lambda: listening(port), 60), log_path.read_text()
@@ -149,17 +149,25 @@ def side_by_side(action, servers) -> None:
         raise errors[0]
 
 
-def run_dir(server) -> Path:
-    """serve.sh's run folder (its log names the operator key's file there)."""
-    import re
+def simple_request(url: str, body: bytes | None = None, headers: dict | None = None,
+                   method: str | None = None, timeout: float = 60) -> tuple[int, bytes]:
+    """(status, body) of what any web page may send without a CORS preflight (text/plain, no
+    header of its own), with `headers` added."""
+    import urllib.error
+    import urllib.request
 
-    return Path(re.search(r"\[serve\] operator key: (\S+)", server.log())[1]).parent
+    req = urllib.request.Request(url, data=body, method=method, headers={"Content-Type": "text/plain", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
 
 
 def admin_key(server) -> str:
     """The operator key serve.sh made, from the file its log names (only this user may read it)."""
     import stat
 
-    path = run_dir(server) / "admin_key"
+    path = server.run_dir / "admin_key"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     return path.read_text().strip()

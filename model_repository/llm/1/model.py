@@ -78,8 +78,7 @@ class TritonPythonModel:
     def _start(self, request) -> None:
         """Refuse, reject or start one request; every path ends it or leaves it in self.streams."""
         if refusal := self.streams.refusal():
-            self.streams.metrics["refused"].increment(1)
-            send(request.get_response_sender(), error_outputs(refusal, self.streams.num_vq), final=True)
+            self._refuse(request, refusal)
             return
         try:
             get = input_reader(request, pb_utils)
@@ -94,12 +93,16 @@ class TritonPythonModel:
             return
         direct = self.streams.direct.is_direct(inputs)
         if direct and (refusal := self.streams.direct.refusal()):
-            self.streams.metrics["refused"].increment(1)
-            send(request.get_response_sender(), error_outputs(refusal, self.streams.num_vq), final=True)
+            self._refuse(request, refusal)
             return
         # Triton's request timeout (microseconds, 0: none): the stream ends with an error after it
         self.streams.start(request.get_response_sender(), request.is_cancelled, inputs, in_ensemble,
                            request.timeout() / 1e6, direct)
+
+    def _refuse(self, request, code: int) -> None:
+        """End a request at once with a STREAM_* refusal (busy, draining, a dead part)."""
+        self.streams.metrics["refused"].increment(1)
+        send(request.get_response_sender(), error_outputs(code, self.streams.num_vq), final=True)
 
     def finalize(self) -> None:
         self.streams.close()                 # in-flight requests end with the final flag; the core stops
