@@ -100,8 +100,10 @@ def http_events(r: http.client.HTTPResponse, teller: PaceTeller, stop,
         reader.join(timeout=5)
 
 
-def stream_http(url: str, values: dict, timeout: float = 600, key: str = "") -> Iterator[tuple[int, np.ndarray]]:
-    """Yield (chunk index, audio) from POST /v2/models/tts/generate_stream (server-sent events).
+def stream_http(url: str, values: dict, timeout: float = 600, key: str = "",
+                words: list | None = None) -> Iterator[tuple[int, np.ndarray]]:
+    """Yield (chunk index, audio) from POST /v2/models/tts/generate_stream (server-sent events);
+    words: each chunk's WORDS appended (a list of {"word", "start", "end", "spoken"}) as it comes.
     A body cut short (the server died) raises ServerError: read with read1, since http.client's
     line iteration takes a chunked body's cut for its end. Paced by how fast the caller takes the
     chunks, as stream_grpc is (over HTTP: POST /v2/models/pace/infer). key: the Triton key
@@ -129,6 +131,9 @@ def stream_http(url: str, values: dict, timeout: float = 600, key: str = "") -> 
             if "error" in event:
                 raise ServerError(event["error"])
             if "WAVEFORM" in event:
+                if words is not None:
+                    given = np.ravel(event.get("WORDS", [""]))[0]
+                    words.append(json.loads(given) if given else [])
                 yield int(np.ravel(event["CHUNK_INDEX"])[0]), event["WAVEFORM"]
                 teller.take(end)
     except http.client.IncompleteRead as e:

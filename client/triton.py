@@ -49,7 +49,9 @@ def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True
                 key: str = "") -> Iterator[tuple[int, np.ndarray]]:
     """Yield (chunk index, audio) as the `tts` ensemble streams them over one gRPC stream; with
     text refine each sentence's refined text is appended to `texts` as its first chunk comes.
-    marks: each chunk's (chunk index, SENTENCE_INDEX, SAMPLE_OFFSET, SENTENCE_TEXT) appended as it comes.
+    marks: each chunk's (chunk index, SENTENCE_INDEX, SAMPLE_OFFSET, SENTENCE_TEXT, WORDS) appended as
+    it comes; WORDS: the words estimated to start in the chunk, [{"word", "start", "end", "spoken"}]
+    in samples of the stream's audio (velocity.tts.word_timing).
     timeout: seconds to wait for each chunk here. deadline: seconds the server may take for the
     whole request (Triton's request timeout: past it the server stops it and answers an error).
     Closing the iterator early (Ctrl-C, a closed pipe) cancels the stream: the server stops its
@@ -136,7 +138,7 @@ def _stream_grpc(url: str, values: dict, timeout: float, check: bool, texts: lis
                     texts.append(refined.reshape(-1)[0].decode())
                 index = int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0])
                 if marks is not None:
-                    marks.append((index, c.sentence, c.offset, c.text))
+                    marks.append((index, c.sentence, c.offset, c.text, c.words))
                 yield index, c.audio
                 teller.take(c.end)                             # the caller took it
             if ended:

@@ -158,6 +158,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument("--http", action="store_true", help="HTTP generate_stream instead of a gRPC stream")
     mode.add_argument("--offline", action="store_true", help="tts_offline: the whole waveform in one response")
     ap.add_argument("--list-voices", action="store_true", help="print the server's voices and exit")
+    ap.add_argument("--words", action="store_true",
+                    help="print each word's estimated start and end (seconds) as its audio comes (a stream only)")
     ap.add_argument("--max-chars", type=int, default=2000,
                     help="a longer text is sent in pieces of at most this many characters, cut at paragraphs and "
                          "sentences (default 2000: the server's default VELOCITY_MAX_TEXT_CHARS)")
@@ -218,6 +220,15 @@ def check_out(path: str) -> None:
         raise ValueError(f"cannot write {path}: it is a folder")
 
 
+def printing_words(source: Iterator, next_words) -> Iterator:
+    """source's chunks, each chunk's words (next_words()) printed as it comes: start, end
+    (seconds of the stream's audio) and the word, on stderr (stdout may be the WAV)."""
+    for item in source:
+        for w in next_words():
+            print(f"{w['start'] / 24000:8.3f} {w['end'] / 24000:8.3f}  {w['word']}", file=sys.stderr, flush=True)
+        yield item
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -245,10 +256,17 @@ def main(argv: list[str] | None = None) -> int:
     if len(text) > args.max_chars or args.resume:
         from client.long_text import run_long
         return run_long(args, url, values, WAV_FORMATS[args.format])
-    refined: list[str] = []
-    source = stream_http(url, values, key=args.api_key) if args.http else \
+    if args.words and args.offline:
+        log.error("error: --words needs a stream: tts_offline has no word timing (drop --offline)")
+        return 2
+    refined, words = [], []
+    marks = [] if args.words and not args.http else None
+    source = stream_http(url, values, key=args.api_key, words=words if args.words else None) if args.http else \
         offline_grpc(url, values, args.api_key) if args.offline else \
-        stream_grpc(url, values, texts=refined, retries=args.retries, deadline=args.timeout, key=args.api_key)
+        stream_grpc(url, values, texts=refined, retries=args.retries, deadline=args.timeout, key=args.api_key,
+                    marks=marks)
+    if args.words:
+        source = printing_words(source, lambda: words.pop(0) if words else marks.pop(0)[4] if marks else [])
     try:
         res = synthesize(source, args.out, WAV_FORMATS[args.format])
     except ServerError as e:

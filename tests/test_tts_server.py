@@ -22,6 +22,7 @@ from triton_server import ROOT, assert_same_audio, free_port, llm_inputs, wait_f
 from checkpoints import tiny_checkpoint
 from velocity.serving.settings import Settings
 from velocity.tts.voices import BUILTIN, DEFAULT_VOICE
+from velocity.tts.word_timing import client_words
 
 # the shared server's chunks (tests/conftest.py: first 4, rest 8, on CPU), for the pipeline to match
 SERVED = Settings(chunk_first=4, chunk_rest=8).schedule(gpu=False)
@@ -262,6 +263,27 @@ def test_each_chunk_says_its_sentence_its_sample_offset_and_the_sentences_text(s
     assert all(m[3] == "" for m in marks if m not in firsts)
 
 
+def test_each_chunk_carries_the_words_that_start_in_it(server):
+    """WORDS: every word the client wrote comes once, in order, with the chunk whose audio it is
+    estimated to start in; it ends by its sentence's exact end, and a sentence's words lie within
+    its audio. "$5" is read "five dollars", and the word named is the client's."""
+    text = "Hello world, it costs $5. 你好，世界。 A third sentence, said slowly and clearly."
+    marks: list = []
+    chunks = list(stream_grpc(server.grpc_url, {"TEXT": text, "SEED": 2, "MAX_NEW_TOKENS": 60}, marks=marks))
+    sizes = {index: len(a) for index, a in chunks}
+    words = [(w, m) for m in marks for w in m[4]]
+    assert [w["word"] for w, _ in words] == client_words(text)
+    assert {w["word"]: w["spoken"] for w, _ in words}["$5."] == "five dollars."
+    ends = {}                                 # sentence -> its audio's end in the stream
+    for m in marks:
+        ends[m[1]] = m[2] + sizes[m[0]]
+    starts = {m[1]: m[2] for m in reversed(marks)}
+    for w, m in words:
+        assert m[2] <= w["start"] < m[2] + sizes[m[0]] or w["start"] == m[2] + sizes[m[0]] == ends[m[1]], (w, m[:3])
+        assert starts[m[1]] <= w["start"] <= w["end"] <= ends[m[1]], (w, m[:3])
+    assert [w["start"] for w, _ in words] == sorted(w["start"] for w, _ in words)
+
+
 def test_the_models_declare_the_request_tables_inputs(server):
     """The inputs of text_frontend, tts_offline and the ensemble, written into their configs from
     velocity/serving/input_table.py (test_inputs.py checks the files), are what the server loaded.
@@ -384,6 +406,26 @@ def one_line(p: subprocess.CompletedProcess) -> str:
     lines = [line for line in (p.stdout + p.stderr).splitlines() if line.strip()]
     assert len(lines) == 1, p.stdout + p.stderr
     return lines[0]
+
+
+@pytest.mark.parametrize("http", [False, True], ids=["grpc", "http"])
+def test_the_client_prints_the_words_as_they_come(server, tmp_path, http):
+    """velocity-tts-client --words: each word the text has, in order, with rising times within the
+    audio written; --offline has none, said in one line."""
+    import soundfile as sf
+
+    text, out = "Good morning, it is 7 am. See you soon.", tmp_path / "w.wav"
+    url = server.http_url if http else server.grpc_url
+    p = run_cli(text, "-o", str(out), "--url", url, "--words", "--seed", "4", "--max-new-tokens", "40",
+                *(["--http"] if http else []), "--api-key", server.triton_key or "")
+    assert p.returncode == 0, p.stderr
+    rows = [line.split(None, 2) for line in p.stderr.splitlines() if line.startswith(" ")]
+    assert [r[2] for r in rows] == client_words(text)
+    times = [(float(a), float(b)) for a, b, _ in rows]
+    seconds = sf.info(str(out)).duration
+    assert all(0 <= a <= b <= seconds + 1e-3 for a, b in times) and [a for a, _ in times] == sorted(a for a, _ in times)
+    p = run_cli(text, "-o", str(out), "--url", server.grpc_url, "--words", "--offline")
+    assert p.returncode == 2 and "--words needs a stream" in one_line(p)
 
 
 def test_client_cli_errors_exit_with_one_line_and_never_hang(server, tmp_path):

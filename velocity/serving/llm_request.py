@@ -9,6 +9,7 @@ from velocity.sampling_params import SamplingParams
 from velocity.serving.input_table import BY_NAME, REFINE_MAX_NEW_TOKENS
 from velocity.serving.passed_inputs import decoder_input, params_from_arrays
 from velocity.tts.speaker import sample_frames
+from velocity.tts.word_timing import SentenceWords
 
 
 @dataclass
@@ -26,6 +27,7 @@ class LLMInputs:
     texts: list[str] | None = None        # each sentence's text (SENTENCE_TEXTS), for the marks
     carry_prompts: list | None = None     # voice carry-over (CARRY_IDS): each sentence's prompt before the sample
     client: str = ""                      # who asks (CLIENT): the scheduler shares the batch between clients
+    words: list | None = None             # each sentence's words to time (SENTENCE_WORDS: velocity.tts.word_timing)
 
 
 def split_ids(ids: np.ndarray, lengths: np.ndarray, what: str) -> list[list[int]]:
@@ -72,6 +74,12 @@ def llm_inputs(get, max_new_tokens: int, num_vq: int) -> LLMInputs:
         if texts.size != len(sentences):
             raise ValueError(f"SENTENCE_TEXTS holds {texts.size} texts, SENTENCE_LENGTHS {len(sentences)} sentences")
         out.texts = [t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t) for t in texts.reshape(-1)]
+    words = get("SENTENCE_WORDS")
+    if words is not None and words.size:
+        if words.size != len(sentences):
+            raise ValueError(f"SENTENCE_WORDS holds {words.size} sentences, SENTENCE_LENGTHS {len(sentences)}")
+        out.words = [SentenceWords.from_json(bytes(w).decode("utf-8", "replace") if isinstance(w, bytes) else str(w))
+                     for w in words.reshape(-1)]
     carry = get("CARRY_IDS")
     if carry is not None and carry.size:
         if frames:

@@ -14,6 +14,8 @@ an error, and what the vocoder reads back (and refuses, naming the input and its
     LASTS        [1, 1] int32           sentences before it that ended in a LAST chunk: with START, its
                                         sample offset (START * 512 - LASTS * 256)
     SENTENCE_TEXT [1, 1] bytes          the text of the sentence the chunk begins (refined, with refine), else ""
+    WORDS        [1, 1] bytes           JSON: the words estimated to start in the chunk (velocity.tts.word_timing),
+                                        [{"word", "start", "end", "spoken"}] in samples of the stream's audio
 
 A probe (CHUNK_INDEX STREAM_PROBE, LENGTH 0) carries no audio: the llm sends one while a stream
 of the `tts` ensemble has been quiet for a while (before its first chunk, between large chunks,
@@ -29,6 +31,7 @@ it into the error response.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,7 +68,12 @@ def chunk_outputs(c: CodeChunk, stream: int = 0) -> dict[str, np.ndarray]:
             "CHUNK_INDEX": _i32(c.index), "LAST": _i32(int(c.last)), "START": _i32(c.start), "TEXT": text_tensor(c.text),
             "HIDDEN": NO_HIDDEN if c.hidden is None else np.stack(c.hidden).astype(np.float32, copy=False)[None],
             "STREAM": np.array([[stream]], np.int64), "SENTENCE": _i32(c.sentence), "LASTS": _i32(c.lasts),
-            "SENTENCE_TEXT": text_tensor(c.sentence_text)}
+            "SENTENCE_TEXT": text_tensor(c.sentence_text), "WORDS": text_tensor(words_json(c.words))}
+
+
+def words_json(words: list | None) -> str:
+    """A chunk's words (velocity.tts.word_timing.Word) as WORDS holds them ("" for none)."""
+    return json.dumps([w.to_dict() for w in words], ensure_ascii=False) if words else ""
 
 
 def error_outputs(code: int, num_vq: int, stream: int = 0) -> dict[str, np.ndarray]:
@@ -73,7 +81,7 @@ def error_outputs(code: int, num_vq: int, stream: int = 0) -> dict[str, np.ndarr
     return {"CODES": np.zeros((1, num_vq, 1), np.int32), "CONTEXT": _i32(0), "LENGTH": _i32(0),
             "CHUNK_INDEX": _i32(code), "LAST": _i32(0), "START": _i32(0), "HIDDEN": NO_HIDDEN, "TEXT": text_tensor(""),
             "STREAM": np.array([[stream]], np.int64), "SENTENCE": _i32(0), "LASTS": _i32(0),
-            "SENTENCE_TEXT": text_tensor("")}
+            "SENTENCE_TEXT": text_tensor(""), "WORDS": text_tensor("")}
 
 
 def stream_error(code: int, settings: Settings) -> tuple[str, bool]:
@@ -127,6 +135,7 @@ class CodeChunkIn:
     sentence: int = 0                 # SENTENCE
     lasts: int = 0                    # LASTS
     sentence_text: bytes = b""        # SENTENCE_TEXT, passed on
+    words: bytes = b""                # WORDS, passed on
 
     def sample_offset(self, samples_per_frame: int) -> int:
         """Samples of the stream's audio before this chunk's (velocity.tts.chunking.sample_offset)."""
@@ -158,7 +167,8 @@ def read_chunk(get) -> CodeChunkIn:
     return CodeChunkIn(get("CHUNK_INDEX").copy(), get("CODES").astype(np.int64),
                    None if hidden is None or hidden.size == 0 else hidden.astype(np.float32),
                    scalar("CONTEXT"), scalar("LENGTH"), bool(scalar("LAST")), scalar("START"),
-                   text("TEXT"), scalar("STREAM"), scalar("SENTENCE"), scalar("LASTS"), text("SENTENCE_TEXT"))
+                   text("TEXT"), scalar("STREAM"), scalar("SENTENCE"), scalar("LASTS"), text("SENTENCE_TEXT"),
+                   text("WORDS"))
 
 
 def chunk_problem(c: CodeChunkIn, num_vq: int, num_codes: int, hidden_size: int) -> str | None:
@@ -199,7 +209,7 @@ def vocoder_outputs(c: CodeChunkIn, audio: np.ndarray, samples_per_frame: int) -
     return {"WAVEFORM": audio, "CHUNK_INDEX": c.index, "TEXT": np.array([[c.text]], object),
             "SENTENCE_INDEX": np.array([[c.sentence]], np.int32),
             "SAMPLE_OFFSET": np.array([[c.sample_offset(samples_per_frame)]], np.int64),
-            "SENTENCE_TEXT": np.array([[c.sentence_text]], object),
+            "SENTENCE_TEXT": np.array([[c.sentence_text]], object), "WORDS": np.array([[c.words]], object),
             "STREAM": np.array([[c.stream]], np.int64)}
 
 

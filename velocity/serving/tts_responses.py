@@ -4,6 +4,7 @@ what to tell the `pace` model of how far it read the stream (ReadPosition)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,11 +41,14 @@ class Retry:
 @dataclass(slots=True)
 class AudioChunk:
     """One chunk of a `tts` stream: its audio, the sentence it belongs to, the samples of the
-    stream's audio before it, and on a sentence's first chunk the text that sentence speaks."""
+    stream's audio before it, on a sentence's first chunk the text that sentence speaks, and the
+    words estimated to start in it ({"word", "start", "end", "spoken"}, samples of the stream's
+    audio: velocity.tts.word_timing)."""
     audio: np.ndarray
     sentence: int = 0
     offset: int = 0
     text: str = ""
+    words: list = field(default_factory=list)
     on_read: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     def read(self) -> None:
@@ -64,9 +68,10 @@ class AudioChunk:
             v = result.as_numpy(name)
             return None if v is None or v.size == 0 else v.reshape(-1)[0]
 
-        text = one("SENTENCE_TEXT")
+        text, words = one("SENTENCE_TEXT"), one("WORDS")
         return cls(wav.reshape(-1), int(one("SENTENCE_INDEX") or 0), int(one("SAMPLE_OFFSET") or 0),
-                   text.decode("utf-8", "replace") if isinstance(text, bytes) else "")
+                   text.decode("utf-8", "replace") if isinstance(text, bytes) else "",
+                   json.loads(words) if isinstance(words, bytes) and words else [])
 
 
 BEHIND = round(2.0 * FRAMES_PER_SECOND)     # frames a reader may lag before the server is told

@@ -15,7 +15,8 @@ import numpy as np
 
 # GPT frames per second of the release's audio (24 kHz, 512 samples a frame: 46.875), for the llm,
 # which loads no Vocos; the vocoder takes AudioDecoder.frames_per_second from the loaded one
-FRAMES_PER_SECOND = 24000 / 512
+SAMPLES_PER_FRAME = 512
+FRAMES_PER_SECOND = 24000 / SAMPLES_PER_FRAME
 
 
 @dataclass(slots=True)
@@ -74,6 +75,7 @@ class CodeChunk:
     sentence: int = 0              # its utterance's number in the stream
     lasts: int = 0                 # utterances before it that ended in a `last` chunk (half a frame shorter)
     sentence_text: str = ""        # on an utterance's first chunk: the text it speaks (SentenceStream)
+    words: list | None = None      # the words estimated to start in it (velocity.tts.word_timing.Word)
 
     def sample_offset(self, samples_per_frame: int) -> int:
         """Samples of the stream's audio before this chunk's."""

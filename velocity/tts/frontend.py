@@ -8,20 +8,23 @@ from pathlib import Path
 
 from velocity.tts.homophones import Homophones
 from velocity.tts.lexicon import Lexicon
-from velocity.tts.normalizer import CONTROL, Normalized, Normalizer, split_sentences, split_text
+from velocity.tts.normalizer import CJK, CONTROL, Normalized, Normalizer, split_sentences, split_text
 from velocity.tts.tokenizer import BertTokenizer
 from velocity.tts.speaker import STATS_FILE, load_speaker_stats, speaker_dim
 from velocity.tts.sentence_stream import Refine
+from velocity.tts.word_timing import SentenceWords, client_words, sentence_words, speaking_rate
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PROMPT = "[speed_5]"
+LETTERS = re.compile(r"[A-Za-z\u4e00-\u9fff]")
 
 
 @dataclass
 class Sentence:
     text: str                 # normalised
     token_ids: list[int]      # the whole prompt: [Stts][spk_emb|empty_spk]{sample text}{prompt}{text}[Ptts]
+    words: SentenceWords | None = None    # the client's words it speaks, each with its reading
 
 
 class TextFrontend:
@@ -42,8 +45,8 @@ class TextFrontend:
         if self.lexicon:
             logger.info("pronunciation lexicon: %d entries", len(self.lexicon))
 
-    def normalize(self, text: str) -> Normalized:
-        return self.normalizer.normalize(text)
+    def normalize(self, text: str, lang: str | None = None) -> Normalized:
+        return self.normalizer.normalize(text, lang)
 
     def check_prompt(self, prompt: str) -> None:
         if CONTROL.sub("", prompt).strip():
@@ -103,7 +106,8 @@ class TextFrontend:
         lexicon: the request's pronunciations, merged over the server's; both apply before all else.
         max_chars: the text's limit, which it must keep with the lexicon applied (ValueError)."""
         self.check_prompt(prompt)
-        text = self.lexicon.merged(lexicon).apply(text, max_chars)
+        written, lexicon = text, self.lexicon.merged(lexicon)
+        text = lexicon.apply(text, max_chars)
         out, norms = [], [self.normalize(piece) for piece in split_text(text)]
         for norm in norms:
             for s in split_sentences(norm.text):
@@ -112,4 +116,20 @@ class TextFrontend:
                 out.append(Sentence(s, self.code_prompt(s, speaker, prompt, sample_text)))
         report = Normalized(" ".join(n.text for n in norms), norms[0].lang if norms else "en",
                             sum(n.removed for n in norms), [t for n in norms for t in n.unknown_tokens])
+        self.time_words(written, out, lexicon, speaking_rate(prompt, report.lang), report.lang)
         return out, report
+
+    def time_words(self, text: str, sentences: list[Sentence], lexicon: Lexicon, rate: float, lang: str) -> None:
+        """Each sentence's words as the client wrote them (velocity.tts.word_timing), each with its
+        reading: the lexicon, then the normaliser, on the word alone (in the text's language
+        when the word has no letters of its own)."""
+        words = client_words(text)
+        readings = [self.reading(w, lexicon, lang) for w in words]
+        for s, mine in zip(sentences, sentence_words(words, readings, [s.text for s in sentences])):
+            s.words = SentenceWords([(words[i], readings[i]) for i in mine], rate)
+
+    def reading(self, word: str, lexicon: Lexicon, lang: str) -> str:
+        said = lexicon.apply(word)
+        if len(said) <= 2 and CJK.match(said) and not said[1:].isalnum():
+            return self.normalizer.replace(said[0]) + said[1:]       # a Chinese character (most of a Chinese text)
+        return self.normalize(said, None if LETTERS.search(said) else lang).text

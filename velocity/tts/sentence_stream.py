@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from velocity.tts.chunking import CodeChunk, FrameChunker
+from velocity.tts.chunking import SAMPLES_PER_FRAME, CodeChunk, FrameChunker
+from velocity.tts.word_timing import SentenceWords, WordClock
 
 
 @dataclass
@@ -50,7 +51,7 @@ class SentenceStream:
 
     def __init__(self, sentences: list[list], chunker: FrameChunker, end_code: int,
                  refine: Refine | None = None, ahead: int = 0, texts: list[str] | None = None,
-                 carry: Carry | None = None) -> None:
+                 carry: Carry | None = None, words: list[SentenceWords] | None = None) -> None:
         assert carry is None or refine is None, "carry-over with text refine"
         self.sentences, self.chunker, self.end_code, self.refine = list(sentences), chunker, end_code, refine
         self.carry, self.carried = carry, ([], [])   # the first sentence's frames and hidden rows
@@ -67,6 +68,9 @@ class SentenceStream:
         self.held: list[list[tuple]] = [[] for _ in range(n)]          # (frames, hidden, ended) of one ahead
         self.held_frames = 0                        # frames in `held`, all sentences
         self.made = 0                               # audio frames generated (end frames not counted)
+        self.words = words                          # each sentence's words, to time in its audio (None: none)
+        self.clock: WordClock | None = None         # the current sentence's, from its first chunk
+        self.timed = -1                             # the sentence `clock` times
 
     def requests(self, params, speaker, hidden: bool) -> list[tuple[int, list, object, dict]]:
         """The engine requests to start now, given the audio's sampling, speaker and whether it
@@ -103,7 +107,7 @@ class SentenceStream:
             if len(new) == 1 and self.end_code not in new[0]:     # a frame of the sentence spoken (most)
                 self.made += 1
                 mine = self.chunker.push(new, out.new_hidden)
-                return self._marked(mine) if mine else mine
+                return self._marked(mine, len(self.chunker.frames)) if mine else mine
         ended = out.finished and out.finish_reason in ("stop", "length")
         if self.phase[i] == "refine":
             self.generated[i] += out.new_token_ids
@@ -150,22 +154,40 @@ class SentenceStream:
         self.sentences = [p + sample for p in self.carry.prompts]
         self.phase[0], self.started[0] = "audio", False
 
-    def _marked(self, mine: list[CodeChunk]) -> list[CodeChunk]:
+    def _marked(self, mine: list[CodeChunk], known: int) -> list[CodeChunk]:
         """The current sentence's new chunks, its first one carrying the refined text (text refine)
-        and the text it speaks (for marks)."""
-        if self.texts[self.sentence]:
-            mine[0].text, self.texts[self.sentence] = self.texts[self.sentence], ""
-        if self.spoken[self.sentence]:
-            mine[0].sentence_text, self.spoken[self.sentence] = self.spoken[self.sentence], ""
+        and the text it speaks (for marks), each the words estimated to start in it (with `words`;
+        known: the sentence's frames generated so far)."""
+        i = self.sentence
+        if self.words is not None and i < len(self.words):
+            self._time(mine, known)
+        if self.texts[i]:
+            mine[0].text, self.texts[i] = self.texts[i], ""
+        if self.spoken[i]:
+            mine[0].sentence_text, self.spoken[i] = self.spoken[i], ""
         return mine
+
+    def _time(self, mine: list[CodeChunk], known: int) -> None:
+        """Each chunk's words (velocity.tts.word_timing), in samples of the stream's audio."""
+        n = SAMPLES_PER_FRAME
+        if self.timed != self.sentence:              # its first chunk: where the sentence begins
+            plan, self.timed = self.words[self.sentence], self.sentence
+            spoken = self.spoken[self.sentence] or " ".join(r for _, r in plan.words)
+            self.clock = WordClock(plan, spoken, mine[0].sample_offset(n))
+        for c in mine:
+            start = c.sample_offset(n) - self.clock.offset
+            upto = start + c.length * n - (n // 2 if c.last else 0)
+            c.words = self.clock.place(start, upto, known * n - n // 2, c.last)
 
     def _speak(self, outputs: list[tuple]) -> list[CodeChunk]:
         """The current sentence's outputs into the chunker; at its end, the next one's held ones."""
         chunks: list[CodeChunk] = []
         while outputs:
             frames, hidden, ended = outputs.pop(0)
-            mine = self.chunker.push(frames, hidden) + (self.chunker.finish() if ended else [])
-            chunks += self._marked(mine) if mine else mine
+            mine = self.chunker.push(frames, hidden)
+            known = len(self.chunker.frames)
+            mine += self.chunker.finish() if ended else []
+            chunks += self._marked(mine, known) if mine else mine
             if ended:
                 self.sentence += 1
                 if not self.done:

@@ -42,6 +42,7 @@ class TritonPythonModel:
             pb_utils.Tensor("CARRY_LENGTHS", np.asarray([len(p) for p in carry], np.int32)[None]),
             pb_utils.Tensor("TOKEN_IDS", ids), pb_utils.Tensor("SENTENCE_LENGTHS", lengths),
             pb_utils.Tensor("SENTENCE_TEXTS", np.array([[s.text.encode() for s in sentences]], object)),
+            pb_utils.Tensor("SENTENCE_WORDS", np.array([[s.words.to_json().encode() for s in sentences]], object)),
             pb_utils.Tensor("SPEAKER_VECTOR", vec[None]), pb_utils.Tensor("PARAMS_F", pf),
             pb_utils.Tensor("PARAMS_I", pi), pb_utils.Tensor("DECODER", np.array([[req.decoder.encode()]], object)),
             pb_utils.Tensor("SAMPLE_CODES", sample[None]),

@@ -31,7 +31,7 @@ class CoreStream:
         self.client = verify(inputs.client, core.client_key)   # the fair share's client ("": unsigned, direct)
         self.sentences = SentenceStream(inputs.sentences, FrameChunker(core.schedule, s.left_context, s.lookahead),
                                         core.end_code, refine, ahead=s.sentences_ahead, texts=inputs.texts,
-                                        carry=carry)
+                                        carry=carry, words=inputs.words)
         self.running: dict[int, str] = {}        # sentence -> its engine request in flight
         self.paused: set[str] = set()            # engine requests paused for the vocoder
         self.sent_frames = 0                     # frames of audio in the chunks sent
