@@ -22,7 +22,6 @@ def pipecat_pipeline(base_url: str, text: str, rate: int = 24000, leave_at_first
     from pipecat.pipeline.runner import PipelineRunner
     from pipecat.pipeline.task import PipelineParams, PipelineTask
     from pipecat.processors.frame_processor import FrameProcessor
-    from pipecat.services.openai.tts import OpenAITTSService
 
     class Sink(FrameProcessor):
         def __init__(self) -> None:
@@ -39,13 +38,7 @@ def pipecat_pipeline(base_url: str, text: str, rate: int = 24000, leave_at_first
             await self.push_frame(frame, direction)
 
     async def run():
-        if service == "elevenlabs":
-            from pipecat.services.elevenlabs.tts import ElevenLabsTTSService
-            tts = ElevenLabsTTSService(api_key="unused", url=base_url.replace("http", "ws", 1),
-                                       settings=ElevenLabsTTSService.Settings(voice="alloy"))
-        else:
-            tts = OpenAITTSService(api_key="unused", base_url=base_url + "/v1",
-                                   settings=OpenAITTSService.Settings(voice="alloy", model="tts-1"))
+        tts = pipecat_tts(base_url, service)
         sink = Sink()
         task = PipelineTask(Pipeline([tts, sink]), params=PipelineParams(audio_out_sample_rate=rate))
         t0 = time.perf_counter()
@@ -62,6 +55,77 @@ def pipecat_pipeline(base_url: str, text: str, rate: int = 24000, leave_at_first
             left = time.monotonic()
         await asyncio.wait_for(runner, 120)
         return sink.audio, sink.rates, (sink.first or t0) - t0, left
+
+    return asyncio.run(run())
+
+
+def pipecat_tts(base_url: str, service: str = "openai"):
+    """Pipecat's OpenAITTSService ("openai") or ElevenLabsTTSService ("elevenlabs") on the gateway."""
+    if service == "elevenlabs":
+        from pipecat.services.elevenlabs.tts import ElevenLabsTTSService
+        return ElevenLabsTTSService(api_key="unused", url=base_url.replace("http", "ws", 1),
+                                    settings=ElevenLabsTTSService.Settings(voice="alloy"))
+    from pipecat.services.openai.tts import OpenAITTSService
+    return OpenAITTSService(api_key="unused", base_url=base_url + "/v1",
+                            settings=OpenAITTSService.Settings(voice="alloy", model="tts-1"))
+
+
+def pipecat_heard_words(base_url: str, text: str, barge_in_after: float | None = None, rate: int = 16000):
+    """Pipecat's ElevenLabsTTSService in a pipeline whose output plays its audio in real time (a
+    transport that takes each frame for as long as it lasts), as an agent's is: (the TTSTextFrames
+    that came out of the transport, each (text, seconds after the first word's presentation time),
+    the seconds of audio played). Those frames are the words the agent's context records: the
+    transport holds each until its presentation time and drops what is left at a barge-in.
+    barge_in_after: the user talks over the bot this many seconds into its audio played."""
+    from pipecat.frames.frames import EndFrame, InterruptionFrame, TTSSpeakFrame, TTSTextFrame
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.pipeline.runner import PipelineRunner
+    from pipecat.pipeline.task import PipelineParams, PipelineTask
+    from pipecat.processors.frame_processor import FrameProcessor
+    from pipecat.transports.base_output import BaseOutputTransport
+    from pipecat.transports.base_transport import TransportParams
+
+    class Speaker(BaseOutputTransport):
+        def __init__(self) -> None:
+            super().__init__(TransportParams(audio_out_enabled=True, audio_out_sample_rate=rate))
+            self.played, self.started = 0.0, asyncio.Event()
+
+        async def start(self, frame) -> None:
+            await super().start(frame)
+            await self.set_transport_ready(frame)
+
+        async def write_audio_frame(self, frame) -> bool:
+            seconds = len(frame.audio) / 2 / frame.sample_rate
+            await asyncio.sleep(seconds)
+            if frame.audio.strip(b"\0"):           # not the transport's own silence
+                self.played += seconds
+                self.started.set()
+            return True
+
+    class Words(FrameProcessor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.words: list[tuple[str, int]] = []
+
+        async def process_frame(self, frame, direction) -> None:
+            await super().process_frame(frame, direction)
+            if isinstance(frame, TTSTextFrame):
+                self.words.append((frame.text, frame.pts))
+            await self.push_frame(frame, direction)
+
+    async def run():
+        speaker, words = Speaker(), Words()
+        task = PipelineTask(Pipeline([pipecat_tts(base_url, "elevenlabs"), speaker, words]),
+                            params=PipelineParams(audio_out_sample_rate=rate))
+        await task.queue_frames([TTSSpeakFrame(text)] + ([] if barge_in_after is not None else [EndFrame()]))
+        runner = asyncio.create_task(PipelineRunner(handle_sigint=False).run(task))
+        if barge_in_after is not None:
+            await asyncio.wait_for(speaker.started.wait(), 120)
+            await asyncio.sleep(barge_in_after)
+            await task.queue_frames([InterruptionFrame(), EndFrame()])
+        await asyncio.wait_for(runner, 300)
+        first = words.words[0][1] if words.words else 0
+        return [(w, (pts - first) / 1e9) for w, pts in words.words], speaker.played
 
     return asyncio.run(run())
 
@@ -90,5 +154,34 @@ def livekit_synthesize(base_url: str, text: str, model: str = "tts-1", leave_at_
         finally:
             await tts.aclose()
         return audio, rates, (first or t0) - t0, left
+
+    return asyncio.run(run())
+
+
+def livekit_elevenlabs_words(base_url: str, text: str):
+    """LiveKit's ElevenLabs plugin (livekit-plugins-elevenlabs) streaming `text` through the
+    gateway's ElevenLabs socket as an agent's TTS node does: (the audio bytes, their sample rates,
+    the aligned transcript's words as (text, start, end) seconds, in the order they came)."""
+    import aiohttp
+    from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
+    from livekit.plugins import elevenlabs
+
+    async def run():
+        async with aiohttp.ClientSession() as session:
+            tts = elevenlabs.TTS(base_url=base_url + "/v1", api_key="unused", voice_id="alloy",
+                                 encoding="pcm_24000", http_session=session)
+            audio, rates, words = b"", set(), []
+            try:
+                async with tts.stream() as stream:
+                    stream.push_text(text)
+                    stream.end_input()
+                    async for ev in stream:
+                        audio += bytes(ev.frame.data)
+                        rates.add(ev.frame.sample_rate)
+                        for w in ev.frame.userdata.get(USERDATA_TIMED_TRANSCRIPT, []):
+                            words.append((str(w), w.start_time, w.end_time))
+            finally:
+                await tts.aclose()
+            return audio, rates, words
 
     return asyncio.run(run())

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.agents import livekit_synthesize, pipecat_pipeline
+from benchmarks.agents import livekit_elevenlabs_words, livekit_synthesize, pipecat_heard_words, pipecat_pipeline
 from triton_server import LONG_TEXT, assert_same_pcm, assert_work_stops, side_gateway
+from velocity.tts.word_timing import client_words
 
 pytestmark = pytest.mark.server
 TEXT = "Hello there, how are you today?"          # one sentence: one request, however it is cut
+TURN = "Hello there, how are you today? I hope the weather is kind to you."     # two sentences
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +94,37 @@ def test_a_pipecat_elevenlabs_barge_in_stops_the_servers_work(agent_gateway, tts
     time (its turn's end already closed it after a flush), and the server's work on it stops."""
     *_, left = pipecat_pipeline(agent_gateway, LONG_TEXT, service="elevenlabs", interrupt_at_first_audio=True)
     assert_work_stops(tts_server, left)
+
+
+def test_pipecats_elevenlabs_service_tells_the_agent_each_word_as_it_is_played(agent_gateway):
+    """A two-sentence turn played in real time (velocity.gateway.word_times' alignment): the words
+    that come out of the output transport, which the agent's context records, are the turn's,
+    with rising presentation times inside the audio played."""
+    words, played = pipecat_heard_words(agent_gateway, TURN)
+    assert [w for w, _ in words] == client_words(TURN)
+    times = [t for _, t in words]
+    assert times == sorted(times) and times[-1] > times[0] and times[-1] < played, (times, played)
+
+
+def test_a_pipecat_barge_in_leaves_the_words_heard_in_the_context(agent_gateway):
+    """The user talks over the bot a second into its audio: the words the context keeps are those
+    played before it, a non-empty proper prefix of the turn (before word timing: none of them)."""
+    words, played = pipecat_heard_words(agent_gateway, TURN, barge_in_after=1.0)
+    turn = client_words(TURN)
+    assert 0 < len(words) < len(turn) and [w for w, _ in words] == turn[:len(words)], (words, played)
+    assert all(t <= played for _, t in words)
+
+
+def test_livekits_elevenlabs_plugin_reports_an_aligned_transcript(agent_gateway):
+    """LiveKit's ElevenLabs plugin through the gateway (it asks for sync_alignment: times from the
+    context's start): it speaks, and its aligned transcript has the turn's words (as read: it
+    prefers ElevenLabs' normalised alignment) at rising times inside the audio."""
+    import re
+
+    audio, rates, words = livekit_elevenlabs_words(agent_gateway, TURN)
+    seconds = len(audio) / 2 / 24000
+    assert rates == {24000} and seconds > 1
+    letters = re.sub(r"[^a-z]", "", "".join(w for w, _, _ in words).lower())
+    assert letters == re.sub(r"[^a-z]", "", TURN.lower())
+    starts = [s for _, s, _ in words]
+    assert starts == sorted(starts) and all(0 <= s <= e <= seconds + 0.02 for _, s, e in words), (words, seconds)

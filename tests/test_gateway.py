@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -161,11 +162,65 @@ def test_sse_marks_say_which_text_each_stretch_of_audio_speaks(gateway, tts_serv
         assert len(pcm(before)) // 2 >= m["end"]
 
 
-def test_marks_need_the_sse_stream(openai_client):
+@pytest.mark.parametrize("name,event", [("marks", "speech.sentence"), ("words", "speech.words")])
+def test_marks_and_words_need_the_sse_stream(openai_client, name, event):
     import openai
-    with pytest.raises(openai.BadRequestError, match="marks come as speech.sentence events"):
+    with pytest.raises(openai.BadRequestError, match=f"{name} come as {event} events"):
         openai_client.audio.speech.create(model="tts-1", voice="amber", input="Hi.", response_format="pcm",
-                                          extra_body={"marks": True}).read()
+                                          extra_body={name: True}).read()
+
+
+WORDS_TEXT = "The first one. And the 2nd one, longer. The last."
+
+
+def test_sse_words_come_before_the_audio_they_start_in(gateway):
+    """"words": true adds a speech.words event before each audio delta that words start in: the
+    text's words, in order, each starting within that delta's samples (or at the audio's end),
+    none past the audio; the audio is the same as without them."""
+    from velocity.tts.word_timing import client_words
+
+    kw = dict(input=WORDS_TEXT, seed=4, max_new_tokens=30)
+    events, plain = sse_events(gateway, words=True, **kw), sse_events(gateway, **kw)
+    pcm = lambda evs: b"".join(base64.b64decode(e["audio"]) for e in evs if e["type"] == "speech.audio.delta")  # noqa: E731
+    assert_same_pcm(pcm(events), pcm(plain))
+    total = len(pcm(events)) // 2
+    said, at = [], 0
+    for k, e in enumerate(events):
+        if e["type"] == "speech.audio.delta":
+            at += len(base64.b64decode(e["audio"])) // 2
+        elif e["type"] == "speech.words":
+            assert e["sample_rate"] == 24000
+            nxt = next(x for x in events[k:] if x["type"] == "speech.audio.delta")
+            for w in e["words"]:
+                assert at <= w["start"] <= at + len(base64.b64decode(nxt["audio"])) // 2 and w["end"] <= total, (w, at)
+                said.append(w["word"])
+    assert said == client_words(WORDS_TEXT)
+
+
+def test_captioned_speech_is_the_audio_with_its_words(openai_client, gateway):
+    """POST /v1/audio/captioned_speech: the same audio as /v1/audio/speech, whole, with each word's
+    start and end in seconds (rising, inside the audio); a stream_format of sse is refused."""
+    from velocity.tts.word_timing import client_words
+
+    body = {"model": "tts-1", "voice": "amber", "input": WORDS_TEXT, "response_format": "wav", "seed": 4,
+            "max_new_tokens": 30}
+    req = urllib.request.Request(gateway + "/v1/audio/captioned_speech", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        got = json.loads(r.read())
+    audio = base64.b64decode(got["audio"])
+    want = openai_client.audio.speech.create(**{k: v for k, v in body.items() if k in ("model", "voice", "input")},
+                                             response_format="wav", extra_body={"seed": 4, "max_new_tokens": 30}).read()
+    assert got["response_format"] == "wav" and audio == want
+    seconds = (len(audio) - 44) / 2 / 24000
+    assert [w["word"] for w in got["words"]] == client_words(WORDS_TEXT)
+    starts = [w["start"] for w in got["words"]]
+    assert starts == sorted(starts) and all(0 <= w["start"] <= w["end"] <= seconds + 1e-3 for w in got["words"])
+    req = urllib.request.Request(gateway + "/v1/audio/captioned_speech", data=json.dumps(body | {"stream_format": "sse"}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=120)
+    assert e.value.code == 400 and 'stream_format must be "audio"' in json.loads(e.value.read())["error"]["message"]
 
 
 @pytest.mark.parametrize("kw,status,param,match", [

@@ -13,6 +13,7 @@ from client.triton import ServerError, stream_grpc
 from client.tts_client import main as client_main
 from triton_server import assert_same_audio
 from velocity.tts.text_pieces import split_long
+from velocity.tts.word_timing import client_words
 
 BOOK = "\n\n".join(f"Paragraph {p} begins here. It has a second sentence, and that is all." for p in range(5))
 
@@ -99,7 +100,7 @@ def test_the_gateway_speaks_a_long_input_in_pieces_when_asked(tts_server, side_g
     def pcm(events: list[dict]) -> bytes:
         return b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
 
-    events = speak(long_gateway, BOOK, marks=True)
+    events = speak(long_gateway, BOOK, marks=True, words=True)
     pieces = split_long(BOOK, 80)
     alone = [pcm(speak(tts_server.gateway_url, p)) for p in pieces]
     assert_same_pcm(pcm(events), b"".join(alone))
@@ -107,3 +108,9 @@ def test_the_gateway_speaks_a_long_input_in_pieces_when_asked(tts_server, side_g
     assert [m["index"] for m in marks] == list(range(10)) and marks[-1]["end"] == len(pcm(events)) // 2
     assert all(a["end"] == b["start"] for a, b in zip(marks, marks[1:]))
     assert marks[2]["start"] == len(alone[0]) // 2              # the second piece starts after the first
+    words = [w for e in events if e["type"] == "speech.words" for w in e["words"]]   # their times too
+    assert [w["word"] for w in words] == client_words(BOOK)
+    assert all(any(m["start"] <= w["start"] <= w["end"] <= m["end"] for m in marks) for w in words)
+    starts = [w["start"] for w in words]
+    assert starts == sorted(starts) and starts[-1] < marks[-1]["end"]
+    assert any(marks[2]["start"] <= w["start"] < marks[3]["start"] for w in words)

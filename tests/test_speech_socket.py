@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 from websockets.sync.client import connect
 
-from triton_server import LONG_TEXT, assert_same_pcm, assert_work_stops, wait_for
+from triton_server import LONG_TEXT, assert_same_pcm, assert_work_stops, first_audio, wait_for
 
 pytestmark = pytest.mark.server
 TEXT = "The first one. And the 2nd one, longer. The last."
@@ -116,8 +116,7 @@ def speak_long_text(ws) -> None:
 def test_cancel_stops_the_work_at_once_and_the_socket_goes_on(gateway, tts_server):
     with connect(ws_url(gateway)) as ws:
         speak_long_text(ws)
-        first = ws.recv(timeout=60)
-        assert isinstance(first, bytes)
+        first = first_audio(ws)
         send(ws, type="cancel")
         left = time.monotonic()
         before, msgs = read_until(ws, "cancelled")
@@ -135,7 +134,7 @@ def test_cancel_stops_the_work_at_once_and_the_socket_goes_on(gateway, tts_serve
 def test_a_client_that_leaves_stops_the_work(gateway, tts_server):
     with connect(ws_url(gateway)) as ws:
         speak_long_text(ws)
-        assert isinstance(ws.recv(timeout=60), bytes)
+        first_audio(ws)
     assert_work_stops(tts_server, time.monotonic())
 
 
@@ -151,7 +150,7 @@ def test_a_client_that_cancels_then_leaves_is_gone_not_an_error(gateway, tts_ser
     start = len(tts_server.log_path.read_text(errors="replace"))
     with connect(ws_url(gateway)) as ws:
         speak_long_text(ws)
-        assert isinstance(ws.recv(timeout=60), bytes)
+        first_audio(ws)
         send(ws, type="cancel")
         # gone at once, without a closing handshake (a reset)
         ws.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -260,3 +259,74 @@ def test_the_elevenlabs_socket_refuses_a_bad_voice_or_format(gateway, voice, fmt
         with pytest.raises(ConnectionClosed):
             ws.recv(timeout=30)
     assert ws.close_code == 1008
+
+
+def test_the_socket_tells_the_words_before_the_audio_they_start_in(gateway):
+    """A words message before each audio message that words start in: every word sent, in order,
+    starting within that audio message's samples of the socket's audio and inside its sentence's
+    mark."""
+    from velocity.tts.word_timing import client_words
+
+    with connect(ws_url(gateway)) as ws:
+        send(ws, **SETUP)
+        assert json.loads(ws.recv(timeout=30)) == {"type": "ready"}
+        send(ws, type="text", text=TEXT)
+        send(ws, type="close")
+        said, pending, samples, marks = [], [], 0, []
+        while (m := ws.recv(timeout=120)) is not None:
+            if isinstance(m, bytes):
+                for w in pending:
+                    assert samples <= w["start"] <= samples + len(m) // 2, (w, samples)
+                samples, pending = samples + len(m) // 2, []
+                continue
+            m = json.loads(m)
+            if m["type"] == "words":
+                assert m["sample_rate"] == 24000
+                pending += m["words"]
+                said += [(w, m["index"]) for w in m["words"]]
+            elif m["type"] == "sentence":
+                marks.append(m)
+            elif m["type"] == "done":
+                break
+    assert [w["word"] for w, _ in said] == client_words(TEXT)
+    for w, index in said:
+        assert marks[index]["start"] <= w["start"] <= w["end"] <= marks[index]["end"], (w, marks[index])
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["per-message", "sync_alignment"])
+def test_the_elevenlabs_socket_aligns_the_words_with_its_audio_messages(gateway, tts_server, sync):
+    """Each audio message's alignment (as written) and normalizedAlignment (as read): the words
+    split at spaces are the text's, in order; without sync_alignment each message's times are its
+    own and its characters end where its audio does (Pipecat adds up the spans); with it, they
+    run on from the context's start, rising, inside the audio."""
+    from velocity.tts.frontend import TextFrontend
+    from velocity.tts.word_timing import client_words
+
+    weights = tts_server.env["VELOCITY_WEIGHTS"]
+    text, rate = "It costs $5, my friend. See you soon. ", 16000
+    url = el_url(gateway, fmt=f"pcm_{rate}") + ("&sync_alignment=true" if sync else "")
+    with connect(url, additional_headers={"xi-api-key": "unused"}) as ws:
+        ws.send(json.dumps({"text": " ", "context_id": "a"}))
+        ws.send(json.dumps({"text": text, "context_id": "a", "flush": True}))
+        ws.send(json.dumps({"context_id": "a", "close_context": True}))
+        msgs = []
+        while not (m := json.loads(ws.recv(timeout=120))).get("isFinal"):
+            msgs.append(m)
+    chars = {"alignment": "", "normalizedAlignment": ""}
+    total, starts = 0, []
+    for m in msgs:
+        ms = len(base64.b64decode(m["audio"])) / 2 / rate * 1000
+        for key in chars:
+            a = m[key]
+            assert len(a["chars"]) == len(a["charStartTimesMs"]) == len(a["charDurationsMs"])
+            chars[key] += "".join(a["chars"])
+            if a["chars"] and not sync:
+                assert a["charStartTimesMs"][0] >= 0 and abs(a["charStartTimesMs"][-1] + a["charDurationsMs"][-1] - ms) <= 1, (key, a, ms)
+        if sync:
+            starts += m["alignment"]["charStartTimesMs"]
+        total += ms
+    assert chars["alignment"].split() == client_words(text)
+    sentences, _ = TextFrontend(weights).encode(text, speaker=True)
+    assert chars["normalizedAlignment"].split() == " ".join(r for s in sentences for _, r in s.words.words).split()
+    if sync:
+        assert starts == sorted(starts) and 0 <= starts[0] and starts[-1] <= total + 1

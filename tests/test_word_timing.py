@@ -92,3 +92,29 @@ def test_sentence_words_travel_as_json():
     for bad in ("{}", '{"rate": 0, "words": []}', '{"rate": 4, "words": [1]}', "nope"):
         with pytest.raises(ValueError, match="SENTENCE_WORDS"):
             SentenceWords.from_json(bad)
+
+
+def test_elevenlabs_alignment_spans_each_message_and_its_words():
+    """Per message (Pipecat): the characters end where the message's audio does, so a reader
+    that adds the spans keeps time; a message without words is one space; a word that runs past
+    the message is cut at its end. From the context's start (LiveKit's sync_alignment): the same
+    characters, shifted, and none for a message without words."""
+    from velocity.gateway.word_times import MessageWords, alignment
+
+    words = MessageWords()
+    words.add([{"word": "Hi,", "start": 2400, "end": 9600, "spoken": "hi,"},
+               {"word": "$5", "start": 12000, "end": 36000, "spoken": "five dollars"}], base=24000)
+    got, t0, t1 = words.take(1.2)                    # [0, 1.2) s: "Hi," starts at 1.1 s
+    a = alignment(got, t0, t1, absolute=False)
+    assert "".join(a["chars"]) == "Hi, " and a["charStartTimesMs"][0] == 1100
+    assert a["charStartTimesMs"][-1] + a["charDurationsMs"][-1] == 1200
+    got, t0, t1 = words.take(1.0)                    # [1.2, 2.2) s: "$5" starts at 1.5 s, runs past
+    a = alignment(got, t0, t1, absolute=False)
+    n = alignment(got, t0, t1, absolute=False, key="spoken")
+    assert "".join(a["chars"]) == "$5 " and "".join(n["chars"]) == "five dollars "
+    assert a["charStartTimesMs"][0] == 300 and a["charStartTimesMs"][-1] + a["charDurationsMs"][-1] == 1000
+    s = alignment(got, t0, t1, absolute=True)
+    assert s["charStartTimesMs"][0] == 1500 and s["chars"] == a["chars"]
+    got, t0, t1 = words.take(0.5)
+    assert alignment(got, t0, t1, absolute=False) == {"chars": [" "], "charStartTimesMs": [0], "charDurationsMs": [500]}
+    assert alignment(got, t0, t1, absolute=True)["chars"] == []

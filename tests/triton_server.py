@@ -171,3 +171,10 @@ def admin_key(server) -> str:
     path = server.run_dir / "admin_key"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     return path.read_text().strip()
+
+
+def first_audio(ws, timeout: float = 60) -> bytes:
+    """The gateway WebSocket's first audio message, past the words messages that come before it."""
+    while isinstance(m := ws.recv(timeout=timeout), str):
+        assert '"type": "words"' in m, m
+    return m

@@ -5,8 +5,8 @@ that it works unchanged apart from its `url` (docs/clients.md):
     xi-api-key: a key of VELOCITY_GATEWAY_API_KEYS, when the gateway has keys
 
 voice_id is one of our voices (or OpenAI's names for them); model_id and the other query
-parameters are taken and ignored; output_format is pcm_<rate> (8000, 16000, 22050, 24000,
-32000, 44100 or 48000; default pcm_24000, our audio's rate: others are resampled).
+parameters but sync_alignment are taken and ignored; output_format is pcm_<rate> (8000, 16000,
+22050, 24000, 32000, 44100 or 48000; default pcm_24000, our audio's rate: others are resampled).
 The client sends JSON messages, each for a context (`context_id`; none: one default context):
     {"text": " ", "context_id": "c1", "voice_settings": {"speed": 1.1}}    opens it (speed only)
     {"text": "Hello there. ", "context_id": "c1"}     text: each sentence is spoken once complete
@@ -16,9 +16,14 @@ The client sends JSON messages, each for a context (`context_id`; none: one defa
                                                       goes on to the end, then isFinal; else, or
                                                       a second time (barge-in): it stops at once
     {"close_socket": true}                            stop every context and close
-The server sends {"audio": base64 16-bit PCM, "isFinal": false, "contextId"} in order within a
-context, then {"isFinal": true, "contextId"}; and {"error", "message"} for a bad message (the
-socket stays usable). No character alignment: ChatTTS gives no character timing.
+The server sends {"audio": base64 16-bit PCM, "isFinal": false, "contextId", "alignment",
+"normalizedAlignment"} in order within a context, then {"isFinal": true, "contextId"}; and
+{"error", "message"} for a bad message (the socket stays usable). The alignments give the
+characters of the words estimated to start in the message's audio ({"chars", "charStartTimesMs",
+"charDurationsMs"}: velocity.gateway.word_times), as written and as read ("$5": "five dollars"):
+exact at sentences' edges, an estimate within them (velocity.tts.word_timing). Their times start
+at each message's start, as Pipecat reads them; with sync_alignment=true (LiveKit's plugin asks
+for it) at the context's start, as LiveKit reads them.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ from velocity.gateway.client_io import (POLICY, SERVICE_RESTART, ClientGone, clo
 from velocity.gateway.encode import Encoder
 from velocity.gateway.sentences import SentenceBuffer, SentencePipe
 from velocity.gateway.upstream import ApiError
+from velocity.gateway.word_times import MessageWords, alignment
 
 log = logging.getLogger("velocity.gateway")
 PATH = "/v1/text-to-speech/{voice_id}/multi-stream-input"
@@ -60,6 +66,7 @@ class Context:
         self.buffer, self.flushed, self.closing = SentenceBuffer(), False, False
         self.pipe = SentencePipe(lambda text: socket.gw.chunks(socket.values_of(text, speed)), AHEAD)
         self.encoder = Encoder("pcm", 24000, socket.rate)
+        self.words, self.samples, self.starts = MessageWords(), 0, {}   # samples: the context's audio so far (24 kHz)
         self.writer = asyncio.create_task(self._write())
 
     def text(self, text: str) -> None:
@@ -90,8 +97,10 @@ class Context:
     async def _write_all(self) -> None:
         async for s, chunk in self.pipe.out():
             if chunk is not None and not isinstance(chunk, Exception):
+                self.words.add(chunk.words, self.starts.setdefault(s.index, self.samples))
+                self.samples += len(chunk.audio)
                 if data := self.encoder.push(chunk.audio):
-                    await self.socket.send(audio=base64.b64encode(data).decode(), isFinal=False, contextId=self.cid)
+                    await self.audio(data)
                 chunk.read()
                 continue
             if isinstance(chunk, Exception):                  # a sentence ended, or failed
@@ -104,11 +113,19 @@ class Context:
                 await self.finish()
                 return
 
+    async def audio(self, data: bytes, last: bool = False) -> None:
+        """An audio message (16-bit PCM), with the alignment of the words that start in it."""
+        words, t0, t1 = self.words.take(len(data) / 2 / self.socket.rate, last)
+        sync = self.socket.sync
+        await self.socket.send(audio=base64.b64encode(data).decode(), isFinal=False, contextId=self.cid,
+                               alignment=alignment(words, t0, t1, sync),
+                               normalizedAlignment=alignment(words, t0, t1, sync, "spoken"))
+
     async def finish(self) -> None:
         tail = self.encoder.finish()
         self.encoder.close()
-        if tail:
-            await self.socket.send(audio=base64.b64encode(tail).decode(), isFinal=False, contextId=self.cid)
+        if tail or self.words.waiting:
+            await self.audio(tail, last=True)
         await self.socket.final(self.cid)
 
 
@@ -116,11 +133,13 @@ class ElevenLabsSocket:
     """One WebSocket session (see the module). values_of(text, speed) -> the `tts` inputs."""
 
     def __init__(self, ws, gw, values_of, rate: int, left=lambda: None, send_timeout: float = 0,
-                 idle_timeout: float = 0) -> None:
-        """left(): called once if the client leaves with speech still to come (a hang-up, counted);
+                 idle_timeout: float = 0, sync: bool = False) -> None:
+        """sync: sync_alignment (alignment times from each context's start);
+        left(): called once if the client leaves with speech still to come (a hang-up, counted);
         send_timeout: a client that takes nothing for this long is gone (client_io);
         idle_timeout: a socket with no message and no speech for this long is closed (0: never)."""
         self.ws, self.gw, self.values_of, self.rate, self.left = ws, gw, values_of, rate, once(left)
+        self.sync = sync
         self.send_timeout, self.idle_timeout = send_timeout, idle_timeout
         self.contexts: dict[str, Context] = {}
         self.lock = asyncio.Lock()

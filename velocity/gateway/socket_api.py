@@ -88,7 +88,8 @@ def socket_router(state: AppState) -> APIRouter:
             await ws.send_text(json.dumps({"error": "invalid_request", "message": e.message}))
             await ws.close(code=1008, reason=e.message[:120])
             return
+        sync = ws.query_params.get("sync_alignment", "false").lower() == "true"
         await elevenlabs.ElevenLabsSocket(ws, gw, values_of, rate, state.metrics.disconnects.inc,
-                                          settings.gateway_send_timeout, settings.gateway_idle_timeout).run()
+                                          settings.gateway_send_timeout, settings.gateway_idle_timeout, sync).run()
 
     return router

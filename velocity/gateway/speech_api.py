@@ -1,7 +1,9 @@
 """OpenAI's speech API: `POST /v1/audio/speech` streams the `tts` ensemble's chunks, encoded as
 they arrive, one gRPC stream per request (a long text, with VELOCITY_GATEWAY_LONG_TEXT, as its
-pieces' streams), or as server-sent events (`stream_format: "sse"`, with sentence marks on
-request); `GET /v1/models` and `GET /v1/audio/voices` (the server's `voices` model). An error
+pieces' streams), or as server-sent events (`stream_format: "sse"`, with sentence marks and word
+timing on request); `POST /v1/audio/captioned_speech`, the same body, answers one JSON object:
+the whole audio (base64) and each word's start and end in seconds (as Kokoro-FastAPI's captioned
+speech); `GET /v1/models` and `GET /v1/audio/voices` (the server's `voices` model). An error
 after the audio began ends the response abnormally (no last chunk of the chunked body; an
 `error` event first on SSE), so that a client can tell cut audio from whole. A client that hangs
 up cancels its Triton stream; the hang-ups are counted (velocity_gateway_disconnects_total)."""
@@ -15,16 +17,17 @@ import logging
 import time
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from velocity.gateway import json_body
 from velocity.gateway.client_io import ClientGone, send_within
 from velocity.gateway.encode import FORMATS, Encoder
 from velocity.gateway.sentences import SentencePipe
-from velocity.gateway.speech_request import SAMPLE_RATE, TIMEOUT_HEADER, Marks, marks_asked, request_timeout
+from velocity.gateway.speech_request import SAMPLE_RATE, TIMEOUT_HEADER, Marks, events_asked, request_timeout
 from velocity.gateway.speech_schema import MODELS
 from velocity.gateway.state import AppState
 from velocity.gateway.upstream import ApiError, Gateway
+from velocity.gateway.word_times import in_seconds, moved, shown
 from velocity.tts.text_pieces import split_long
 
 log = logging.getLogger("velocity.gateway")
@@ -91,7 +94,8 @@ async def long_chunks(gw: Gateway, values: dict, pieces: list[str], timeout: flo
                         return
                     continue
                 piece_samples, piece_sentences = chunk.offset + len(chunk.audio), chunk.sentence + 1
-                yield dataclasses.replace(chunk, sentence=chunk.sentence + sentences, offset=chunk.offset + samples)
+                yield dataclasses.replace(chunk, sentence=chunk.sentence + sentences, offset=chunk.offset + samples,
+                                          words=moved(chunk.words, samples))
     finally:
         await pipe.cancel()
 
@@ -138,10 +142,20 @@ def speech_router(state: AppState) -> APIRouter:
     # OpenAPI page takes the model's schema from here
     body_schema = {"content": {"application/json": {"schema": state.body_model.model_json_schema()}}, "required": True}
 
+    @router.post("/v1/audio/captioned_speech", openapi_extra={"requestBody": body_schema},
+                 responses={200: {"description": 'the whole audio and its words: {"audio": base64, "response_format", '
+                                  '"words": [{"word", "start", "end"}] in seconds}'}})
+    async def captioned_speech(request: Request):
+        return await answer(request, captioned=True)
+
     @router.post("/v1/audio/speech", openapi_extra={"requestBody": body_schema},
                  responses={200: {"description": "the audio, streamed as it is made",
                                   "content": {t: {} for t in dict.fromkeys(FORMATS.values())}}})
     async def speech(request: Request):
+        return await answer(request, captioned=False)
+
+    async def answer(request: Request, captioned: bool):
+        """A speech request: its audio streamed (or as events), or with `captioned` whole, with its words."""
         kind = request.headers.get("content-type", "")
         if kind.split(";")[0].strip().lower() != "application/json":
             # a web page may POST text/plain to any server without asking (no CORS preflight):
@@ -159,7 +173,11 @@ def speech_router(state: AppState) -> APIRouter:
         t0 = time.perf_counter()
         try:
             values, req = state.speech_values(body, names)
-            fmt, stream_format, want_marks = req.response_format, req.stream_format, marks_asked(req)
+            fmt, stream_format, (want_marks, want_words) = req.response_format, req.stream_format, events_asked(req)
+            if captioned and stream_format != "audio":
+                raise ApiError(400, 'captioned speech is one JSON answer: stream_format must be "audio" (the '
+                                    'default); for words as the audio streams, use /v1/audio/speech with '
+                                    'stream_format "sse" and "words": true', "stream_format")
             timeout = request_timeout(req, request.headers.get(TIMEOUT_HEADER))
             if settings.gateway_long_text and len(values["TEXT"]) > settings.max_text_chars:
                 if len(values["TEXT"]) > settings.gateway_long_text_max_chars:
@@ -217,6 +235,8 @@ def speech_router(state: AppState) -> APIRouter:
                     async for chunk, data in parts:
                         for mark in marks.see(chunk) if marks else ():    # a sentence whose audio is all out
                             yield event(type="speech.sentence", **mark)
+                        if want_words and chunk is not None and chunk.words:
+                            yield event(type="speech.words", words=shown(chunk.words), sample_rate=SAMPLE_RATE)
                         if data:
                             yield event(type="speech.audio.delta", audio=base64.b64encode(data).decode())
             except ApiError as e:                        # failed after the audio began: said, and no "done"
@@ -225,6 +245,17 @@ def speech_router(state: AppState) -> APIRouter:
                 return
             yield event(type="speech.audio.done")
 
+        async def whole():
+            audio, words = bytearray(), []
+            async with contextlib.aclosing(encoded()) as parts:
+                async for chunk, data in parts:
+                    audio += data
+                    words += chunk.words if chunk is not None else []
+            return JSONResponse({"audio": base64.b64encode(bytes(audio)).decode(), "response_format": fmt,
+                                 "words": in_seconds(words)})
+
+        if captioned:
+            return await whole()
         if stream_format == "sse":
             return ClosingStreamingResponse(sse(), "text/event-stream", settings.gateway_send_timeout)
         return ClosingStreamingResponse(audio(), FORMATS[fmt], settings.gateway_send_timeout)

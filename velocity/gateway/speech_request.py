@@ -78,11 +78,13 @@ def triton_values(model: type[BaseModel], body: dict, voices: dict[str, str], se
     return values, req
 
 
-def marks_asked(req: BaseModel) -> bool:
-    """The body's `marks` (our extension: speech.sentence events in the SSE stream)."""
-    if req.marks and req.stream_format != "sse":
-        raise ApiError(400, 'marks come as speech.sentence events: ask for stream_format "sse" with them', "marks")
-    return req.marks
+def events_asked(req: BaseModel) -> tuple[bool, bool]:
+    """The body's `marks` and `words` (our extensions: speech.sentence and speech.words events in
+    the SSE stream)."""
+    for name, event in (("marks", "speech.sentence"), ("words", "speech.words")):
+        if getattr(req, name) and req.stream_format != "sse":
+            raise ApiError(400, f'{name} come as {event} events: ask for stream_format "sse" with them', name)
+    return req.marks, req.words
 
 
 class Marks:

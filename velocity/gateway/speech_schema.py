@@ -41,6 +41,9 @@ OPENAI: dict[str, tuple] = {
                 f"must be seconds in (0, {MAX_TIMEOUT:.0f}]", {"gt": 0, "le": MAX_TIMEOUT}),
     "marks": (bool, False, 'with stream_format "sse": speech.sentence events, each sentence\'s text and its '
               "sample offsets", "must be true or false", {}),
+    "words": (bool, False, 'with stream_format "sse": speech.words events, before each audio delta, the words '
+              "estimated to start in it and their sample offsets (an estimate within each sentence)",
+              "must be true or false", {}),
 }
 
 

@@ -10,6 +10,10 @@ The client sends JSON text messages:
 The server sends the audio as binary messages (16-bit little-endian 24 kHz mono PCM, in order)
 and JSON text messages:
     {"type": "ready"}                                      after a setup
+    {"type": "words", "index", "words": [{"word", "start", "end"}], "sample_rate"}
+                                                           before the audio they start in: the
+                                                           words (as sent) estimated to start in
+                                                           it, samples in the socket's audio
     {"type": "sentence", "index", "text", "start", "end", "sample_rate"}
                                                            once a sentence's audio is all sent:
                                                            its samples in the socket's audio
@@ -18,7 +22,8 @@ and JSON text messages:
                                                            socket stays usable
     {"type": "done"}                                       after close, before the socket closes
 Each sentence is spoken as soon as it is complete (velocity.gateway.sentences, the rule
-Wyoming's streamed synthesize uses), several generating at once, their audio in order.
+Wyoming's streamed synthesize uses), several generating at once, their audio in order. A
+sentence's bounds are exact; its words' times within it are an estimate (velocity.tts.word_timing).
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ from velocity.gateway.client_io import (POLICY, SERVICE_RESTART, ClientGone, clo
 from velocity.gateway.encode import pcm16
 from velocity.gateway.sentences import SentenceBuffer, SentencePipe
 from velocity.gateway.upstream import ApiError
+from velocity.gateway.word_times import moved, shown
 
 log = logging.getLogger("velocity.gateway")
 PATH = "/v1/audio/speech/stream"
@@ -189,7 +195,10 @@ class SpeechSocket:
                                 end=self.samples, sample_rate=SAMPLE_RATE)
                 self.finished += 1
                 continue
-            start.setdefault(s.index, self.samples)
+            begun = start.setdefault(s.index, self.samples)
+            if chunk.words:
+                await self.send(type="words", index=s.index, words=shown(moved(chunk.words, begun)),
+                                sample_rate=SAMPLE_RATE)
             async with self.send_lock:
                 await send_within(self.ws.send_bytes(pcm16(chunk.audio)), self.send_timeout)
             chunk.read()
