@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from client.triton import stream_grpc
-from triton_server import ROOT, assert_same_pcm, wait_for
+from triton_server import ROOT, assert_same_audio, assert_same_pcm, wait_for
 
 pytestmark = pytest.mark.server
 # decoded duration against the samples streamed: mp3 and aac add their encoder's priming and
@@ -549,3 +549,28 @@ def test_a_check_goes_to_the_next_upstream_when_one_is_down(tts_server):
     assert bad.status == 400 and bad.param == "temperature", bad
     none = asyncio.run(check(down, {"TEXT": "Hi."}))
     assert none.status == 503 and none.code == "server_unavailable" and down in none.message, none
+
+
+def test_a_blend_of_voices_speaks_on_every_api(openai_client, tts_server):
+    """voice "amber(2)+amber(1)" is amber, to the sample (the OpenAI API and Triton's VOICE alike);
+    "amber(1)+basil(1)" is another voice; a cloned voice or an unknown name in a blend is a 400
+    naming the voice field."""
+    import openai
+
+    def speak(voice: str) -> bytes:
+        return openai_client.audio.speech.create(model="tts-1", voice=voice, input="Blend me.", response_format="pcm",
+                                                 extra_body={"seed": 5, "max_new_tokens": 24}).read()
+
+    amber = speak("amber")
+    assert_same_pcm(speak("amber(2)+amber(1)"), amber)
+    assert speak("amber(1)+basil(1)") != amber
+    def triton(voice: str) -> np.ndarray:
+        values = {"TEXT": "Blend me.", "VOICE": voice, "SEED": 5, "MAX_NEW_TOKENS": 24}
+        return np.concatenate([a for _, a in stream_grpc(tts_server.grpc_url, values)])
+
+    assert_same_audio(triton("alloy(2)+nova(1)"), triton("amber"))
+    for voice, says in (("clone+amber", "'clone' is a voice cloned from a recording"),
+                        ("amber+zed", "'zed' is not a voice here"), ("amber(0)", "the weight of 'amber'")):
+        with pytest.raises(openai.BadRequestError, match=says) as e:
+            speak(voice)
+        assert e.value.body["param"] == "voice"

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 from velocity.gateway.speech_schema import MAX_TIMEOUT, MODELS, read_body
 from velocity.gateway.upstream import ApiError
 from velocity.serving.input_table import INPUTS
+from velocity.tts import voice_blend
 from velocity.tts.control import CONTROL
 
 SAMPLE_RATE = 24000                  # the release's, what `tts` streams
@@ -49,6 +50,22 @@ def request_timeout(req: BaseModel, header: str | None) -> float | None:
     return t
 
 
+def blend_of(voice: str, voices: dict[str, str]) -> str:
+    """A blend's voice field, its names checked against the server's voices (ApiError 400)."""
+    try:
+        parts = voice_blend.parse(voice, "voice")
+    except ValueError as e:
+        raise ApiError(400, str(e), "voice") from None
+    for name, _ in parts:
+        if name not in voices:
+            raise ApiError(400, f"voice {voice!r}: {name!r} is not a voice here; voices: "
+                                f"{', '.join(n for n, k in voices.items() if k != 'alias')}", "voice")
+        if voices[name] == "sample":
+            raise ApiError(400, f"voice {voice!r}: {name!r} is a voice cloned from a recording, which has no "
+                                "speaker vector to blend: blend voices that are speakers", "voice")
+    return voice
+
+
 def triton_values(model: type[BaseModel], body: dict, voices: dict[str, str], settings=None
                   ) -> tuple[dict, BaseModel]:
     """The request body -> (the `tts` inputs, the body as its model: speech_schema.speech_model);
@@ -64,6 +81,8 @@ def triton_values(model: type[BaseModel], body: dict, voices: dict[str, str], se
         values |= instruction_inputs(req.instructions)
     if req.voice in voices:
         values["VOICE"] = req.voice
+    elif voice_blend.is_blend(req.voice):     # amber(2)+ash(1): the server mixes them
+        values["VOICE"] = blend_of(req.voice, voices)
     elif len(req.voice) > 32:                 # a speaker string (the release's are ~300 characters)
         values["SPEAKER"] = req.voice
     else:

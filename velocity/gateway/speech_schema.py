@@ -26,7 +26,8 @@ OPENAI: dict[str, tuple] = {
               f"is required: one of {', '.join(MODELS)}", {}),
     "input": (str, ..., "the text to speak (VELOCITY_MAX_TEXT_CHARS at most; more with "
               "VELOCITY_GATEWAY_LONG_TEXT)", "is required: the text to speak", {}),
-    "voice": (str, ..., "a voice (GET /v1/audio/voices), one of OpenAI's voice names, or a speaker string",
+    "voice": (str, ..., "a voice (GET /v1/audio/voices), one of OpenAI's voice names, a blend of voices such as "
+              "amber(2)+ash(1), or a speaker string",
               "is required: a voice or a speaker string", {}),
     "response_format": (Literal[tuple(FORMATS)], "mp3", "the audio's encoding",
                         f"must be one of {', '.join(FORMATS)}", {}),

@@ -174,7 +174,8 @@ INPUTS: tuple[Input, ...] = (
     Input("SPEAKER_SEED", "INT64", "instead of SPEAKER: a random speaker from this seed, drawn as the reference "
           "does from the release's speaker statistics (asset/spk_stat.pt)", lo=0, hi=SEEDS, hi_open=True,
           field=None),
-    Input("VOICE", "BYTES", "a named voice (velocity-tts-client --list-voices); without VOICE, SPEAKER, "
+    Input("VOICE", "BYTES", "a named voice (velocity-tts-client --list-voices), or a blend of them such as "
+          "amber(2)+ash(1) (docs/voices.md); without VOICE, SPEAKER, "
           "SPEAKER_SEED or SPEAKER_SAMPLE: the default voice (VELOCITY_DEFAULT_VOICE)", field=None),
     *sampling_rows("", chattts_params, "audio", {
         "help": "audio frames per sentence",

@@ -12,6 +12,8 @@ sentence of it speaks in one voice (with [empty_spk] the GPT picks a voice per s
 OpenAI's voice names (alloy, ash, ...) are aliases of the built-in voices by default, so that
 programs written for OpenAI's speech API work unchanged; a voices file may point any of them
 (or any other name) at another voice with {"alias": "<voice>"}.
+
+A VOICE of the form `amber(2)+ash(1)` is a blend of those voices (velocity.tts.voice_blend).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from velocity.tts import voice_blend
 from velocity.tts.speaker import SpeakerError, decode_speaker, encode_speaker, random_speaker
 
 log = logging.getLogger(__name__)
@@ -112,6 +115,7 @@ class Voices:
     def __init__(self, folder: str | Path, dim: int, stats: np.ndarray | None, path: str = "",
                  default: str = DEFAULT_VOICE, draw: bool = True) -> None:
         self.voices = builtin_voices(dim, stats, draw)
+        self.stats = stats                                     # for blends
         self.aliases: dict[str, str] = dict(OPENAI_ALIASES)    # name -> the voice it stands for
         source = Path(path) if path else Path(folder) / VOICES_FILE
         if path and not source.exists():
@@ -146,12 +150,26 @@ class Voices:
         return name
 
     def get(self, name: str) -> Voice:
-        """ValueError naming the voices there are, for a name that is not one (nor an alias)."""
+        """ValueError naming the voices there are, for a name that is not one (nor an alias nor a blend)."""
+        if voice_blend.is_blend(name):
+            return self.blend(name)
         voice = self.voices.get(self.resolve(name))
         if voice is None:
             raise ValueError(f"VOICE {name!r} is not a voice here; voices: {', '.join(sorted(self.voices))} "
                              f"(and OpenAI's names: {', '.join(sorted(self.aliases))})")
         return voice
+
+    def blend(self, spec: str) -> Voice:
+        """A blend such as `amber(2)+ash(1)` (velocity.tts.voice_blend); ValueError naming VOICE and
+        the part that cannot be blended."""
+        parts = voice_blend.parse(spec)
+        voices = [self.get(name) for name, _ in parts]
+        for (name, _), v in zip(parts, voices):
+            if v.sample or v.speaker is None:
+                raise ValueError(f"VOICE {spec!r}: {name!r} is a voice cloned from a recording, which has no speaker "
+                                 "vector to blend: blend voices that are speakers")
+        return Voice(spec, voice_blend.mix([v.speaker for v in voices], [w for _, w in parts], self.stats),
+                     source="blend")
 
     def listing(self) -> dict:
         """What the `voices` model answers: the default and each voice's name, kind and source; an
