@@ -45,7 +45,7 @@ def example_values(weights: Path) -> dict:
             "SAMPLE_TEXT": "the sample text", "REFINE_TEXT": True, "REFINE_PROMPT": "[oral_2]",
             "REFINE_TEMPERATURE": 0.5, "REFINE_TOP_P": 0.9, "REFINE_TOP_K": 10, "REFINE_REPETITION_PENALTY": 1.1,
             "REFINE_MAX_NEW_TOKENS": 8, "LEXICON": '{"Hello": "hi"}', "VOICE_CARRY_OVER": True,
-            "CLIENT": "a client"}
+            "CLIENT": "a client", "SSML": True}
 
 
 def run_snippet(code: str, server) -> np.ndarray:
@@ -68,7 +68,8 @@ def test_the_python_snippet(tts_server):
     for i in INPUTS:                     # each input of docs/api.md, with the one it needs
         if i.name == "TEXT":
             continue
-        one = f'inputs = [inp("TEXT", "Hello world.", "BYTES"), inp({i.name!r}, {values[i.name]!r}, {i.dtype!r})'
+        text = "<speak>Hello world.</speak>" if i.name == "SSML" else "Hello world."
+        one = f'inputs = [inp("TEXT", {text!r}, "BYTES"), inp({i.name!r}, {values[i.name]!r}, {i.dtype!r})'
         if i.requires:
             partner = BY_NAME[i.requires[0]]
             one += f', inp({partner.name!r}, {values[partner.name]!r}, {partner.dtype!r})'

@@ -330,3 +330,39 @@ def test_the_elevenlabs_socket_aligns_the_words_with_its_audio_messages(gateway,
     assert chars["normalizedAlignment"].split() == " ".join(r for s in sentences for _, r in s.words.words).split()
     if sync:
         assert starts == sorted(starts) and 0 <= starts[0] and starts[-1] <= total + 1
+
+
+SSML = '<speak>Hello <sub alias="world">WWW</sub>. <break time="600ms"/> <prosody rate="fast">Bye now.</prosody></speak>'
+
+
+def test_ssml_on_every_surface_is_spoken_whole_as_the_api_speaks_it(gateway):
+    """An input that starts with <speak> is SSML on the OpenAI API (no flag), on the WebSocket
+    (held whole while it comes in pieces, then spoken as one request) and on the ElevenLabs socket
+    with enable_ssml_parsing=true: the same audio each way, with the break's silence in it."""
+    body = {"model": "tts-1", "voice": "amber", "input": SSML, "response_format": "pcm", "seed": 4, "max_new_tokens": 30}
+    req = urllib.request.Request(gateway + "/v1/audio/speech", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        api = r.read()
+    assert b"\0\0" * 14000 in api                       # 600 ms of silence (14400 samples)
+    with connect(ws_url(gateway)) as ws:
+        send(ws, **SETUP)
+        assert json.loads(ws.recv(timeout=30)) == {"type": "ready"}
+        for piece in re.findall(r".{1,7}", SSML):       # in pieces, as an LLM writes it
+            send(ws, type="text", text=piece)
+        send(ws, type="close")
+        audio, msgs = read_until(ws, "done")
+    assert not [m for m in msgs if m["type"] == "error"], msgs
+    assert_same_pcm(audio, api)
+    with connect(el_url(gateway) + "&enable_ssml_parsing=true", additional_headers={"xi-api-key": "unused"}) as ws:
+        ws.send(json.dumps({"text": " ", "context_id": "a"}))
+        for piece in re.findall(r".{1,9}", SSML):
+            ws.send(json.dumps({"text": piece, "context_id": "a"}))
+        ws.send(json.dumps({"context_id": "a", "flush": True}))
+        ws.send(json.dumps({"context_id": "a", "close_context": True}))
+        pcm, chars = b"", ""
+        while not (m := json.loads(ws.recv(timeout=120))).get("isFinal"):
+            assert "error" not in m, m
+            pcm += base64.b64decode(m["audio"])
+            chars += "".join(m["alignment"]["chars"])
+    assert b"\0\0" * 14000 in pcm and chars.split() == ["Hello", "WWW.", "Bye", "now."]   # (no seed: other audio)

@@ -5,7 +5,8 @@ that it works unchanged apart from its `url` (docs/clients.md):
     xi-api-key: a key of VELOCITY_GATEWAY_API_KEYS, when the gateway has keys
 
 voice_id is one of our voices (or OpenAI's names for them); model_id and the other query
-parameters but sync_alignment are taken and ignored; output_format is pcm_<rate> (8000, 16000,
+parameters but sync_alignment and enable_ssml_parsing (text that starts with <speak> is then an
+SSML document, velocity.tts.ssml, spoken whole once its </speak> came) are taken and ignored; output_format is pcm_<rate> (8000, 16000,
 22050, 24000, 32000, 44100 or 48000; default pcm_24000, our audio's rate: others are resampled).
 The client sends JSON messages, each for a context (`context_id`; none: one default context):
     {"text": " ", "context_id": "c1", "voice_settings": {"speed": 1.1}}    opens it (speed only)
@@ -63,7 +64,7 @@ class Context:
 
     def __init__(self, socket: "ElevenLabsSocket", cid: str, speed: float) -> None:
         self.socket, self.cid = socket, cid
-        self.buffer, self.flushed, self.closing = SentenceBuffer(), False, False
+        self.buffer, self.flushed, self.closing = SentenceBuffer(ssml=socket.ssml), False, False
         self.pipe = SentencePipe(lambda text: socket.gw.chunks(socket.values_of(text, speed)), AHEAD)
         self.encoder = Encoder("pcm", 24000, socket.rate)
         self.words, self.samples, self.starts = MessageWords(), 0, {}   # samples: the context's audio so far (24 kHz)
@@ -133,13 +134,14 @@ class ElevenLabsSocket:
     """One WebSocket session (see the module). values_of(text, speed) -> the `tts` inputs."""
 
     def __init__(self, ws, gw, values_of, rate: int, left=lambda: None, send_timeout: float = 0,
-                 idle_timeout: float = 0, sync: bool = False) -> None:
-        """sync: sync_alignment (alignment times from each context's start);
+                 idle_timeout: float = 0, sync: bool = False, ssml: bool = False) -> None:
+        """sync: sync_alignment (alignment times from each context's start); ssml:
+        enable_ssml_parsing (text that starts with <speak> is an SSML document, spoken whole);
         left(): called once if the client leaves with speech still to come (a hang-up, counted);
         send_timeout: a client that takes nothing for this long is gone (client_io);
         idle_timeout: a socket with no message and no speech for this long is closed (0: never)."""
         self.ws, self.gw, self.values_of, self.rate, self.left = ws, gw, values_of, rate, once(left)
-        self.sync = sync
+        self.sync, self.ssml = sync, ssml
         self.send_timeout, self.idle_timeout = send_timeout, idle_timeout
         self.contexts: dict[str, Context] = {}
         self.lock = asyncio.Lock()

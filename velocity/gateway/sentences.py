@@ -12,30 +12,51 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from velocity.gateway.upstream import ApiError
+from velocity.tts.ssml import is_ssml
 from velocity.tts.text_pieces import cut_at_word, split_complete
 
 log = logging.getLogger("velocity.gateway")
 _END = object()
 MAX_PENDING_CHARS = 500        # streamed text with no sentence end past this is spoken, cut at a word
 MAX_QUEUED = 64                # sentences one stream may hold waiting to be spoken (about a page)
+MAX_SSML_CHARS = 2000          # an SSML document held whole (the server's default text limit)
 
 
 class SentenceBuffer:
     """Text as it is written: write(text) -> the sentences it completes; flush() -> what is left,
     as a last sentence (none if blank), and the buffer is empty again. What is pending is bounded:
     past MAX_PENDING_CHARS with no sentence end, its head is a sentence, cut at a word, so that
-    the text held (and what each write splits again) never grows with a client's text."""
+    the text held (and what each write splits again) never grows with a client's text. With
+    `ssml`, pending text that starts with <speak> is held whole until its </speak> (an SSML
+    document is spoken as one piece), up to MAX_SSML_CHARS."""
 
-    def __init__(self, limit: int = MAX_PENDING_CHARS) -> None:
-        self.pending, self.limit = "", limit
+    def __init__(self, limit: int = MAX_PENDING_CHARS, ssml: bool = True) -> None:
+        self.pending, self.limit, self.ssml = "", limit, ssml
 
     def write(self, text: str) -> list[str]:
+        if self.ssml and is_ssml(self.pending + text):
+            return self._document(text)
         done, self.pending = split_complete(self.pending + text)
         while len(self.pending) > self.limit:
             head, self.pending = cut_at_word(self.pending, self.limit)
             if head:
                 done.append(head)
         return done
+
+    def _document(self, text: str) -> list[str]:
+        """An SSML document once its </speak> came, then what follows it as text."""
+        self.pending += text
+        end = self.pending.find("</speak>")
+        if end < 0:
+            if len(self.pending) > MAX_SSML_CHARS:
+                self.pending = ""
+                raise ApiError(400, f"an SSML document must end (</speak>) within {MAX_SSML_CHARS} characters "
+                                    "(the text past them was dropped)", "text")
+            return []
+        end += len("</speak>")
+        document, rest = self.pending[:end].strip(), self.pending[end:]
+        self.pending = ""
+        return [document] + self.write(rest)
 
     def flush(self) -> list[str]:
         rest, self.pending = self.pending.strip(), ""

@@ -88,8 +88,8 @@ def socket_router(state: AppState) -> APIRouter:
             await ws.send_text(json.dumps({"error": "invalid_request", "message": e.message}))
             await ws.close(code=1008, reason=e.message[:120])
             return
-        sync = ws.query_params.get("sync_alignment", "false").lower() == "true"
+        sync, ssml = (ws.query_params.get(k, "false").lower() == "true" for k in ("sync_alignment", "enable_ssml_parsing"))
         await elevenlabs.ElevenLabsSocket(ws, gw, values_of, rate, state.metrics.disconnects.inc,
-                                          settings.gateway_send_timeout, settings.gateway_idle_timeout, sync).run()
+                                          settings.gateway_send_timeout, settings.gateway_idle_timeout, sync, ssml).run()
 
     return router

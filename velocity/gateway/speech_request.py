@@ -11,6 +11,7 @@ from velocity.gateway.upstream import ApiError
 from velocity.serving.input_table import INPUTS
 from velocity.tts import voice_blend
 from velocity.tts.control import CONTROL
+from velocity.tts.ssml import is_ssml
 
 SAMPLE_RATE = 24000                  # the release's, what `tts` streams
 TIMEOUT_HEADER = "x-request-timeout"  # seconds, as the body's "timeout"
@@ -77,6 +78,8 @@ def triton_values(model: type[BaseModel], body: dict, voices: dict[str, str], se
         raise ApiError(400, f"model must be a speech model ({', '.join(MODELS)}, or any name with \"tts\"), "
                             f"got {req.model!r}", "model")
     values: dict = {"TEXT": req.input, "PROMPT": speed_prompt(req.speed)}
+    if is_ssml(req.input):                    # <speak>...</speak>: the server reads it as SSML
+        values["SSML"] = True
     if req.instructions is not None:
         values |= instruction_inputs(req.instructions)
     if req.voice in voices:

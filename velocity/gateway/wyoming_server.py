@@ -33,6 +33,7 @@ from velocity.gateway.encode import pcm16
 from velocity.gateway.sentences import MAX_QUEUED, SentenceBuffer
 from velocity.gateway.upstream import ApiError, Gateway
 from velocity.serving.settings import Settings
+from velocity.tts.ssml import is_ssml
 
 log = logging.getLogger("velocity.wyoming")
 RATE, WIDTH, CHANNELS = 24000, 2, 1              # what `tts` streams, as 16-bit pcm
@@ -131,7 +132,7 @@ class SpeechHandler(AsyncEventHandler):
 
     async def speak(self, text: str, voice) -> None:
         """One text -> audio-start, audio-chunk..., audio-stop; an `error` event if it fails."""
-        values = {"TEXT": text, **self.defaults}
+        values = {"TEXT": text, **self.defaults} | ({"SSML": True} if is_ssml(text) else {})
         name = voice.name if voice is not None and voice.name else None
         if name is not None:
             values["SPEAKER" if len(name) > 32 else "VOICE"] = name     # a speaker string, or a voice

@@ -189,6 +189,8 @@ INPUTS: tuple[Input, ...] = (
           binary=True, flag="--sample"),
     Input("SAMPLE_TEXT", "BYTES", "the transcript of SPEAKER_SAMPLE (the reference's txt_smp)", max_chars=500,
           requires=("SPEAKER_SAMPLE", "is the transcript of SPEAKER_SAMPLE: send it with one")),
+    Input("SSML", "BOOL", "true: TEXT is SSML, <speak>...</speak> (breaks, prosody rate, sub, say-as, voice, p and "
+          "s: docs/voices.md); the gateway sets it for an input that starts with <speak>", False, field=None),
     Input("LEXICON", "BYTES", "pronunciations for this request: a JSON object of word -> replacement (whole "
           "words, case-aware), merged over the server's lexicon (VELOCITY_LEXICON)", max_chars=100_000, json=True),
     Input("VOICE_CARRY_OVER", "BOOL", "true: a text of several sentences without a voice sample keeps its "

@@ -8,6 +8,7 @@ import numpy as np
 from velocity.sampling_params import SamplingParams
 from velocity.serving.input_table import BY_NAME, REFINE_MAX_NEW_TOKENS
 from velocity.serving.passed_inputs import decoder_input, params_from_arrays
+from velocity.serving.protocol import MAX_SILENCE
 from velocity.tts.speaker import sample_frames
 from velocity.tts.word_timing import SentenceWords
 
@@ -28,6 +29,8 @@ class LLMInputs:
     carry_prompts: list | None = None     # voice carry-over (CARRY_IDS): each sentence's prompt before the sample
     client: str = ""                      # who asks (CLIENT): the scheduler shares the batch between clients
     words: list | None = None             # each sentence's words to time (SENTENCE_WORDS: velocity.tts.word_timing)
+    pauses: list[int] | None = None       # samples of silence before each sentence, then after the last (SENTENCE_PAUSES)
+    speakers: list | None = None          # each sentence's speaker vector or None (SENTENCE_SPEAKERS: SSML's <voice>)
 
 
 def split_ids(ids: np.ndarray, lengths: np.ndarray, what: str) -> list[list[int]]:
@@ -80,6 +83,7 @@ def llm_inputs(get, max_new_tokens: int, num_vq: int) -> LLMInputs:
             raise ValueError(f"SENTENCE_WORDS holds {words.size} sentences, SENTENCE_LENGTHS {len(sentences)}")
         out.words = [SentenceWords.from_json(bytes(w).decode("utf-8", "replace") if isinstance(w, bytes) else str(w))
                      for w in words.reshape(-1)]
+    out.pauses, out.speakers = sentence_pauses(get, len(sentences)), sentence_speakers(get, len(sentences), spk.size)
     carry = get("CARRY_IDS")
     if carry is not None and carry.size:
         if frames:
@@ -103,6 +107,29 @@ def llm_inputs(get, max_new_tokens: int, num_vq: int) -> LLMInputs:
         if out.carry_prompts is not None:
             raise ValueError("CARRY_IDS cannot be combined with REFINE_IDS")
     return out
+
+
+def sentence_pauses(get, n: int) -> list[int] | None:
+    """SENTENCE_PAUSES: n + 1 silences in samples (before each sentence, after the last), or None."""
+    v = get("SENTENCE_PAUSES")
+    if v is None or not v.size or not v.any():
+        return None
+    if v.dtype.kind not in "iu" or v.size != n + 1 or v.min() < 0 or v.max() > MAX_SILENCE:
+        raise ValueError(f"SENTENCE_PAUSES must hold {n + 1} silences in [0, {MAX_SILENCE}] samples (one before "
+                         f"each sentence, one after the last), got {v.size} values in [{v.min()}, {v.max()}]")
+    return v.reshape(-1).tolist()
+
+
+def sentence_speakers(get, n: int, dim: int) -> list | None:
+    """SENTENCE_SPEAKERS: a speaker vector per sentence (a row of NaN: none), or None: SPEAKER_VECTOR for all."""
+    v = get("SENTENCE_SPEAKERS")
+    if v is None or not v.size:
+        return None
+    if v.size % n or (dim and v.size != n * dim):
+        raise ValueError(f"SENTENCE_SPEAKERS must hold one speaker vector per sentence ({n} x "
+                         f"{dim or 'the speaker size'} floats), got {v.size}")
+    rows = v.astype(np.float32).reshape(n, -1)
+    return [None if np.isnan(r).all() else r.copy() for r in rows]
 
 
 def check_prompts(inputs: LLMInputs, validate) -> None:

@@ -16,6 +16,8 @@ an error, and what the vocoder reads back (and refuses, naming the input and its
     SENTENCE_TEXT [1, 1] bytes          the text of the sentence the chunk begins (refined, with refine), else ""
     WORDS        [1, 1] bytes           JSON: the words estimated to start in the chunk (velocity.tts.word_timing),
                                         [{"word", "start", "end", "spoken"}] in samples of the stream's audio
+    PAUSE, TAIL  [1, 1] int32           samples of silence before and after the chunk's audio (SSML's breaks)
+    PAUSED       [1, 1] int64           samples of silence in the stream before the chunk (in its sample offset)
 
 A probe (CHUNK_INDEX STREAM_PROBE, LENGTH 0) carries no audio: the llm sends one while a stream
 of the `tts` ensemble has been quiet for a while (before its first chunk, between large chunks,
@@ -51,6 +53,7 @@ STREAM_PART_DIED = -7         # ended: another part of the server died (the watc
 STREAM_DIRECT_BUSY = -8       # refused: direct Triton callers hold VELOCITY_MAX_DIRECT_REQUESTS
 
 NO_HIDDEN = np.zeros((1, 0, 0), np.float32)
+MAX_SILENCE = 10 * 24000        # samples of one silence: SSML's longest break (velocity.tts.ssml.MAX_BREAK_MS)
 
 
 def _i32(v: int) -> np.ndarray:
@@ -68,7 +71,8 @@ def chunk_outputs(c: CodeChunk, stream: int = 0) -> dict[str, np.ndarray]:
             "CHUNK_INDEX": _i32(c.index), "LAST": _i32(int(c.last)), "START": _i32(c.start), "TEXT": text_tensor(c.text),
             "HIDDEN": NO_HIDDEN if c.hidden is None else np.stack(c.hidden).astype(np.float32, copy=False)[None],
             "STREAM": np.array([[stream]], np.int64), "SENTENCE": _i32(c.sentence), "LASTS": _i32(c.lasts),
-            "SENTENCE_TEXT": text_tensor(c.sentence_text), "WORDS": text_tensor(words_json(c.words))}
+            "SENTENCE_TEXT": text_tensor(c.sentence_text), "WORDS": text_tensor(words_json(c.words)),
+            "PAUSE": _i32(c.pause), "TAIL": _i32(c.tail), "PAUSED": np.array([[c.paused]], np.int64)}
 
 
 def words_json(words: list | None) -> str:
@@ -81,7 +85,8 @@ def error_outputs(code: int, num_vq: int, stream: int = 0) -> dict[str, np.ndarr
     return {"CODES": np.zeros((1, num_vq, 1), np.int32), "CONTEXT": _i32(0), "LENGTH": _i32(0),
             "CHUNK_INDEX": _i32(code), "LAST": _i32(0), "START": _i32(0), "HIDDEN": NO_HIDDEN, "TEXT": text_tensor(""),
             "STREAM": np.array([[stream]], np.int64), "SENTENCE": _i32(0), "LASTS": _i32(0),
-            "SENTENCE_TEXT": text_tensor(""), "WORDS": text_tensor("")}
+            "SENTENCE_TEXT": text_tensor(""), "WORDS": text_tensor(""), "PAUSE": _i32(0), "TAIL": _i32(0),
+            "PAUSED": np.array([[0]], np.int64)}
 
 
 def stream_error(code: int, settings: Settings) -> tuple[str, bool]:
@@ -136,10 +141,14 @@ class CodeChunkIn:
     lasts: int = 0                    # LASTS
     sentence_text: bytes = b""        # SENTENCE_TEXT, passed on
     words: bytes = b""                # WORDS, passed on
+    pause: int = 0                    # PAUSE, TAIL: silence around its audio
+    tail: int = 0
+    paused: int = 0                   # PAUSED: silence before it
 
     def sample_offset(self, samples_per_frame: int) -> int:
-        """Samples of the stream's audio before this chunk's (velocity.tts.chunking.sample_offset)."""
-        return sample_offset(self.start, self.lasts, samples_per_frame)
+        """Samples of the stream's audio before this chunk's (velocity.tts.chunking.sample_offset),
+        its silences counted."""
+        return sample_offset(self.start, self.lasts, samples_per_frame) + self.paused
 
     @property
     def number(self) -> int:
@@ -168,7 +177,7 @@ def read_chunk(get) -> CodeChunkIn:
                    None if hidden is None or hidden.size == 0 else hidden.astype(np.float32),
                    scalar("CONTEXT"), scalar("LENGTH"), bool(scalar("LAST")), scalar("START"),
                    text("TEXT"), scalar("STREAM"), scalar("SENTENCE"), scalar("LASTS"), text("SENTENCE_TEXT"),
-                   text("WORDS"))
+                   text("WORDS"), scalar("PAUSE"), scalar("TAIL"), scalar("PAUSED"))
 
 
 def chunk_problem(c: CodeChunkIn, num_vq: int, num_codes: int, hidden_size: int) -> str | None:
@@ -187,6 +196,8 @@ def chunk_problem(c: CodeChunkIn, num_vq: int, num_codes: int, hidden_size: int)
         return "HIDDEN must hold finite floats (got NaN or inf)"
     if c.start < 0:
         return f"START must be >= 0 (frames before the chunk), got {c.start}"
+    if not (0 <= c.pause <= MAX_SILENCE and 0 <= c.tail <= MAX_SILENCE and c.paused >= 0):
+        return f"PAUSE and TAIL must be in [0, {MAX_SILENCE}] samples and PAUSED >= 0, got {c.pause}, {c.tail}, {c.paused}"
     return None
 
 
@@ -205,7 +216,10 @@ def same_shape(job: Job) -> tuple | None:
 
 
 def vocoder_outputs(c: CodeChunkIn, audio: np.ndarray, samples_per_frame: int) -> dict[str, np.ndarray]:
-    """The vocoder's response tensors for one decoded chunk (its audio [b, samples])."""
+    """The vocoder's response tensors for one decoded chunk (its audio [b, samples]), its silences
+    around it."""
+    if c.pause or c.tail:
+        audio = np.pad(audio, [(0, 0)] * (audio.ndim - 1) + [(c.pause, c.tail)])
     return {"WAVEFORM": audio, "CHUNK_INDEX": c.index, "TEXT": np.array([[c.text]], object),
             "SENTENCE_INDEX": np.array([[c.sentence]], np.int32),
             "SAMPLE_OFFSET": np.array([[c.sample_offset(samples_per_frame)]], np.int64),

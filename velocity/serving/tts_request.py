@@ -27,6 +27,7 @@ class TTSRequest:
     code_prefix: list | None = None       # the audio prompt before a refined text
     carry_prompts: list | None = None     # voice carry-over: each sentence's prompt, the first one's text as the sample's
     client: str = ""                      # who asks (CLIENT), for the engine's fair share
+    speakers: list | None = None          # SSML's <voice>: each sentence's speaker vector (None: none)
 
 
 @dataclass
@@ -71,11 +72,17 @@ def parse_tts_request(get, front: TTSFront) -> TTSRequest:
     vec, sample, sample_text = voice_inputs(v, front)
     prompt = v["PROMPT"] or DEFAULT_PROMPT
     lexicon = Lexicon.from_json(v["LEXICON"]) if v["LEXICON"] else None
-    sentences, _ = frontend.encode(v["TEXT"], speaker=vec.size > 0, prompt=prompt, sample_text=sample_text,
-                                   lexicon=lexicon, max_chars=front.settings.max_text_chars)
+    try:
+        sentences, _ = frontend.encode(v["TEXT"], speaker=vec.size > 0, prompt=prompt, sample_text=sample_text,
+                                       lexicon=lexicon, max_chars=front.settings.max_text_chars, ssml=bool(v["SSML"]))
+    except ValueError as e:
+        raise ValueError(f"TEXT: {e}" if str(e).startswith("SSML") else str(e)) from e
     if not sentences:
         raise ValueError("TEXT has nothing to speak after normalisation")
     req = TTSRequest(sentences, vec, params, v["DECODER"] or "hidden", sample, client=v["CLIENT"] or "")
+    req.speakers = ssml_voices(sentences, vec, sample, front)
+    if v["REFINE_TEXT"] and any(s.voice or s.speed is not None for s in sentences):
+        raise ValueError("REFINE_TEXT cannot be combined with SSML's <voice> or <prosody rate> yet: send one of them")
     if v["REFINE_TEXT"]:
         req.refine = sampling(v, "REFINE_", refine_params)
         try:
@@ -88,9 +95,37 @@ def parse_tts_request(get, front: TTSFront) -> TTSRequest:
         carry = front.settings.voice_carry_over
     if carry and v["REFINE_TEXT"] and v["VOICE_CARRY_OVER"]:
         raise ValueError("VOICE_CARRY_OVER cannot be combined with REFINE_TEXT yet: send one of them")
+    if carry and req.speakers is not None:
+        if v["VOICE_CARRY_OVER"]:
+            raise ValueError("VOICE_CARRY_OVER cannot be combined with SSML's <voice>: the first sentence's voice "
+                             "would be every sentence's")
+        carry = False
     if carry and sample is None and req.refine is None and len(sentences) > 1:
         req.carry_prompts = frontend.carried_prompts(sentences, vec.size > 0, prompt)
     return req
+
+
+def ssml_voices(sentences: list, vec: np.ndarray, sample, front: TTSFront) -> list | None:
+    """SSML's <voice>s: each sentence's speaker vector (the request's where it names none; None
+    where the request has none), or None when no sentence names a voice. A voice cloned from a
+    recording, or a request with a voice sample, cannot change voice (ValueError naming it)."""
+    named = {s.voice for s in sentences if s.voice}
+    if not named:
+        return None
+    if sample is not None:
+        raise ValueError("TEXT: SSML's <voice> cannot be combined with a voice sample (SPEAKER_SAMPLE or a cloned "
+                         "VOICE): send a speaker voice")
+    vectors = {}
+    for name in named:
+        try:
+            v = front.voices.get(name)
+        except ValueError as e:
+            raise ValueError(f"TEXT: SSML's <voice name={name!r}>: {e}") from e
+        if v.sample or v.speaker is None:
+            raise ValueError(f"TEXT: SSML's <voice name={name!r}> is a voice cloned from a recording, which cannot "
+                             "change in a request: name a speaker voice")
+        vectors[name] = v.speaker
+    return [vectors[s.voice] if s.voice else (vec if vec.size else None) for s in sentences]
 
 
 def sampling(v: dict, prefix: str, defaults, max_new_tokens: int | None = None) -> SamplingParams:
@@ -146,6 +181,20 @@ def voice_of(front: TTSFront, v) -> tuple[np.ndarray, np.ndarray | None, str]:
         return vec, front.encoder.sample_codes(v.sample, f"VOICE {v.name!r}"), v.sample_text
     except ValueError as e:
         raise ValueError(f"VOICE {v.name!r} ({v.source}): {e}") from e
+
+
+def sentence_pauses(sentences: list) -> np.ndarray:
+    """SENTENCE_PAUSES [1, n + 1] int32: samples of silence before each sentence, then after the last."""
+    ms = [s.pause for s in sentences] + [sentences[-1].after if sentences else 0]
+    return (np.asarray(ms, np.int64) * 24).astype(np.int32)[None]         # 24 samples a ms at 24 kHz
+
+
+def sentence_speakers(req: TTSRequest, dim: int) -> np.ndarray:
+    """SENTENCE_SPEAKERS [1, n * dim] float32 (a row of NaN: none), or [1, 0] when one speaker speaks all."""
+    if req.speakers is None:
+        return np.zeros((1, 0), np.float32)
+    return np.concatenate([np.full(dim, np.nan, np.float32) if v is None else np.asarray(v, np.float32)
+                           for v in req.speakers])[None]
 
 
 def parse_triton_request(request, pb_utils, front: TTSFront) -> tuple[TTSRequest | None, object]:

@@ -76,6 +76,9 @@ class CodeChunk:
     lasts: int = 0                 # utterances before it that ended in a `last` chunk (half a frame shorter)
     sentence_text: str = ""        # on an utterance's first chunk: the text it speaks (SentenceStream)
     words: list | None = None      # the words estimated to start in it (velocity.tts.word_timing.Word)
+    pause: int = 0                 # samples of silence before its audio (SSML's <break>, on a sentence's first chunk)
+    tail: int = 0                  # samples of silence after its audio (a break that ends the text, on the last)
+    paused: int = 0                # samples of silence in the stream before it
 
     def sample_offset(self, samples_per_frame: int) -> int:
         """Samples of the stream's audio before this chunk's."""

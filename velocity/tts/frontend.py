@@ -8,10 +8,12 @@ from pathlib import Path
 
 from velocity.tts.homophones import Homophones
 from velocity.tts.lexicon import Lexicon
-from velocity.tts.normalizer import CJK, CONTROL, Normalized, Normalizer, split_sentences, split_text
+from velocity.tts.normalizer import CJK, CONTROL, Normalized, Normalizer, detect_language, split_sentences, split_text
 from velocity.tts.tokenizer import BertTokenizer
 from velocity.tts.speaker import STATS_FILE, load_speaker_stats, speaker_dim
 from velocity.tts.sentence_stream import Refine
+from velocity.tts.ssml import Block
+from velocity.tts.ssml import parse as ssml_parse
 from velocity.tts.word_timing import SentenceWords, client_words, sentence_words, speaking_rate
 
 logger = logging.getLogger(__name__)
@@ -20,11 +22,20 @@ DEFAULT_PROMPT = "[speed_5]"
 LETTERS = re.compile(r"[A-Za-z\u4e00-\u9fff]")
 
 
+def with_speed(prompt: str, speed: int | None) -> str:
+    """The prompt with [speed_N] for SSML's <prosody rate> (None: as it is)."""
+    return prompt if speed is None else re.sub(r"\[speed_\d\]", "", prompt) + f"[speed_{speed}]"
+
+
 @dataclass
 class Sentence:
     text: str                 # normalised
     token_ids: list[int]      # the whole prompt: [Stts][spk_emb|empty_spk]{sample text}{prompt}{text}[Ptts]
     words: SentenceWords | None = None    # the client's words it speaks, each with its reading
+    voice: str | None = None  # SSML's <voice>: another named voice for it
+    speed: int | None = None  # SSML's <prosody rate>: its [speed_N]
+    pause: int = 0            # SSML: ms of silence before it (`after`: after it, on the last)
+    after: int = 0
 
 
 class TextFrontend:
@@ -98,35 +109,55 @@ class TextFrontend:
         return [self.code_prompt(s.text, speaker, prompt, sentences[0].text) for s in sentences]
 
     def encode(self, text: str, speaker: bool, prompt: str = DEFAULT_PROMPT, sample_text: str = "",
-               lexicon: Lexicon | None = None, max_chars: int | None = None) -> tuple[list[Sentence], Normalized]:
+               lexicon: Lexicon | None = None, max_chars: int | None = None,
+               ssml: bool = False) -> tuple[list[Sentence], Normalized]:
         """Text -> one prompt per piece, in order, and the normalisation report. Pieces as the
         reference splits a text (split_text), each normalised on its own (its own language), and
         cut again if longer than 120 characters. sample_text: a voice sample's transcript, which
         goes into every prompt as the reference puts its txt_smp (as given, not normalised).
         lexicon: the request's pronunciations, merged over the server's; both apply before all else.
-        max_chars: the text's limit, which it must keep with the lexicon applied (ValueError)."""
+        max_chars: the text's limit, which it must keep with the lexicon applied (ValueError).
+        ssml: the text is SSML (velocity.tts.ssml): its blocks in turn, each at its own speed and
+        in its own voice (Sentence.voice), after its silence (Sentence.pause; the last's `after`)."""
         self.check_prompt(prompt)
-        written, lexicon = text, self.lexicon.merged(lexicon)
-        text = lexicon.apply(text, max_chars)
-        out, norms = [], [self.normalize(piece) for piece in split_text(text)]
-        for norm in norms:
-            for s in split_sentences(norm.text):
-                if not re.sub(CONTROL.pattern, "", s).strip(" ，。、,."):
-                    continue                      # nothing left to speak
-                out.append(Sentence(s, self.code_prompt(s, speaker, prompt, sample_text)))
+        lexicon = self.lexicon.merged(lexicon)
+        if ssml:
+            doc = ssml_parse(text, detect_language(re.sub(r"<[^>]*>", " ", text)))
+            blocks, tail = doc.blocks, doc.tail
+        else:
+            blocks, tail = [Block(text, [(w, None) for w in client_words(text)])], 0
+        out, norms, used = [], [], 0
+        for b in blocks:
+            said = lexicon.apply(b.said, None if max_chars is None else max_chars - used)
+            used += len(said)
+            said_prompt, mine = with_speed(prompt, b.speed), []
+            for piece in split_text(said):
+                norms.append(norm := self.normalize(piece))
+                for s in split_sentences(norm.text):
+                    if not re.sub(CONTROL.pattern, "", s).strip(" ，。、,."):
+                        continue                  # nothing left to speak
+                    mine.append(Sentence(s, self.code_prompt(s, speaker or b.voice is not None, said_prompt, sample_text),
+                                         voice=b.voice, speed=b.speed))
+            if mine:
+                mine[0].pause = b.pause
+                lang = norms[-1].lang
+                self.time_words(b.words, mine, lexicon, speaking_rate(said_prompt, lang), lang)
+            out += mine
+        if out:
+            out[-1].after = tail
         report = Normalized(" ".join(n.text for n in norms), norms[0].lang if norms else "en",
                             sum(n.removed for n in norms), [t for n in norms for t in n.unknown_tokens])
-        self.time_words(written, out, lexicon, speaking_rate(prompt, report.lang), report.lang)
         return out, report
 
-    def time_words(self, text: str, sentences: list[Sentence], lexicon: Lexicon, rate: float, lang: str) -> None:
+    def time_words(self, words: list[tuple[str, str | None]], sentences: list[Sentence], lexicon: Lexicon,
+                   rate: float, lang: str) -> None:
         """Each sentence's words as the client wrote them (velocity.tts.word_timing), each with its
-        reading: the lexicon, then the normaliser, on the word alone (in the text's language
-        when the word has no letters of its own)."""
-        words = client_words(text)
-        readings = [self.reading(w, lexicon, lang) for w in words]
-        for s, mine in zip(sentences, sentence_words(words, readings, [s.text for s in sentences])):
-            s.words = SentenceWords([(words[i], readings[i]) for i in mine], rate)
+        reading: the markup's (SSML), else the lexicon, then the normaliser, on the word alone (in
+        the text's language when the word has no letters of its own)."""
+        written = [w for w, _ in words]
+        readings = [self.reading(w, lexicon, lang) if r is None else self.normalize(r, lang).text for w, r in words]
+        for s, mine in zip(sentences, sentence_words(written, readings, [s.text for s in sentences])):
+            s.words = SentenceWords([(written[i], readings[i]) for i in mine], rate)
 
     def reading(self, word: str, lexicon: Lexicon, lang: str) -> str:
         said = lexicon.apply(word)

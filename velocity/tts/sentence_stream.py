@@ -51,7 +51,8 @@ class SentenceStream:
 
     def __init__(self, sentences: list[list], chunker: FrameChunker, end_code: int,
                  refine: Refine | None = None, ahead: int = 0, texts: list[str] | None = None,
-                 carry: Carry | None = None, words: list[SentenceWords] | None = None) -> None:
+                 carry: Carry | None = None, words: list[SentenceWords] | None = None,
+                 pauses: list[int] | None = None, speakers: list | None = None) -> None:
         assert carry is None or refine is None, "carry-over with text refine"
         self.sentences, self.chunker, self.end_code, self.refine = list(sentences), chunker, end_code, refine
         self.carry, self.carried = carry, ([], [])   # the first sentence's frames and hidden rows
@@ -71,6 +72,10 @@ class SentenceStream:
         self.words = words                          # each sentence's words, to time in its audio (None: none)
         self.clock: WordClock | None = None         # the current sentence's, from its first chunk
         self.timed = -1                             # the sentence `clock` times
+        self.pauses = pauses                        # samples of silence before each sentence, then after the last
+        self.speakers = speakers                    # each sentence's speaker (SSML's <voice>), or None: one for all
+        self.begun = -1                             # the last sentence whose first chunk went out
+        self.silence = 0                            # samples of silence in the chunks so far
 
     def requests(self, params, speaker, hidden: bool) -> list[tuple[int, list, object, dict]]:
         """The engine requests to start now, given the audio's sampling, speaker and whether it
@@ -86,7 +91,8 @@ class SentenceStream:
                 out.append((i, self.refine.prompts[i], self.refine.params,
                             {"head": "text", "speaker": None, "return_hidden": False}))
             else:
-                out.append((i, self.sentences[i], params, {"head": "audio", "speaker": speaker, "return_hidden": hidden}))
+                spk = speaker if self.speakers is None else self.speakers[i]
+                out.append((i, self.sentences[i], params, {"head": "audio", "speaker": spk, "return_hidden": hidden}))
         return out
 
     @property
@@ -159,6 +165,8 @@ class SentenceStream:
         and the text it speaks (for marks), each the words estimated to start in it (with `words`;
         known: the sentence's frames generated so far)."""
         i = self.sentence
+        if self.pauses is not None:
+            self._silence(mine)
         if self.words is not None and i < len(self.words):
             self._time(mine, known)
         if self.texts[i]:
@@ -167,15 +175,25 @@ class SentenceStream:
             mine[0].sentence_text, self.spoken[i] = self.spoken[i], ""
         return mine
 
+    def _silence(self, mine: list[CodeChunk]) -> None:
+        """Each chunk's silence (SSML's breaks): before the sentence's first, after the stream's last."""
+        for c in mine:
+            c.paused = self.silence
+            if self.begun != self.sentence:
+                self.begun, c.pause = self.sentence, self.pauses[self.sentence]
+            if c.last and self.sentence == len(self.sentences) - 1:
+                c.tail = self.pauses[-1]
+            self.silence += c.pause + c.tail
+
     def _time(self, mine: list[CodeChunk], known: int) -> None:
         """Each chunk's words (velocity.tts.word_timing), in samples of the stream's audio."""
         n = SAMPLES_PER_FRAME
-        if self.timed != self.sentence:              # its first chunk: where the sentence begins
+        if self.timed != self.sentence:              # its first chunk: where the sentence's speech begins
             plan, self.timed = self.words[self.sentence], self.sentence
             spoken = self.spoken[self.sentence] or " ".join(r for _, r in plan.words)
-            self.clock = WordClock(plan, spoken, mine[0].sample_offset(n))
+            self.clock = WordClock(plan, spoken, mine[0].sample_offset(n) + mine[0].paused + mine[0].pause)
         for c in mine:
-            start = c.sample_offset(n) - self.clock.offset
+            start = c.sample_offset(n) + c.paused + c.pause - self.clock.offset
             upto = start + c.length * n - (n // 2 if c.last else 0)
             c.words = self.clock.place(start, upto, known * n - n // 2, c.last)
 

@@ -3,7 +3,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from velocity.serving.passed_inputs import flag_input, input_reader, params_arrays
-from velocity.serving.tts_request import TTSFront, parse_triton_request, parse_tts_request
+from velocity.serving.tts_request import (TTSFront, parse_triton_request, parse_tts_request, sentence_pauses,
+                                         sentence_speakers)
 
 
 class TritonPythonModel:
@@ -43,6 +44,8 @@ class TritonPythonModel:
             pb_utils.Tensor("TOKEN_IDS", ids), pb_utils.Tensor("SENTENCE_LENGTHS", lengths),
             pb_utils.Tensor("SENTENCE_TEXTS", np.array([[s.text.encode() for s in sentences]], object)),
             pb_utils.Tensor("SENTENCE_WORDS", np.array([[s.words.to_json().encode() for s in sentences]], object)),
+            pb_utils.Tensor("SENTENCE_PAUSES", sentence_pauses(sentences)),
+            pb_utils.Tensor("SENTENCE_SPEAKERS", sentence_speakers(req, self.front.text.speaker_dim)),
             pb_utils.Tensor("SPEAKER_VECTOR", vec[None]), pb_utils.Tensor("PARAMS_F", pf),
             pb_utils.Tensor("PARAMS_I", pi), pb_utils.Tensor("DECODER", np.array([[req.decoder.encode()]], object)),
             pb_utils.Tensor("SAMPLE_CODES", sample[None]),

@@ -153,20 +153,15 @@ class EngineCore:
     def _start(self, key: int, ref: int, inputs: LLMInputs) -> None:
         """Check a request as the engine will, plan its refine or carry-over, start its stream; a
         ValueError names the input, and the stub answers with it."""
-        import torch
-
         try:
             check_prompts(inputs, self.engine.validate)
-            speaker = None
-            if inputs.speaker is not None:
-                try:               # checked and normalised once: every sentence reuses it
-                    speaker = self.engine.model.check_speaker(torch.from_numpy(inputs.speaker))
-                except ValueError as e:
-                    raise ValueError(f"SPEAKER_VECTOR: {e}") from e
+            speaker = self._speaker(inputs.speaker, "SPEAKER_VECTOR")    # once: every sentence reuses it
+            speakers = None if inputs.speakers is None else [self._speaker(v, f"SENTENCE_SPEAKERS, sentence {i}")
+                                                              for i, v in enumerate(inputs.speakers)]
             refine = None if inputs.refine is None else self.frontend.refine_plan(
                 inputs.refine_prompts, inputs.refine, inputs.code_prefix, inputs.frames)
             carry = None if inputs.carry_prompts is None else self.carrier().plan(inputs.carry_prompts)
-            stream = CoreStream(self, key, ref, inputs, speaker, refine, carry)
+            stream = CoreStream(self, key, ref, inputs, speaker, refine, carry, speakers)
         except ValueError as e:
             self.emit(("reject", key, str(e), True))
             return
@@ -180,6 +175,17 @@ class EngineCore:
         except Exception:                        # checked before, so our fault
             log.exception("llm: could not start stream %s", key)
             stream.finish(("end", key, STREAM_FAILED))
+
+    def _speaker(self, v, what: str):
+        """A sentence's speaker vector, checked and normalised as SPEAKER_VECTOR's (None: none)."""
+        import torch
+
+        if v is None:
+            return None
+        try:
+            return self.engine.model.check_speaker(torch.from_numpy(v))
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from e
 
     # -- the loop ---------------------------------------------------------------------
     def run(self) -> None:

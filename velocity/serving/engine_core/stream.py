@@ -24,14 +24,14 @@ class CoreStream:
     """One request in the core: started by the stub's `start`, over once ended or stopped."""
 
     def __init__(self, core: "EngineCore", key: int, ref: int, inputs: LLMInputs, speaker,
-                 refine: Refine | None, carry: Carry | None) -> None:
+                 refine: Refine | None, carry: Carry | None, speakers: list | None = None) -> None:
         s = core.settings
         self.core, self.key, self.ref = core, key, ref
         self.speaker, self.params, self.hidden = speaker, inputs.params, inputs.hidden
         self.client = verify(inputs.client, core.client_key)   # the fair share's client ("": unsigned, direct)
         self.sentences = SentenceStream(inputs.sentences, FrameChunker(core.schedule, s.left_context, s.lookahead),
                                         core.end_code, refine, ahead=s.sentences_ahead, texts=inputs.texts,
-                                        carry=carry, words=inputs.words)
+                                        carry=carry, words=inputs.words, pauses=inputs.pauses, speakers=speakers)
         self.running: dict[int, str] = {}        # sentence -> its engine request in flight
         self.paused: set[str] = set()            # engine requests paused for the vocoder
         self.sent_frames = 0                     # frames of audio in the chunks sent
