@@ -267,4 +267,4 @@ def read_as(kind: str, text: str, lang: str) -> str:
             return "第" + said if kind == "ordinal" else said
         from num2words import num2words
         return num2words(n, to="ordinal" if kind == "ordinal" else "cardinal").replace("-", " ").replace(",", "")
-    return text                                   # a date: the normaliser reads 2024-05-03 and the like
+    return text                                   # a date: the normaliser reads year-month-day dates and the like
