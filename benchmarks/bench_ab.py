@@ -10,7 +10,7 @@ here moves speeds by a factor within minutes). This runs the arms in short round
 (ABBA), and reports each arm's pooled figures and the median of the per-round ratios to the first
 arm. Arms: `triton` (the server as it runs), `triton-nolend` (the server with the llm kept on its
 own threads: this script holds a vocoder busy mark on the server's core board,
-velocity.serving.core_board), `other` (a second server, --other-url: another build or other
+velocity.serving.boards.core_board), `other` (a second server, --other-url: another build or other
 settings, e.g. VELOCITY_LEND_VOCODER_CORES=0), `baseline` (a server this script starts from git
 revision --baseline-rev, with this machine's VELOCITY_* settings and --weights), `triton-refine` (the same server, the requests with
 REFINE_TEXT: the text head refines each sentence first) and `in-process` (the same requests through velocity
@@ -54,7 +54,7 @@ from benchmarks.server import TritonServer  # noqa: E402
 from benchmarks.sweep import InProcess, metrics_url_of, run_level  # noqa: E402
 from benchmarks.soak import descendants, rss_bytes  # noqa: E402
 from client.triton import fetch_metrics, parse_metric  # noqa: E402
-from velocity.serving.core_board import CoreBoard, find_boards  # noqa: E402
+from velocity.serving.boards.core_board import CoreBoard, find_boards  # noqa: E402
 
 log = logging.getLogger("bench_ab")
 ARMS = ("triton", "triton-nolend", "triton-refine", "other", "baseline", "in-process")

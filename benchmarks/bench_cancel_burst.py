@@ -33,7 +33,7 @@ async def burst(url: str, n: int, first_within: float) -> int:
     the number that had audio."""
     import tritonclient.grpc.aio as grpcclient
 
-    from velocity.serving.input_table import make_inputs
+    from velocity.serving.wire.input_table import make_inputs
 
     client = grpcclient.InferenceServerClient(url)
     got = asyncio.Event()

@@ -88,7 +88,7 @@ def lasting(candidates: list[dict], weights: str, frames: int, n: int) -> list[d
     the server's run of it is as long."""
     from velocity.config import EngineConfig
     from velocity.engine.llm_engine import LLMEngine
-    from velocity.serving.llm_request import llm_inputs
+    from velocity.serving.llm.llm_inputs import llm_inputs
 
     eng = LLMEngine(EngineConfig(model=weights, device="cpu", max_num_seqs=256))
     ok: list[dict] = []

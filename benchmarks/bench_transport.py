@@ -3,13 +3,13 @@
 
     .venv/bin/python benchmarks/bench_transport.py --rounds 3
 
-The engine core (velocity.serving.engine_core) sends the stub one message a step: the step's
+The engine core (velocity.serving.llm.engine_core) sends the stub one message a step: the step's
 counts and the chunks that became ready (each the frames' codes [4, T] and, on the Decoder path,
 their hidden states [T, 768] float32: 0.65 MB for T = 212); the stub sends commands back (new
 requests, stops, progress). Each transport here carries the same messages between two processes
 in ping-pong (a step's message out, a small command message back), in paired rounds:
 
-- `channel`: what the core uses (velocity.serving.engine_core.wire.Channel): a socketpair, pickle
+- `channel`: what the core uses (velocity.serving.llm.engine_core.wire.Channel): a socketpair, pickle
   protocol 5 with the large arrays' bytes out of band, written with one sendmsg and read into
   buffers of their own, from the heap (heap_for_large_buffers);
 - `pipe`: a socketpair as multiprocessing.connection.Connection, pickle protocol 5 in one buffer;
@@ -89,7 +89,7 @@ def endpoint(arm: str, conn: Connection | None, address: str, server: bool):
     if arm == "channel":
         import socket
 
-        from velocity.serving.engine_core.wire import Channel
+        from velocity.serving.llm.engine_core.wire import Channel
         return Channel(socket.socket(fileno=os.dup(conn.fileno())))
     return Pipe(conn) if arm == "pipe" else Zmq(address, server, oob=arm == "zmq")
 
@@ -97,7 +97,7 @@ def endpoint(arm: str, conn: Connection | None, address: str, server: bool):
 def stub_side(arm: str, conn: Connection | None, address: str, n: int) -> None:
     """The stub's end, in a process of its own (spawned, as the core is): answers each step."""
     if arm == "channel":                          # as the llm stub sets it up (CoreClient)
-        from velocity.serving.engine_core.wire import heap_for_large_buffers
+        from velocity.serving.llm.engine_core.wire import heap_for_large_buffers
         heap_for_large_buffers()
     end = endpoint(arm, conn, address, server=False)
     for _ in range(n + 1):

@@ -199,21 +199,21 @@ class TritonServer:
 
     @property
     def triton_key(self) -> str:
-        """The Triton key this serve.sh run shows (velocity.serving.triton_key): its run folder's,
+        """The Triton key this serve.sh run shows (velocity.serving.wire.triton_key): its run folder's,
         or `local` (a tree from before the key)."""
-        from velocity.serving import triton_key
+        from velocity.serving.wire import triton_key
         return triton_key.load(run_dir=str(self.run_dir or ""))
 
     @property
     def grpc_headers(self) -> dict | None:
         """tritonclient's `headers=` for this server's gRPC port (None: it asks for no key)."""
-        from velocity.serving import triton_key
+        from velocity.serving.wire import triton_key
         return triton_key.grpc_headers(self.triton_key)
 
     @property
     def http_headers(self) -> dict:
         """The header Triton's HTTP port asks for (inference, always)."""
-        from velocity.serving import triton_key
+        from velocity.serving.wire import triton_key
         return triton_key.http_headers(self.triton_key)
 
     def metric(self, name: str) -> float:
@@ -224,9 +224,9 @@ class TritonServer:
         return fetch_metrics(f"http://localhost:{self.metrics_port}/metrics")
 
     def core_board(self) -> Path:
-        """The llm's and vocoder's shared core board (velocity.serving.core_board), keyed by
+        """The llm's and vocoder's shared core board (velocity.serving.boards.core_board), keyed by
         the tritonserver process."""
-        from velocity.serving.core_board import find_boards
+        from velocity.serving.boards.core_board import find_boards
         found = [p for pid in self.processes() for p in find_boards(pid)]
         assert len(found) == 1, f"core boards of this server: {found}"
         return found[0]
@@ -234,14 +234,14 @@ class TritonServer:
     def part_pid(self, part: str) -> int:
         """The pid of a part of the running server: "tritonserver", one of a model's stubs (the
         watchdog's view of the server's process group), or "llm engine", the llm's engine core."""
-        from velocity.serving.watchdog import group_stubs
+        from velocity.serving.lifecycle.watchdog import group_stubs
         server = next(p for p in self.processes() if comm(p) == "tritonserver")
         if part == "tritonserver":
             return server
-        if part == "llm engine":                   # the llm stub's engine core (velocity.serving.engine_core)
+        if part == "llm engine":                   # the llm stub's engine core (velocity.serving.llm.engine_core)
             llm = self.part_pid("llm")
             found = [p for p in descendants(llm)
-                     if b"velocity.serving.engine_core" in Path(f"/proc/{p}/cmdline").read_bytes()]
+                     if b"velocity.serving.llm.engine_core" in Path(f"/proc/{p}/cmdline").read_bytes()]
             if not found:
                 raise RuntimeError(f"no engine core under the llm's process {llm}")
             return found[0]

@@ -79,7 +79,7 @@ def call_llm(url: str, arrays: dict, timeout: float = 120) -> tuple[int, str | N
             codes = result.as_numpy("CODES")
             if codes is not None:
                 index = int(result.as_numpy("CHUNK_INDEX").reshape(-1)[0])
-                if index < 0:                      # an error chunk (velocity.serving.protocol.STREAM_*)
+                if index < 0:                      # an error chunk (velocity.serving.wire.protocol.STREAM_*)
                     error = f"error chunk {index}"
                     break
                 chunks += 1

@@ -16,8 +16,8 @@ import numpy as np
 
 from client.pace_teller import PaceTeller
 from client.triton import ServerError
-from velocity.serving import triton_key
-from velocity.serving.tts_responses import READ_AHEAD_S, end_frame
+from velocity.serving.wire import triton_key
+from velocity.serving.wire.tts_responses import READ_AHEAD_S, end_frame
 
 HELD_MAX = round(READ_AHEAD_S * 24000)     # samples of a generate_stream read ahead of its caller at most
 
@@ -107,7 +107,7 @@ def stream_http(url: str, values: dict, timeout: float = 600, key: str = "",
     A body cut short (the server died) raises ServerError: read with read1, since http.client's
     line iteration takes a chunked body's cut for its end. Paced by how fast the caller takes the
     chunks, as stream_grpc is (over HTTP: POST /v2/models/pace/infer). key: the Triton key
-    (velocity.serving.triton_key; "": `local`, a server without keys')."""
+    (velocity.serving.wire.triton_key; "": `local`, a server without keys')."""
     body = json.dumps({k: v for k, v in values.items() if v is not None}).encode()
     host, _, port = url.rpartition(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout)

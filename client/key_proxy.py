@@ -1,7 +1,7 @@
 """A way in to Triton's gRPC port for a tool that cannot show the Triton key: perf_analyzer sends
 no header on gRPC (its -H is for HTTP alone), and its --streaming, which `tts` needs, is gRPC
 only. This listens on this machine's loopback and relays every call to the server, as bytes,
-with the key added (velocity.serving.triton_key); no other machine can reach it.
+with the key added (velocity.serving.wire.triton_key); no other machine can reach it.
 scripts/perf_analyzer.sh starts one when it is given a key.
 
     VELOCITY_TRITON_KEY=... python -m client.key_proxy --to host:8001 --port 18001
@@ -16,7 +16,7 @@ import sys
 
 import grpc
 
-from velocity.serving import triton_key
+from velocity.serving.wire import triton_key
 
 log = logging.getLogger("velocity.key_proxy")
 

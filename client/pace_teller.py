@@ -13,7 +13,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from velocity.serving.tts_responses import ReadPosition
+from velocity.serving.wire.tts_responses import ReadPosition
 
 log = logging.getLogger("velocity.client")
 

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from velocity.serving import triton_key
-from velocity.serving.input_table import array_inputs, make_inputs  # noqa: F401 (re-exported)
+from velocity.serving.wire import triton_key
+from velocity.serving.wire.input_table import array_inputs, make_inputs  # noqa: F401 (re-exported)
 from client.pace_teller import PaceTeller
-from velocity.serving.tts_responses import AudioChunk, Retry, pace_inputs, stream_ref
+from velocity.serving.wire.tts_responses import AudioChunk, Retry, pace_inputs, stream_ref
 
 RETRY_PAUSE = 0.5     # seconds: a balancer that checks every 300 ms has seen a drain by then
 
@@ -64,7 +64,7 @@ def stream_grpc(url: str, values: dict, timeout: float = 600, check: bool = True
     NotServing) is sent again, up to this many times, after a pause that grows by RETRY_PAUSE each
     time: behind a balancer the next try goes to another replica (the pause gives the balancer
     time to see a drain).
-    key: the Triton key (velocity.serving.triton_key), where the server asks for one."""
+    key: the Triton key (velocity.serving.wire.triton_key), where the server asks for one."""
     retry = Retry(retries, RETRY_PAUSE)
     for attempt in range(retries + 1):
         started = False

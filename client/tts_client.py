@@ -112,9 +112,9 @@ VOICE_FLAGS = ("SPEAKER", "SPEAKER_SEED", "VOICE")     # one of them at most
 
 
 def add_input_flags(ap: argparse.ArgumentParser) -> None:
-    """An option for each request input that has one (velocity.serving.input_table: its type, choices
+    """An option for each request input that has one (velocity.serving.wire.input_table: its type, choices
     and help); unset options are not sent, so the server's defaults apply."""
-    from velocity.serving.input_table import INPUTS, JSON
+    from velocity.serving.wire.input_table import INPUTS, JSON
 
     voice = ap.add_mutually_exclusive_group()
     for i in INPUTS:
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         log.error("error: %s", e)
         return 2
-    from velocity.serving.input_table import INPUTS
+    from velocity.serving.wire.input_table import INPUTS
 
     values = {i.name: getattr(args, i.name) for i in INPUTS if i.cli_flag} | {"TEXT": text, "SPEAKER_SAMPLE": sample}
     url = args.url or ("localhost:8000" if args.http else "localhost:8001")

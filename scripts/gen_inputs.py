@@ -1,4 +1,4 @@
-"""Write what the request table (velocity/serving/input_table.py) defines into the files that cannot
+"""Write what the request table (velocity/serving/wire/input_table.py) defines into the files that cannot
 import it: the inputs of the `tts` ensemble (and their map into text_frontend), of text_frontend
 and of tts_offline, in their config.pbtxt, and the inputs table of docs/api.md. serve.sh runs
 Triton without auto-complete (each Python model's auto-complete is a stub process of its own at
@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from velocity.serving.input_table import INPUTS, triton_inputs  # noqa: E402
+from velocity.serving.wire.input_table import INPUTS, triton_inputs  # noqa: E402
 
 REPO = ROOT / "model_repository"
 CONFIG = REPO / "tts" / "config.pbtxt"

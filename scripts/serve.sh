@@ -121,7 +121,7 @@ if [[ $needs_weights == 1 ]]; then
     fi
 fi
 export VELOCITY_WEIGHTS="$(realpath -m "$WEIGHTS")"
-# The drain handshake with the llm model (velocity/serving/drain.py) goes through this folder.
+# The drain handshake with the llm model (velocity/serving/lifecycle/drain.py) goes through this folder.
 export VELOCITY_RUN_DIR="$(mktemp -d "${TMPDIR:-/tmp}/velocity-serve.XXXXXX")"
 # The operator's APIs (logging, trace, shared memory, the model repository's load and unload)
 # need the operator key on both of Triton's ports, always: VELOCITY_ADMIN_KEY, else a key made
@@ -140,12 +140,12 @@ header_key() {
 }
 ADMIN_KEY="$(header_key VELOCITY_ADMIN_KEY "${VELOCITY_ADMIN_KEY:-}")" || exit 2
 (umask 077; printf '%s\n' "$ADMIN_KEY" > "$VELOCITY_RUN_DIR/admin_key"
- random_hex 32 > "$VELOCITY_RUN_DIR/client_key")   # velocity/serving/client_tag.py
+ random_hex 32 > "$VELOCITY_RUN_DIR/client_key")   # velocity/serving/wire/client_tag.py
 ADMIN_APIS="logging,trace,shared-memory,model-repository"
 args+=(--http-restricted-api="$ADMIN_APIS:velocity-admin-key=$ADMIN_KEY"
        --grpc-restricted-protocol="$ADMIN_APIS:velocity-admin-key=$ADMIN_KEY")
 unset ADMIN_KEY VELOCITY_ADMIN_KEY          # the models and tools that follow need none of it
-# The Triton key (velocity/serving/triton_key.py), header velocity-key: with API keys set, or
+# The Triton key (velocity/serving/wire/triton_key.py), header velocity-key: with API keys set, or
 # VELOCITY_TRITON_KEY given, Triton's inference, metadata and model config need it on both ports
 # (VELOCITY_TRITON_KEY, else one made at this start); without keys it is the word "local", and
 # only HTTP inference asks for it: no web page can send it without a preflight, which Triton refuses.
@@ -218,11 +218,11 @@ start_server() {
     [[ -z "$shm_prefix" ]] || rm -f /dev/shm/"$shm_prefix"*
     setsid "$server" "${args[@]}" "${extra[@]}" &
     pid=$!                     # setsid makes the server its own process-group leader
-    echo "$pid" > "$VELOCITY_RUN_DIR/triton.pid.tmp"     # the watchdog's (velocity/serving/watchdog.py)
+    echo "$pid" > "$VELOCITY_RUN_DIR/triton.pid.tmp"     # the watchdog's (velocity/serving/lifecycle/watchdog.py)
     mv "$VELOCITY_RUN_DIR/triton.pid.tmp" "$VELOCITY_RUN_DIR/triton.pid"
 }
 start_server
-"$PYTHON" -m velocity.serving.health --port "$HEALTH_PORT" --bind "$BIND" --live-grace "$LIVE_GRACE" \
+"$PYTHON" -m velocity.serving.lifecycle.health --port "$HEALTH_PORT" --bind "$BIND" --live-grace "$LIVE_GRACE" \
     --triton "http://$local_host:$HTTP_PORT" --run-dir "$VELOCITY_RUN_DIR" &
 health_pid=$!
 # the gateways ask the health port which part died, to tell their clients

@@ -27,7 +27,7 @@ from triton_server import LONG_TEXT, assert_work_stops, settle, wait_for
 from velocity.gateway.pace import Pacer, read_ahead
 from velocity.gateway.sentences import SentencePipe
 from velocity.serving.settings import Settings
-from velocity.serving.tts_responses import BEHIND, KEEPS_UP, STEP, AudioChunk, end_frame
+from velocity.serving.wire.tts_responses import BEHIND, KEEPS_UP, STEP, AudioChunk, end_frame
 from velocity.tts.chunking import FRAMES_PER_SECOND, sample_offset
 
 

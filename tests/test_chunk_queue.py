@@ -1,10 +1,10 @@
-"""The vocoder's earliest-deadline-first chunk queue (velocity.serving.chunk_queue)."""
+"""The vocoder's earliest-deadline-first chunk queue (velocity.serving.vocoder.chunk_queue)."""
 from __future__ import annotations
 
 import itertools
 import threading
 
-from velocity.serving.chunk_queue import ChunkQueue
+from velocity.serving.vocoder.chunk_queue import ChunkQueue
 from velocity.tts.chunking import FRAMES_PER_SECOND, ChunkSchedule
 
 

@@ -1,6 +1,6 @@
-"""The CLIENT input's signature (velocity.serving.client_tag): only a value signed with the run's
+"""The CLIENT input's signature (velocity.serving.wire.client_tag): only a value signed with the run's
 client key names a client; a forged, altered or unsigned one is the one client "" of direct callers."""
-from velocity.serving.client_tag import KEY_FILE, load_key, sign, verify
+from velocity.serving.wire.client_tag import KEY_FILE, load_key, sign, verify
 
 
 def test_only_values_signed_with_the_runs_key_name_a_client(tmp_path):

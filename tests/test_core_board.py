@@ -1,9 +1,9 @@
-"""The vocoder's busy marks as the llm sees them (velocity.serving.core_board), across processes."""
+"""The vocoder's busy marks as the llm sees them (velocity.serving.boards.core_board), across processes."""
 import os
 import subprocess
 import sys
 
-from velocity.serving.core_board import SLOTS, CoreBoard, ThreadLender, board_path, find_boards
+from velocity.serving.boards.core_board import SLOTS, CoreBoard, ThreadLender, board_path, find_boards
 
 
 def test_busy_marks_are_seen_by_another_board_and_slots_are_reused(tmp_path):
@@ -33,7 +33,7 @@ def test_a_full_board_claims_nothing_and_busy_is_then_a_no_op(tmp_path):
 def test_the_mark_crosses_processes(tmp_path):
     path = tmp_path / "board"
     llm = CoreBoard(path)
-    code = ("import sys; from velocity.serving.core_board import CoreBoard\n"
+    code = ("import sys; from velocity.serving.boards.core_board import CoreBoard\n"
             f"b = CoreBoard({str(path)!r}); b.claim()\n"
             "with b.busy():\n    print('busy', flush=True); sys.stdin.readline()\n"
             "print('idle', flush=True); sys.stdin.readline()\n")
@@ -62,7 +62,7 @@ def test_lender_switches_threads_only_when_the_vocoder_state_changes(tmp_path):
 def test_board_path_is_one_per_parent_process():
     p = board_path()
     assert p.name.startswith(f"velocity-cores-{os.getppid()}-")
-    out = subprocess.run([sys.executable, "-c", "from velocity.serving.core_board import board_path; print(board_path())"],
+    out = subprocess.run([sys.executable, "-c", "from velocity.serving.boards.core_board import board_path; print(board_path())"],
                          capture_output=True, text=True, check=True).stdout.strip()
     assert out.rsplit("-", 2)[1] == str(os.getpid())                # a child's board is keyed by us, its parent
 

@@ -124,8 +124,8 @@ def test_a_flood_of_direct_callers_leaves_the_gateways_clients_served(keyed: Tri
     client of the gateway (with an API key) is served meanwhile."""
     import tritonclient.grpc as grpcclient
 
-    from velocity.serving.input_table import make_inputs
-    from velocity.serving.triton_key import grpc_headers
+    from velocity.serving.wire.input_table import make_inputs
+    from velocity.serving.wire.triton_key import grpc_headers
 
     headers = grpc_headers(keyed.triton_key)
     clients, firsts = [], queue.Queue()

@@ -1,10 +1,10 @@
-"""The llm's side of serve.sh's drain handshake (velocity.serving.drain), on its own."""
+"""The llm's side of serve.sh's drain handshake (velocity.serving.lifecycle.drain), on its own."""
 from __future__ import annotations
 
 import os
 import time
 
-from velocity.serving.drain import Drain
+from velocity.serving.lifecycle.drain import Drain
 
 
 def test_without_a_run_dir_it_never_drains(tmp_path):
@@ -42,7 +42,7 @@ def test_an_unreadable_grace_period_means_none(tmp_path):
 
 
 def test_a_stub_that_ends_quickly_still_flushes_its_logs_and_exits_0():
-    """velocity.serving.stub_exit: the process ends in its first exit handler (no interpreter
+    """velocity.serving.lifecycle.stub_exit: the process ends in its first exit handler (no interpreter
     teardown) with status 0, what it printed and logged written out; exit handlers registered
     after it (which run before it) still run."""
     import subprocess
@@ -50,7 +50,7 @@ def test_a_stub_that_ends_quickly_still_flushes_its_logs_and_exits_0():
 
     code = ("import atexit, logging, sys\n"
             "from velocity.serving.settings import Settings\n"
-            "from velocity.serving.stub_exit import end_quickly\n"
+            "from velocity.serving.lifecycle.stub_exit import end_quickly\n"
             "Settings().configure_logging()\n"
             "end_quickly(); end_quickly()\n"
             "atexit.register(lambda: print('later handler', end=' '))\n"

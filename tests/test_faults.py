@@ -14,7 +14,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from triton_server import ROOT, TritonServer, alive, side_by_side, wait_for
-from velocity.serving.core_board import find_boards
+from velocity.serving.boards.core_board import find_boards
 from checkpoints import tiny_checkpoint
 
 pytestmark = pytest.mark.server

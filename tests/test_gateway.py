@@ -254,7 +254,7 @@ def test_models_voices_and_health(gateway, openai_client):
 def test_the_api_page_shows_every_body_field_with_its_range_and_help(gateway):
     """FastAPI's /docs (Swagger UI) over /openapi.json, whose speech body is the gateway's body
     model: every field of the request table, with its help and its range (the server's limits)."""
-    from velocity.serving.input_table import INPUTS
+    from velocity.serving.wire.input_table import INPUTS
 
     with urllib.request.urlopen(gateway + "/docs", timeout=10) as r:
         assert r.status == 200 and "/openapi.json" in r.read().decode()

@@ -4,7 +4,7 @@ frames counter and the vocoder still), and the llm counts the abort by its reaso
 and Wyoming's ways are in their own tests (test_gateway.py, test_wyoming.py).
 
 Triton 2.51 does not tell the running llm of a cancel through the ensemble: the vocoder sees it
-on the stream's next chunk or probe and tells the llm (velocity.serving.stream_board)."""
+on the stream's next chunk or probe and tells the llm (velocity.serving.boards.stream_board)."""
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,4 @@
-"""The request table (velocity/serving/input_table.py) and what is derived from it, without a server:
+"""The request table (velocity/serving/wire/input_table.py) and what is derived from it, without a server:
 the parser's checks, the files scripts/gen_inputs.py writes, the gateway's body fields and the
 client's options. That the running models declare the table's inputs is in test_tts_server.py."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from triton_server import ROOT
 from velocity.sampling_params import SamplingParams, chattts_params, refine_params
-from velocity.serving.input_table import BY_NAME, INPUTS, JSON, NUMPY, read_inputs, triton_inputs
+from velocity.serving.wire.input_table import BY_NAME, INPUTS, JSON, NUMPY, read_inputs, triton_inputs
 from velocity.serving.settings import Settings
 
 SETTINGS = Settings(max_new_tokens=300, max_text_chars=50)
@@ -42,7 +42,7 @@ def test_the_configs_and_the_api_page_are_written_from_the_table():
 def test_a_changed_row_makes_the_files_stale(monkeypatch):
     """The check above can fail: a new input shows up in every file's differences (three configs,
     the API page)."""
-    import velocity.serving.input_table as inputs
+    import velocity.serving.wire.input_table as inputs
 
     mod = gen_inputs()
     extra = inputs.Input("LOUDNESS", "FP32", "an example input", 1.0, lo=0)
@@ -170,7 +170,7 @@ def test_a_new_input_reaches_the_body_model_with_no_other_line():
     from velocity.gateway.speech_request import triton_values
     from velocity.gateway.speech_schema import read_body, speech_model
     from velocity.gateway.upstream import ApiError
-    from velocity.serving.input_table import Input
+    from velocity.serving.wire.input_table import Input
 
     table = (*INPUTS, Input("PITCH", "FP32", "a new input: the voice's pitch", 1.0, lo=0.5, hi=2))
     model = speech_model(SETTINGS, table)
@@ -190,7 +190,7 @@ def test_a_new_input_reaches_the_body_model_with_no_other_line():
 def test_the_client_has_an_option_for_each_input():
     """velocity-tts-client's options come from the table: each sends its input, unset ones nothing."""
     from client.tts_client import parse_args
-    from velocity.serving.input_table import INPUTS
+    from velocity.serving.wire.input_table import INPUTS
 
     sample = {"BYTES": "x", "INT32": "3", "INT64": "5", "FP32": "0.5"}
     for i in INPUTS:

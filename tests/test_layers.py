@@ -67,3 +67,31 @@ def test_the_client_reaches_no_gateway():
                 [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
             bad += [f"{path.relative_to(ROOT)} imports {n}" for n in names if n.startswith("velocity.gateway")]
     assert not bad, bad
+
+
+# velocity.serving's rooms (docs/architecture.md): an import points to a room of a lower rank,
+# or within its own room; settings and metrics sit below them all
+ROOMS = {"settings": 0, "metrics": 0, "wire": 1, "boards": 1, "lifecycle": 2, "front": 3, "llm": 3, "vocoder": 3}
+
+
+def test_the_serving_rooms_import_only_down():
+    """The contract (wire) imports nothing of the server's life, the streams or the vocoder; the
+    llm, the vocoder and the front end know nothing of each other."""
+    bad = []
+    for path in sorted((ROOT / "velocity" / "serving").rglob("*.py")):
+        parts = path.relative_to(ROOT / "velocity" / "serving").with_suffix("").parts
+        if parts[0] == "__init__":
+            continue
+        mine = parts[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            for name in names:
+                if not name.startswith("velocity.serving."):
+                    continue
+                room = name.split(".")[2]
+                if room != mine and ROOMS[room] >= ROOMS[mine]:
+                    bad.append(f"{'/'.join(parts)} ({mine}) imports {name}")
+    assert not bad, bad
+    rooms = {p.name for p in (ROOT / "velocity" / "serving").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert rooms | {"settings", "metrics"} == set(ROOMS), "give a new room its rank here"

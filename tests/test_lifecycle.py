@@ -26,7 +26,8 @@ from client.triton import ServerError, stream_grpc
 from test_lexicon_limits import post
 
 from triton_server import ROOT, alive, llm_inputs, wait_for
-from velocity.serving.protocol import STREAM_SHUTTING_DOWN, stream_error
+from velocity.serving.vocoder.jobs import stream_error
+from velocity.serving.wire.protocol import STREAM_SHUTTING_DOWN
 from velocity.serving.settings import Settings
 from checkpoints import tiny_checkpoint
 

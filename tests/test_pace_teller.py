@@ -7,7 +7,7 @@ import threading
 
 from client.pace_teller import PaceTeller
 from triton_server import wait_for
-from velocity.serving.tts_responses import BEHIND, KEEPS_UP, STEP
+from velocity.serving.wire.tts_responses import BEHIND, KEEPS_UP, STEP
 
 
 def recorder(answer: bool = True):

@@ -38,7 +38,7 @@ from triton_server import (ROOT, TritonServer, alive, comm, free_port, listening
                           shm_pattern, wait_for)
 from checkpoints import tiny_checkpoint
 from velocity.gateway.encode import pcm16
-from velocity.serving.watchdog import DIED, UNNAMED
+from velocity.serving.lifecycle.watchdog import DIED, UNNAMED
 
 pytestmark = pytest.mark.server
 LONG = "This sentence goes on for a while. " * 24          # minutes of audio: live at the kill
@@ -182,7 +182,7 @@ def offline(s: TritonServer) -> Client:
     def run(first) -> None:
         import tritonclient.http as httpclient
 
-        from velocity.serving.input_table import make_inputs
+        from velocity.serving.wire.input_table import make_inputs
         with httpclient.InferenceServerClient(s.http_url.removeprefix("http://"), network_timeout=120) as c:
             threading.Timer(0.5, first).start()
             c.infer("tts_offline", make_inputs(httpclient, {"TEXT": LONG, "MAX_NEW_TOKENS": 2000}),
@@ -242,7 +242,7 @@ def kill_and_recover(s: TritonServer, part: str, clients: list[Client]) -> None:
 def offline_speaks(s: TritonServer) -> bool:
     import tritonclient.http as httpclient
 
-    from velocity.serving.input_table import make_inputs
+    from velocity.serving.wire.input_table import make_inputs
     with httpclient.InferenceServerClient(s.http_url.removeprefix("http://"), network_timeout=60) as c:
         return c.infer("tts_offline", make_inputs(httpclient, {"TEXT": "Whole.", "MAX_NEW_TOKENS": 30}),
                        headers=s.http_headers).as_numpy("WAVEFORM").size > 0

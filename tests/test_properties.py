@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from velocity.serving.input_table import PARAM_INPUTS
-from velocity.serving.tts_request import TTSFront, parse_tts_request
+from velocity.serving.wire.input_table import PARAM_INPUTS
+from velocity.serving.front.tts_request import TTSFront, parse_tts_request
 from velocity.tts.voices import Voices
 from velocity.serving.settings import Settings
 from checkpoints import tiny_checkpoint

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from triton_server import ROOT
-from velocity.serving.input_table import BY_NAME, INPUTS
+from velocity.serving.wire.input_table import BY_NAME, INPUTS
 
 pytestmark = pytest.mark.server
 README = (ROOT / "README.md").read_text()

@@ -114,7 +114,7 @@ def test_threads_at_the_same_metrics_leave_the_server_up(smoke_server):
     same metrics, a timer publishing them every 10 ms, and the server lives with every count."""
     import tritonclient.http as httpclient
 
-    from velocity.serving.input_table import array_inputs
+    from velocity.serving.wire.input_table import array_inputs
     with httpclient.InferenceServerClient(smoke_server.http_url) as c:
         for _ in range(3):
             res = c.infer("metrics_threads", array_inputs(httpclient, {"OPS": np.array([2000], dtype=np.int32)}),

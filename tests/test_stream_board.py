@@ -1,7 +1,7 @@
-"""The stream board (velocity.serving.stream_board) between two processes' views of one file."""
+"""The stream board (velocity.serving.boards.stream_board) between two processes' views of one file."""
 from __future__ import annotations
 
-from velocity.serving.stream_board import CANCELLED, ENDED, FAILED, LIVE, StreamBoard
+from velocity.serving.boards.stream_board import CANCELLED, ENDED, FAILED, LIVE, StreamBoard
 
 
 def test_the_vocoders_marks_and_progress_reach_the_llm(tmp_path):

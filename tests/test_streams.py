@@ -1,4 +1,4 @@
-"""velocity.serving.stream_host's Streams without a server, over a real engine core process: which
+"""velocity.serving.llm.streams's Streams without a server, over a real engine core process: which
 thread asks whether a client left, the probes' rate, and where the python backend is called."""
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import threading
 import time
 
 from checkpoints import tiny_checkpoint
-from velocity.serving.llm_request import LLMInputs
+from velocity.serving.llm.llm_inputs import LLMInputs, LLMRequest
 from velocity.serving.metrics import LLM, make_metrics
 from velocity.serving.settings import Settings
-from velocity.serving.stream_host import Streams
+from velocity.serving.llm.streams import Streams
 from velocity.tts.pipeline import chattts_params
 
 
@@ -82,7 +82,7 @@ def test_only_the_monitor_asks_whether_a_client_left_and_a_leaver_is_stopped(tmp
 
     streams = Streams(s, metrics(), send, fail)
     try:
-        streams.start(None, cancelled, request([list(range(5, 45))]))      # runs until its client leaves
+        streams.start(LLMRequest(request([list(range(5, 45))]), None, cancelled))      # runs until its client leaves
         t0 = time.monotonic()
         while not (any(sent) and len(asked) >= 3) and time.monotonic() - t0 < 60:
             time.sleep(0.01)
@@ -105,8 +105,8 @@ def test_many_quiet_streams_spread_their_probes_within_the_rate(tmp_path):
     keep to VELOCITY_CANCEL_PROBES_PER_SECOND, and every quiet stream still probes. Here 40
     streams that the vocoder never answers (nothing is decoded: each pauses at its backlog and is
     quiet), each asked to probe every 0.05 s, at most 100 probes a second in all."""
-    from velocity.serving.protocol import STREAM_PROBE
-    from velocity.serving.stream_board import StreamBoard
+    from velocity.serving.wire.protocol import STREAM_PROBE
+    from velocity.serving.boards.stream_board import StreamBoard
 
     ck = tiny_checkpoint(tmp_path / "tiny", seed=0)
     s = Settings(weights=str(ck), device="cpu", cancel_probe_seconds=0.05, cancel_probes_per_second=100.0,
@@ -121,7 +121,7 @@ def test_many_quiet_streams_spread_their_probes_within_the_rate(tmp_path):
     streams = Streams(s, metrics(), send, fail, board=board)
     try:
         for i in range(40):
-            streams.start(None, lambda: False, request([list(range(5, 45))]), in_ensemble=True)
+            streams.start(LLMRequest(request([list(range(5, 45))]), None, lambda: False, in_ensemble=True))
         time.sleep(0.7)                               # every stream has paused or probed by now
         t0, n0 = time.monotonic(), len(probes)
         time.sleep(2.0)
@@ -146,7 +146,7 @@ def test_no_python_backend_call_on_the_step_path(tmp_path):
     import subprocess
     import sys
 
-    probe = ("import sys, velocity.serving.engine_core.core, velocity.serving.engine_core.__main__; "
+    probe = ("import sys, velocity.serving.llm.engine_core.core, velocity.serving.llm.engine_core.__main__; "
              "print(sorted(m for m in sys.modules if 'triton' in m))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
@@ -161,7 +161,8 @@ def test_no_python_backend_call_on_the_step_path(tmp_path):
     streams = Streams(s, make_metrics(backend, "llm", LLM), send, fail)
     try:
         for i in range(4):
-            streams.start(None, lambda: False, request([list(range(5, 45)), list(range(5, 30))], i, 60, hidden=True))
+            streams.start(LLMRequest(request([list(range(5, 45)), list(range(5, 30))], i, 60, hidden=True), None,
+                                     lambda: False))
         t0 = time.monotonic()
         while sum(finals) < 4 and time.monotonic() - t0 < 60:
             time.sleep(0.05)

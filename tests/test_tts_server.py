@@ -287,9 +287,9 @@ def test_each_chunk_carries_the_words_that_start_in_it(server):
 
 def test_the_models_declare_the_request_tables_inputs(server):
     """The inputs of text_frontend, tts_offline and the ensemble, written into their configs from
-    velocity/serving/input_table.py (test_inputs.py checks the files), are what the server loaded.
+    velocity/serving/wire/input_table.py (test_inputs.py checks the files), are what the server loaded.
     text_frontend has one more, CHECK_ONLY (tts_offline's check of a request)."""
-    from velocity.serving.input_table import triton_inputs
+    from velocity.serving.wire.input_table import triton_inputs
 
     c = grpcclient.InferenceServerClient(server.grpc_url)
     for model in ("text_frontend", "tts_offline", "tts"):
@@ -468,7 +468,7 @@ def test_the_llm_borrows_the_idle_vocoders_threads_only_while_it_is_idle(server)
     vocoder decodes; none while a vocoder is marked busy (here: this test holding a mark)."""
     import time
 
-    from velocity.serving.core_board import CoreBoard
+    from velocity.serving.boards.core_board import CoreBoard
 
     def settled() -> float:
         time.sleep(0.6)                                   # the llm exports the counter every 0.25 s

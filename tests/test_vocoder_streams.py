@@ -1,4 +1,4 @@
-"""The vocoder's stateful decoders, one per stream (velocity.serving.vocoder_streams): each
+"""The vocoder's stateful decoders, one per stream (velocity.serving.vocoder.stream_decoders): each
 stream's chunks, interleaved with other streams', as the stream alone gives them (its audio
 against the chunked decode's: tests/test_streaming.py); a decoder
 freed at its utterance's last chunk, when its stream is over (the board's sweep), on a failed
@@ -12,8 +12,8 @@ import torch
 
 from checkpoints import tiny_checkpoint
 from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
-from velocity.serving.protocol import CodeChunkIn
-from velocity.serving.vocoder_streams import StreamDecoders
+from velocity.serving.wire.protocol import CodeChunkIn
+from velocity.serving.vocoder.stream_decoders import StreamDecoders
 from velocity.tts.audio_decoder import AudioDecoder, StreamingDecoder
 from velocity.tts.chunking import ChunkSchedule
 

@@ -1,4 +1,4 @@
-"""The watchdog (velocity/serving/watchdog.py) on real processes: a process group whose leader
+"""The watchdog (velocity/serving/lifecycle/watchdog.py) on real processes: a process group whose leader
 stands for tritonserver and whose members carry a stub's name and instance on their command
 line, as Triton 2.51 starts them. A member that dies is a part failure: counted, the group
 killed, readiness false naming the part; liveness fails once not ready for the grace. (The
@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks.soak import descendants
 from triton_server import alive, wait_for
-from velocity.serving.watchdog import STUB as STUB_NAME, Watchdog, group_stubs
+from velocity.serving.lifecycle.watchdog import STUB as STUB_NAME, Watchdog, group_stubs
 
 
 @contextlib.contextmanager
@@ -145,13 +145,14 @@ def test_a_stubs_own_child_is_no_part_and_its_end_no_failure(group, tmp_path):
 def test_the_kill_waits_until_the_vocoder_has_sent_on_the_llms_errors(tmp_path, monkeypatch):
     """A part off the streams' path died: tell() writes `failed`, and returns (the kill follows)
     only once an llm has written `told` and the vocoders' `relayed` counts reach the errors it
-    says go through them (velocity.serving.drain). The files are written here as the llm and
+    says go through them (velocity.serving.lifecycle.drain). The files are written here as the llm and
     the vocoder write them; TELL_S is raised so that only the handshake can end the wait."""
     import threading
 
-    from velocity.serving import watchdog
-    from velocity.serving.drain import Drain
-    from velocity.serving.protocol import STREAM_PART_DIED, Relay
+    from velocity.serving.lifecycle import watchdog
+    from velocity.serving.lifecycle.drain import Drain
+    from velocity.serving.lifecycle.drain import Relay
+    from velocity.serving.wire.protocol import STREAM_PART_DIED
 
     monkeypatch.setattr(watchdog, "TELL_S", 60.0)
     w = Watchdog(tmp_path, lambda: True)

@@ -23,7 +23,7 @@ class AsyncLLMEngine:
     engine thread applies them between steps and calls each request's callback with every
     incremental output. `generate` wraps that as an async iterator for asyncio code.
     before_step, if given, runs on the engine thread before every step (the server uses it to
-    lend the llm the vocoder's idle CPU cores: velocity.serving.core_board)."""
+    lend the llm the vocoder's idle CPU cores: velocity.serving.boards.core_board)."""
 
     def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None,
                  before_step: Callable[[], None] | None = None) -> None:

@@ -22,7 +22,7 @@ The WebSockets refuse a page of another origin than the gateway's own (HTTP 403)
 VELOCITY_GATEWAY_ORIGINS (or VELOCITY_GATEWAY_CORS_ORIGINS) allows it.
 
 A client that hangs up (before or during its audio) cancels its Triton stream, and the server
-stops its work on it within a second (velocity.serving.stream_board); the hang-ups are counted
+stops its work on it within a second (velocity.serving.boards.stream_board); the hang-ups are counted
 (velocity_gateway_disconnects_total).
 """
 import argparse

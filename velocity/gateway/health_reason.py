@@ -1,5 +1,5 @@
 """Which part of the server failed, for the gateways' clients: serve.sh's health port
-(velocity.serving.health), whose watchdog names the part that died in its readiness reason, is
+(velocity.serving.lifecycle.health), whose watchdog names the part that died in its readiness reason, is
 asked when a stream fails as unavailable, and its answer goes into the client's error. serve.sh
 gives the gateways its address (VELOCITY_GATEWAY_HEALTH_URL); without one the errors are as Triton
 left them."""
@@ -11,7 +11,7 @@ import time
 import urllib.error
 import urllib.request
 
-from velocity.serving.watchdog import DIED
+from velocity.serving.lifecycle.watchdog import DIED
 
 ASK_TIMEOUT_S = 0.3        # the health process is local: an answer slower than this is no answer
 AGAIN_AFTER_S = 0.3        # a stream can fail before the watchdog's next look names the part

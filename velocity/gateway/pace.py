@@ -11,7 +11,7 @@ as it does for audio the vocoder has not decoded.
 The gateway reads each stream ahead of its writer (read_ahead), or it could not see the client
 lag; what it holds is bounded by the pacing, and by READ_AHEAD_S should the server not pace.
 
-When the server is told is velocity.serving.tts_responses.ReadPosition's (the client's too);
+When the server is told is velocity.serving.wire.tts_responses.ReadPosition's (the client's too);
 one telling at a time per stream, the newest value.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from velocity.serving.tts_responses import READ_AHEAD_S, ReadPosition
+from velocity.serving.wire.tts_responses import READ_AHEAD_S, ReadPosition
 
 log = logging.getLogger("velocity.gateway")
 _END = object()

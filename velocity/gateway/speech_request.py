@@ -1,6 +1,6 @@
 """A speech request's body, read as the OpenAI API and our extensions have it: the `tts` inputs it
 makes (triton_values, through the body's model: speech_schema, from the request table
-velocity.serving.input_table.INPUTS), its timeout, and its sentence marks (Marks)."""
+velocity.serving.wire.input_table.INPUTS), its timeout, and its sentence marks (Marks)."""
 import json
 import math
 
@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from velocity.gateway.speech_schema import MAX_TIMEOUT, MODELS, read_body
 from velocity.gateway.upstream import ApiError
-from velocity.serving.input_table import INPUTS
+from velocity.serving.wire.input_table import INPUTS
 from velocity.tts import voice_blend
 from velocity.tts.control import CONTROL
 from velocity.tts.ssml import is_ssml

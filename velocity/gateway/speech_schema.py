@@ -1,5 +1,5 @@
 """The speech request's body as a Pydantic model (FastAPI's own way): OpenAI's fields, then one
-field for each input of the request table (velocity.serving.input_table.INPUTS) that has a body
+field for each input of the request table (velocity.serving.wire.input_table.INPUTS) that has a body
 field, with its type, range and help from the table. A new input of the table reaches the
 API's validation and its OpenAPI page (/docs) with no line here.
 
@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from velocity.gateway.encode import FORMATS
 from velocity.gateway.upstream import ApiError
-from velocity.serving.input_table import INPUTS, INT_MAX, JSON, Input
+from velocity.serving.wire.input_table import INPUTS, INT_MAX, JSON, Input
 
 MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "chattts")   # listed; any model name with "tts" is taken
 MAX_TIMEOUT = 3600.0

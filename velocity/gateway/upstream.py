@@ -10,14 +10,14 @@ import re
 from collections.abc import AsyncIterator, Awaitable
 
 from velocity.gateway.caller import CLIENT
-from velocity.serving.client_tag import load_key, sign
-from velocity.serving import triton_key
+from velocity.serving.wire.client_tag import load_key, sign
+from velocity.serving.wire import triton_key
 from velocity.gateway.health_reason import HealthReason
 from velocity.gateway.pace import Pacer, read_ahead
-from velocity.serving.input_table import INPUTS
-from velocity.serving.tts_responses import (RETRYABLE, TRITON_STOPPED, AudioChunk, Retry,  # noqa: F401 (the gateway's names)
+from velocity.serving.wire.input_table import INPUTS
+from velocity.serving.wire.tts_responses import (RETRYABLE, TRITON_STOPPED, AudioChunk, Retry,  # noqa: F401 (the gateway's names)
                                              pace_inputs, stream_ref)
-from velocity.serving.watchdog import DIED
+from velocity.serving.lifecycle.watchdog import DIED
 
 # the body field behind each `tts` input: the request table's, and those the gateway makes of others
 FIELD_OF = {"TEXT": "input", "VOICE": "voice", "SPEAKER": "voice", "PROMPT": "speed",
@@ -47,7 +47,7 @@ def triton_error(message: str) -> ApiError:
         return ApiError(503, f"the server is shutting down ({message}): try again", code="server_busy")
     if any(m in message for m in RETRYABLE):
         return ApiError(503, message, code="server_busy")
-    if DIED in message:                           # the llm named a part that died (velocity.serving.drain)
+    if DIED in message:                           # the llm named a part that died (velocity.serving.lifecycle.drain)
         return ApiError(503, message, code="server_unavailable")
     if NOT_HEALTHY in message:                    # a model's process died: the watchdog restarts the server
         return ApiError(503, f"{message}: the server is restarting; try again in a few seconds", code="server_unavailable")
@@ -99,7 +99,7 @@ class Gateway:
         health: the health port's URL, whose reason names a part that died (HealthReason); run_dir:
         serve.sh's run folder, whose client key signs each stream's CLIENT (none: the server
         counts this gateway's streams as direct callers') and whose Triton key every call shows,
-        unless `key` (VELOCITY_TRITON_KEY) gives it (velocity.serving.triton_key)."""
+        unless `key` (VELOCITY_TRITON_KEY) gives it (velocity.serving.wire.triton_key)."""
         self.admission, self.health = admission, HealthReason(health)
         self.client_key = load_key(run_dir)
         self.headers = triton_key.grpc_headers(triton_key.load(key, run_dir))
@@ -155,7 +155,7 @@ class Gateway:
         import tritonclient.grpc.aio as grpcclient
         from tritonclient.utils import InferenceServerException
 
-        from velocity.serving.input_table import make_inputs
+        from velocity.serving.wire.input_table import make_inputs
 
         failed = []
         for url in self.urls:
@@ -247,7 +247,7 @@ class Gateway:
         """One `tts` stream on one upstream, chunks in order."""
         import tritonclient.grpc.aio as grpcclient
 
-        from velocity.serving.input_table import make_inputs
+        from velocity.serving.wire.input_table import make_inputs
 
         values = {**values, "CLIENT": sign(CLIENT.get(), self.client_key) or None}   # the engine's fair share
 

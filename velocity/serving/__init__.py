@@ -1,4 +1,4 @@
-"""What the Triton models share (docs/architecture.md, "4. Serving"): the settings; the request
-table and the readers of each model's requests; the protocol between the models; the llm's
-requests in flight; the vocoder's queue; the metrics; the core and stream boards; the drain; the
-health port and its watchdog."""
+"""What the Triton models share (docs/architecture.md, "4. Serving"), in rooms: wire (the
+contract), front (the front end's request), llm (its streams and engine core), vocoder (its queue
+and decoders), boards (between processes), lifecycle (drain, watchdog, health); the settings and
+the metrics beside them."""

@@ -48,7 +48,7 @@ class Settings:
     # need frames. At least one largest chunk and its lookahead.
     backlog_seconds: float = 6.0             # VELOCITY_BACKLOG_SECONDS
     # A stream of the tts ensemble that sent nothing for this long sends a probe, on which the
-    # vocoder learns of a client's cancel (velocity.serving.stream_board): a client that leaves
+    # vocoder learns of a client's cancel (velocity.serving.boards.stream_board): a client that leaves
     # is noticed within about this long plus the llm's 20 ms look at the board.
     cancel_probe_seconds: float = 0.25       # VELOCITY_CANCEL_PROBE_SECONDS
     # The probes of all streams together, at most per second (0: no bound): each is a request
@@ -76,14 +76,14 @@ class Settings:
     # of their own.
     max_direct_requests: int = -1            # VELOCITY_MAX_DIRECT_REQUESTS
     run_dir: str = ""                        # VELOCITY_RUN_DIR: set by serve.sh for the drain handshake
-    # The key the gateway and Wyoming show Triton (velocity.serving.triton_key); "": the run folder's
+    # The key the gateway and Wyoming show Triton (velocity.serving.wire.triton_key); "": the run folder's
     triton_key: str = ""                     # VELOCITY_TRITON_KEY
     # CPU threads per model process. The llm and the vocoder run at the same time in separate
     # processes; two full OpenMP pools on the same cores spin against each other.
     # Default: the vocoder one thread, the llm the other cores.
     llm_threads: int = 0                     # VELOCITY_LLM_THREADS (0: all cores but the vocoder's)
     vocoder_threads: int = 1                 # VELOCITY_VOCODER_THREADS
-    # On: the llm also takes the vocoder's threads while no vocoder decodes (velocity.serving.core_board)
+    # On: the llm also takes the vocoder's threads while no vocoder decodes (velocity.serving.boards.core_board)
     lend_vocoder_cores: bool = True          # VELOCITY_LEND_VOCODER_CORES
     # Queued chunks the vocoder decodes in one call: of one length, or on CPU streams' chunks (one
     # each) through their stateful decoders together (0: 32 on a GPU, 1 on CPU, where a batch of
@@ -93,7 +93,7 @@ class Settings:
     # together")
     vocoder_batch: int = 0                   # VELOCITY_VOCODER_BATCH
     # On: on CPU, each stream's chunks go through a decoder of its own that keeps each layer's
-    # input between chunks (velocity.serving.vocoder_streams): no chunk decodes its left context
+    # input between chunks (velocity.serving.vocoder.stream_decoders): no chunk decodes its left context
     # again, audio as near a whole decode as the chunked decode's, for more of the vocoder's
     # memory (its cost and gain: docs/benchmarks.md, "The stateful streaming decode"). Off: the
     # chunked decode. The GPU batches chunks across streams instead.

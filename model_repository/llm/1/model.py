@@ -1,13 +1,13 @@
 """Triton adapter: velocity's engine streaming ChatTTS audio in chunks.
 
-Parse each request, then hand it to velocity.serving.stream_host.Streams, whose engine core runs
-in a process of its own (velocity.serving.engine_core: the scheduler, the model, the sampler and
+Parse each request, then hand it to velocity.serving.llm.streams.Streams, whose engine core runs
+in a process of its own (velocity.serving.llm.engine_core: the scheduler, the model, the sampler and
 each stream's chunking, with a GIL of their own): its sentences are spoken in order as one stream
-of chunks (the tensors of velocity.serving.protocol, with the GPT's hidden states on the Decoder
+of chunks (the tensors of velocity.serving.wire.protocol, with the GPT's hidden states on the Decoder
 path, DECODER "hidden", the default), answered by a response thread. Every request ends with the
 final flag, errors too. A request of the tts ensemble (IN_ENSEMBLE) takes a slot on the stream
 board, through which the vocoder tells of a client's cancel and of its progress
-(velocity.serving.stream_board). This process imports no torch.
+(velocity.serving.boards.stream_board). This process imports no torch.
 """
 import json
 import logging
@@ -16,15 +16,15 @@ import signal
 
 import triton_python_backend_utils as pb_utils
 
-from velocity.serving.core_board import board_path
-from velocity.serving.llm_request import llm_inputs
+from velocity.serving.boards.core_board import board_path
+from velocity.serving.llm.llm_inputs import LLMRequest, llm_inputs
 from velocity.serving.metrics import LLM, make_metrics
-from velocity.serving.passed_inputs import flag_input, input_reader
-from velocity.serving.protocol import error_outputs
+from velocity.serving.wire.passed_inputs import flag_input, input_reader
+from velocity.serving.wire.protocol import error_outputs
 from velocity.serving.settings import Settings
-from velocity.serving.stream_board import StreamBoard
-from velocity.serving.stream_host import Streams
-from velocity.serving.stub_exit import end_quickly
+from velocity.serving.boards.stream_board import StreamBoard
+from velocity.serving.llm.streams import Streams
+from velocity.serving.lifecycle.stub_exit import end_quickly
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 log = logging.getLogger("velocity.llm")
@@ -49,7 +49,7 @@ def send_failure(sender, message: str, invalid: bool = True) -> None:
 
 def exit_stub() -> None:
     """End this stub at once (the engine core died, its streams were told): the watchdog sees a
-    part die and restarts the server (velocity.serving.watchdog)."""
+    part die and restarts the server (velocity.serving.lifecycle.watchdog)."""
     logging.shutdown()
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -58,7 +58,7 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         self.settings = s = Settings.from_env()
         s.configure_logging()
-        end_quickly()                   # no interpreter teardown at unload (velocity.serving.stub_exit)
+        end_quickly()                   # no interpreter teardown at unload (velocity.serving.lifecycle.stub_exit)
         if not pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"])):
             raise pb_utils.TritonModelException("llm: its config.pbtxt must keep model_transaction_policy "
                                                 "{ decoupled: true } (it streams many responses per request)")
@@ -96,8 +96,8 @@ class TritonPythonModel:
             self._refuse(request, refusal)
             return
         # Triton's request timeout (microseconds, 0: none): the stream ends with an error after it
-        self.streams.start(request.get_response_sender(), request.is_cancelled, inputs, in_ensemble,
-                           request.timeout() / 1e6, direct)
+        self.streams.start(LLMRequest(inputs, request.get_response_sender(), request.is_cancelled, in_ensemble,
+                                      request.timeout() / 1e6, direct))
 
     def _refuse(self, request, code: int) -> None:
         """End a request at once with a STREAM_* refusal (busy, draining, a dead part)."""

@@ -1,14 +1,14 @@
 """Triton adapter: the gateway's word of how far a client has read a stream, written to the stream
-board (velocity.serving.stream_board.StreamBoard.took), where the llm reads it. Free of torch."""
+board (velocity.serving.boards.stream_board.StreamBoard.took), where the llm reads it. Free of torch."""
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from velocity.serving.core_board import board_path
-from velocity.serving.input_table import Input
-from velocity.serving.passed_inputs import input_reader
+from velocity.serving.boards.core_board import board_path
+from velocity.serving.wire.input_table import Input
+from velocity.serving.wire.passed_inputs import input_reader
 from velocity.serving.settings import Settings
-from velocity.serving.stream_board import StreamBoard
-from velocity.serving.stub_exit import end_quickly
+from velocity.serving.boards.stream_board import StreamBoard
+from velocity.serving.lifecycle.stub_exit import end_quickly
 
 STREAM = Input("STREAM", "INT64", "a stream's reference (the `tts` output STREAM)", lo=1, hi=2**63 - 1, required=True)
 TAKEN = Input("TAKEN", "INT64", "frames of the stream's audio its client has read; -1: it keeps up",
@@ -19,7 +19,7 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         s = Settings.from_env()
         s.configure_logging()
-        end_quickly()                   # no interpreter teardown at unload (velocity.serving.stub_exit)
+        end_quickly()                   # no interpreter teardown at unload (velocity.serving.lifecycle.stub_exit)
         self.board = StreamBoard(board_path(s.run_dir, "streams"))
 
     def execute(self, requests: list) -> list:

@@ -2,8 +2,8 @@
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from velocity.serving.passed_inputs import flag_input, input_reader, params_arrays
-from velocity.serving.tts_request import (TTSFront, parse_triton_request, parse_tts_request, sentence_pauses,
+from velocity.serving.wire.passed_inputs import flag_input, input_reader, params_arrays
+from velocity.serving.front.tts_request import (TTSFront, parse_triton_request, parse_tts_request, sentence_pauses,
                                          sentence_speakers)
 
 

@@ -5,13 +5,13 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from velocity.serving.settings import Settings
-from velocity.serving.stub_exit import end_quickly
+from velocity.serving.lifecycle.stub_exit import end_quickly
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         Settings.from_env().configure_logging()
-        end_quickly()                   # no interpreter teardown at unload (velocity.serving.stub_exit)
+        end_quickly()                   # no interpreter teardown at unload (velocity.serving.lifecycle.stub_exit)
         self.inputs = [i["name"] for i in json.loads(args["model_config"])["input"]]   # passed on to `tts`
 
     def execute(self, requests: list) -> list:

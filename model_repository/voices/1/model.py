@@ -5,10 +5,10 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from velocity.serving.drain import draining
-from velocity.serving.passed_inputs import input_reader, text_input
+from velocity.serving.lifecycle.drain import draining
+from velocity.serving.wire.passed_inputs import input_reader, text_input
 from velocity.serving.settings import Settings
-from velocity.serving.stub_exit import end_quickly
+from velocity.serving.lifecycle.stub_exit import end_quickly
 
 
 class TritonPythonModel:
@@ -18,7 +18,7 @@ class TritonPythonModel:
 
         self.settings = s = Settings.from_env()
         s.configure_logging()
-        end_quickly()                   # no interpreter teardown at unload (velocity.serving.stub_exit)
+        end_quickly()                   # no interpreter teardown at unload (velocity.serving.lifecycle.stub_exit)
         try:
             # names, kinds and sources only: no built-in voice's vector, so no torch in this stub
             self.voices = Voices(s.weights, speaker_dim(s.weights), None, s.voices, s.default_voice, draw=False)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from velocity.serving.protocol import Job, same_shape
+from velocity.serving.vocoder.jobs import Job, same_shape
 from velocity.tts.audio_decoder import AudioDecoder
 from velocity.tts.stateful_decoder import StatefulDecoder, decode_together
 
@@ -103,7 +103,7 @@ class StreamDecoders:
             return len(self.held)
 
     def decode_chunks(self, chunks: list, device: torch.device) -> tuple[list[torch.Tensor], float]:
-        """Each chunk's audio [b, samples] (chunks: velocity.serving.protocol.CodeChunkIn) and the
+        """Each chunk's audio [b, samples] (chunks: velocity.serving.wire.protocol.CodeChunkIn) and the
         GPT frames the decode cost: a stream's chunk through its own stateful decoder (when on),
         the others together through the chunked decode, which costs each one its frames."""
         xs = [torch.from_numpy(c.x).to(device) for c in chunks]

@@ -1,14 +1,15 @@
 """The llm model's inputs, as text_frontend makes them, checked (a direct caller's mistakes named)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from velocity.sampling_params import SamplingParams
-from velocity.serving.input_table import BY_NAME, REFINE_MAX_NEW_TOKENS
-from velocity.serving.passed_inputs import decoder_input, params_from_arrays
-from velocity.serving.protocol import MAX_SILENCE
+from velocity.serving.wire.input_table import BY_NAME, REFINE_MAX_NEW_TOKENS
+from velocity.serving.wire.passed_inputs import decoder_input, params_from_arrays
+from velocity.serving.wire.protocol import MAX_SILENCE
 from velocity.tts.speaker import sample_frames
 from velocity.tts.word_timing import SentenceWords
 
@@ -31,6 +32,20 @@ class LLMInputs:
     words: list | None = None             # each sentence's words to time (SENTENCE_WORDS: velocity.tts.word_timing)
     pauses: list[int] | None = None       # samples of silence before each sentence, then after the last (SENTENCE_PAUSES)
     speakers: list | None = None          # each sentence's speaker vector or None (SENTENCE_SPEAKERS: SSML's <voice>)
+
+
+@dataclass(slots=True)
+class LLMRequest:
+    """One request of the llm model, as its stub starts it: the checked inputs, where its responses
+    go (Triton's response sender) and whether its client left (its cancel check), whether the
+    ensemble's vocoder follows (a stream board slot), its timeout in seconds (0: none), and whether
+    it is a direct caller's (velocity.serving.llm.direct_callers)."""
+    inputs: LLMInputs
+    sender: object
+    cancelled: Callable[[], bool]
+    in_ensemble: bool = False
+    timeout: float = 0.0
+    direct: bool = False
 
 
 def split_ids(ids: np.ndarray, lengths: np.ndarray, what: str) -> list[list[int]]:

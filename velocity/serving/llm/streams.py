@@ -1,5 +1,5 @@
 """The llm model's requests in flight (Streams), on the stub's side of the engine core
-(velocity.serving.engine_core, a process of its own): each a Stream, its chunks sent in order by
+(velocity.serving.llm.engine_core, a process of its own): each a Stream, its chunks sent in order by
 one response thread, a limit on streams in flight, and a monitor thread. Triton's objects stay in
 the adapter: this module gets `send(sender, outputs or None, final)` and `fail(sender, message,
 invalid)` functions and each request's sender and cancel check.
@@ -28,17 +28,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from velocity.serving.direct_callers import DirectCallers
-from velocity.serving.drain import Drain, all_told, failed_part
-from velocity.serving.engine_core.client import CoreClient
-from velocity.serving.engine_core.wire import Report, Totals
-from velocity.serving.llm_request import LLMInputs
-from velocity.serving.protocol import (STREAM_BUSY, STREAM_DEADLINE, STREAM_DRAINING, STREAM_FAILED,
+from velocity.serving.llm.direct_callers import DirectCallers
+from velocity.serving.lifecycle.drain import Drain, all_told, failed_part
+from velocity.serving.llm.engine_core.client import CoreClient
+from velocity.serving.llm.engine_core.wire import Report, Totals
+from velocity.serving.llm.llm_inputs import LLMRequest
+from velocity.serving.wire.protocol import (STREAM_BUSY, STREAM_DEADLINE, STREAM_DRAINING, STREAM_FAILED,
                                        STREAM_PART_DIED, STREAM_SHUTTING_DOWN)
 from velocity.serving.settings import Settings
-from velocity.serving.stream import Fail, Failure, Send, Stream
-from velocity.serving.stream_board import CANCELLED, StreamBoard
-from velocity.serving.watchdog import WITHIN
+from velocity.serving.llm.stream import Fail, Failure, Send, Stream, StreamContext
+from velocity.serving.boards.stream_board import CANCELLED, StreamBoard
+from velocity.serving.lifecycle.watchdog import WITHIN
 
 log = logging.getLogger("velocity.llm")
 TICK = 0.02                    # seconds between the monitor's looks at the board
@@ -101,6 +101,7 @@ class Streams:
         self._stop = threading.Event()
         self.core = CoreClient(settings, self._on_report, self._core_died)     # the model loads there
         self.num_vq = self.core.info["num_vq"]
+        self.context = StreamContext(self.respond, self.core.stop, board, metrics, self.num_vq)
         self._threads = [threading.Thread(target=self._respond_loop, name="llm-responses", daemon=True),
                          threading.Thread(target=self._watch, name="llm-monitor", daemon=True)]
         for t in self._threads:
@@ -116,25 +117,20 @@ class Streams:
         limit = self.settings.max_concurrent_requests
         return STREAM_BUSY if limit and len(self.live) >= limit else None
 
-    def start(self, sender, cancelled: Callable[[], bool], inputs: LLMInputs, in_ensemble: bool = False,
-              timeout: float = 0.0, direct: bool = False) -> None:
+    def start(self, req: LLMRequest) -> None:
         """Start a request whose inputs were read (the core checks them against the engine and
-        answers a mistake with an error); it holds a slot until its final flag is sent.
-        in_ensemble: the `tts` ensemble's vocoder follows (the stream takes a board slot: probes,
-        backpressure); timeout: seconds it may take (0: no limit); direct: a direct caller's,
-        counted against their own cap too (DirectCallers)."""
-        ref = (self.board.open() or 0) if in_ensemble and self.board is not None else 0
-        if in_ensemble and self.board is not None and not ref:
+        answers a mistake with an error); it holds a slot until its final flag is sent. One the
+        `tts` ensemble's vocoder follows takes a board slot (probes, backpressure); a direct
+        caller's counts against their own cap too (DirectCallers)."""
+        ref = (self.board.open() or 0) if req.in_ensemble and self.board is not None else 0
+        if req.in_ensemble and self.board is not None and not ref:
             log.warning("the stream board is full (%d streams): this stream will not notice its client leaving",
                         self.board.slots)
-        stream = Stream(self, next(self._keys), sender, cancelled, ref, timeout)
+        stream = Stream(self.context, next(self._keys), req, ref)
         self.live[stream.key] = stream
-        if direct:
+        if req.direct:
             self.direct.keys.add(stream.key)
-        self.core.start(stream.key, ref, inputs)
-
-    def core_stop(self, key: int) -> None:
-        self.core.stop(key)
+        self.core.start(stream.key, ref, req.inputs)
 
     # -- the core's reports (its receiving thread) -------------------------------------
     def _on_report(self, report: Report) -> None:

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from velocity.sampling_params import SamplingParams, chattts_params, refine_params
-from velocity.serving.input_table import read_inputs
-from velocity.serving.passed_inputs import input_reader
+from velocity.serving.wire.input_table import read_inputs
+from velocity.serving.wire.passed_inputs import input_reader
 from velocity.serving.settings import Settings
-from velocity.serving.stub_exit import end_quickly
+from velocity.serving.lifecycle.stub_exit import end_quickly
 
 
 @dataclass
@@ -48,7 +48,7 @@ class TTSFront:
 
         s = Settings.from_env()
         s.configure_logging()
-        end_quickly()                   # no interpreter teardown at unload (velocity.serving.stub_exit)
+        end_quickly()                   # no interpreter teardown at unload (velocity.serving.lifecycle.stub_exit)
         try:
             text = TextFrontend(s.weights, s.lexicon)
             return cls(s, text, VoiceEncoder(s.weights, s.max_sample_seconds),
@@ -58,7 +58,7 @@ class TTSFront:
 
 
 def parse_tts_request(get, front: TTSFront) -> TTSRequest:
-    """get(name) -> np.ndarray | None for the inputs of velocity.serving.input_table: TEXT, PROMPT, the
+    """get(name) -> np.ndarray | None for the inputs of velocity.serving.wire.input_table: TEXT, PROMPT, the
     voice (SPEAKER, SPEAKER_SEED, SPEAKER_SAMPLE with SAMPLE_TEXT, or VOICE), DECODER, the sampling
     inputs and text refine's.
 

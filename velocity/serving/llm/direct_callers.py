@@ -1,12 +1,12 @@
 """Direct Triton callers' share of the llm's requests in flight: a request whose CLIENT this
-server's gateway or Wyoming server did not sign (velocity.serving.client_tag) is a direct
+server's gateway or Wyoming server did not sign (velocity.serving.wire.client_tag) is a direct
 caller's (tritonclient, perf_analyzer, curl), and they hold at most VELOCITY_MAX_DIRECT_REQUESTS
 together, so that they cannot take the slots the gateway's clients need."""
 from __future__ import annotations
 
-from velocity.serving.client_tag import load_key, verify
-from velocity.serving.llm_request import LLMInputs
-from velocity.serving.protocol import STREAM_DIRECT_BUSY
+from velocity.serving.wire.client_tag import load_key, verify
+from velocity.serving.llm.llm_inputs import LLMInputs
+from velocity.serving.wire.protocol import STREAM_DIRECT_BUSY
 from velocity.serving.settings import Settings
 
 

@@ -1,5 +1,5 @@
 """The engine core's loop (EngineCore), in a process of its own: the stub's commands applied
-between steps, one engine step, each output handed to its stream (velocity.serving.engine_core.
+between steps, one engine step, each output handed to its stream (velocity.serving.llm.engine_core.
 stream), and one Report back to the stub with the chunks that became ready.
 
 Nothing here waits for the Triton server: the core has no python-backend object, and its only
@@ -17,11 +17,11 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import wait
 
-from velocity.serving.client_tag import load_key
-from velocity.serving.engine_core.stream import CoreStream
-from velocity.serving.engine_core.wire import Channel, Report
-from velocity.serving.llm_request import LLMInputs, check_prompts
-from velocity.serving.protocol import STREAM_FAILED
+from velocity.serving.wire.client_tag import load_key
+from velocity.serving.llm.engine_core.stream import CoreStream
+from velocity.serving.llm.engine_core.wire import Channel, Report
+from velocity.serving.llm.llm_inputs import LLMInputs, check_prompts
+from velocity.serving.wire.protocol import STREAM_FAILED
 from velocity.serving.settings import Settings
 
 log = logging.getLogger("velocity.llm")
@@ -38,7 +38,7 @@ class EngineCore:
 
         from velocity.device import resolve_device
         from velocity.engine.llm_engine import LLMEngine
-        from velocity.serving.core_board import CoreBoard, ThreadLender
+        from velocity.serving.boards.core_board import CoreBoard, ThreadLender
         from velocity.tts.frontend import TextFrontend
 
         s = self.settings = settings
@@ -47,7 +47,7 @@ class EngineCore:
         own = s.set_threads("llm")
         self.lender, self.cores = None, None
         if s.lend_vocoder_cores and resolve_device(s.device).type == "cpu":
-            # all cores while no vocoder decodes (velocity.serving.core_board)
+            # all cores while no vocoder decodes (velocity.serving.boards.core_board)
             self.cores = CoreBoard(core_board)
             self.lender = ThreadLender(self.cores, own, s.threads_lent(own), torch.set_num_threads)
         self.engine = LLMEngine(s.engine_config())
@@ -280,7 +280,7 @@ class EngineCore:
 
 def serve(settings: Settings, channel: Channel, core_board: str) -> None:
     """The core process's life: start the engine, say ready (or why not), run until told to stop.
-    core_board: the file the vocoder marks while it decodes (velocity.serving.core_board)."""
+    core_board: the file the vocoder marks while it decodes (velocity.serving.boards.core_board)."""
     import traceback
 
     try:

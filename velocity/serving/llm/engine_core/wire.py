@@ -2,7 +2,7 @@
 
 The stub sends commands, several at a time in one message (a list):
 
-    ("start", key, ref, inputs)     a checked request (velocity.serving.llm_request.LLMInputs),
+    ("start", key, ref, inputs)     a checked request (velocity.serving.llm.llm_inputs.LLMInputs),
                                     ref: its stream-board slot (0: a direct caller)
     ("stop", key)                   the stub ended the stream: abort its engine requests
     ("progress", [(key, done)...])  frames of each stream decoded (and read, for a client that
@@ -11,7 +11,7 @@ The stub sends commands, several at a time in one message (a list):
 
 The core sends one `Report` a step (or after commands that made events), with its events:
 
-    ("chunk", key, outputs, length) a chunk's response tensors (velocity.serving.protocol)
+    ("chunk", key, outputs, length) a chunk's response tensors (velocity.serving.wire.protocol)
     ("generated", key)              every frame is out: the stub ends it once the vocoder has them
     ("end", key, code)              ended by the core: the final flag (code None) or a STREAM_* error
     ("reject", key, message, invalid)  not started: ValueError (invalid) or our own fault

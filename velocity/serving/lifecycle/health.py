@@ -11,9 +11,9 @@ default 8003):
                            (one that cannot come back); without --run-dir, Triton's liveness
     GET /metrics           velocity_part_failures_total{part} and velocity_server_ready
 
-    python -m velocity.serving.health --port 8003 --triton http://127.0.0.1:8000 --run-dir DIR
+    python -m velocity.serving.lifecycle.health --port 8003 --triton http://127.0.0.1:8000 --run-dir DIR
 
-With --run-dir it also runs the watchdog (velocity.serving.watchdog): a model's process or
+With --run-dir it also runs the watchdog (velocity.serving.lifecycle.watchdog): a model's process or
 Triton that dies is seen within a fraction of a second, and the server is restarted.
 
 Standard library only: it runs with any python3, in the venv or in the Docker image.
@@ -30,7 +30,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from velocity.serving.watchdog import Watchdog
+from velocity.serving.lifecycle.watchdog import Watchdog
 
 log = logging.getLogger("velocity.health")
 PATHS = {"/v2/health/ready": "ready", "/ready": "ready", "/v2/health/live": "live", "/live": "live",

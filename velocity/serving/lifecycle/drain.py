@@ -14,13 +14,13 @@ exit timeout. serve.sh drains first instead:
    then signals the server, which now has nothing in flight and exits at once.
 
 When a part off the streams' path dies (text_frontend, tts_offline, voices), the watchdog
-(velocity.serving.watchdog) writes `failed` holding its name before it kills the server; the llm
+(velocity.serving.lifecycle.watchdog) writes `failed` holding its name before it kills the server; the llm
 ends its live streams with an error naming it (STREAM_PART_DIED) and writes `told.<pid>` once
 they have all ended, holding how many of those errors go out through the vocoder (the `tts`
 ensemble's streams); the vocoder writes `relayed.<pid>` with how many it has sent on. The
 watchdog kills once they agree (or after its bound). So a client of Triton's gRPC or HTTP learns
 which part died; the llm's, the vocoder's and tritonserver's deaths leave no one to tell them
-(UNAVAILABLE: velocity.serving.watchdog.UNNAMED).
+(UNAVAILABLE: velocity.serving.lifecycle.watchdog.UNNAMED).
 
 It works only under serve.sh (VELOCITY_RUN_DIR set): a bare `tritonserver` has no run dir, and
 stopping it cuts live streams as Triton does.
@@ -31,6 +31,8 @@ import logging
 import os
 import time
 from pathlib import Path
+
+from velocity.serving.wire.protocol import STREAM_PART_DIED
 
 log = logging.getLogger("velocity.drain")
 
@@ -131,3 +133,17 @@ class Drain:
         except FileNotFoundError:
             pass
         log.info("drained")
+
+
+class Relay:
+    """The vocoder's side of the watchdog's wait (velocity.serving.lifecycle.drain): how many of the llm's
+    errors naming a dead part (STREAM_PART_DIED chunks) it has sent on, in `relayed.<pid>`."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir, self.sent = run_dir, 0
+
+    def answered(self, chunk_number: int) -> None:
+        """A chunk was answered (sent on); count it if it is such an error."""
+        if chunk_number == STREAM_PART_DIED:
+            self.sent += 1
+            relayed(self.run_dir, self.sent)

@@ -15,9 +15,9 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from velocity.serving.core_board import board_path
-from velocity.serving.engine_core.wire import Channel, Report, heap_for_large_buffers
-from velocity.serving.llm_request import LLMInputs
+from velocity.serving.boards.core_board import board_path
+from velocity.serving.llm.engine_core.wire import Channel, Report, heap_for_large_buffers
+from velocity.serving.llm.llm_inputs import LLMInputs
 from velocity.serving.settings import Settings
 
 log = logging.getLogger("velocity.llm")
@@ -42,7 +42,7 @@ class CoreClient:
     def __init__(self, settings: Settings, on_report: Callable[[Report], None], on_death: Callable[[str], None]) -> None:
         heap_for_large_buffers()               # the reports' chunks are read into this process's heap
         ours, theirs = socket.socketpair()
-        cmd = [python(), "-m", "velocity.serving.engine_core", "--fd", str(theirs.fileno()),
+        cmd = [python(), "-m", "velocity.serving.llm.engine_core", "--fd", str(theirs.fileno()),
                "--parent", str(os.getpid())]
         self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()])
         theirs.close()

@@ -1,6 +1,6 @@
-"""The engine core process: python -m velocity.serving.engine_core --fd N --parent PID
+"""The engine core process: python -m velocity.serving.llm.engine_core --fd N --parent PID
 
-N: its end of the socketpair the llm stub made (velocity.serving.engine_core.client), on which the
+N: its end of the socketpair the llm stub made (velocity.serving.llm.engine_core.client), on which the
 stub's Settings and the path of its core board come first. The process ends with the stub: at once when the stub dies (the
 kernel's parent-death signal), or when its socket closes.
 """
@@ -37,8 +37,8 @@ def main() -> None:
     # outlive it until the stub's finalize says shutdown (its streams' ends go out first)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
-    from velocity.serving.engine_core.core import serve
-    from velocity.serving.engine_core.wire import Channel
+    from velocity.serving.llm.engine_core.core import serve
+    from velocity.serving.llm.engine_core.wire import Channel
 
     channel = Channel(socket.socket(fileno=args.fd))
     try:
@@ -49,7 +49,7 @@ def main() -> None:
     serve(settings, channel, core_board)
     logging.shutdown()
     sys.stderr.flush()
-    os._exit(0)                              # no interpreter teardown (velocity.serving.stub_exit's reason)
+    os._exit(0)                              # no interpreter teardown (velocity.serving.lifecycle.stub_exit's reason)
 
 
 if __name__ == "__main__":

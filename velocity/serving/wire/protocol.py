@@ -22,7 +22,7 @@ an error, and what the vocoder reads back (and refuses, naming the input and its
 A probe (CHUNK_INDEX STREAM_PROBE, LENGTH 0) carries no audio: the llm sends one while a stream
 of the `tts` ensemble has been quiet for a while (before its first chunk, between large chunks,
 while it waits for the vocoder), so that the vocoder gets a new request of that stream, which
-Triton marks cancelled once the client has left (velocity.serving.stream_board). The vocoder
+Triton marks cancelled once the client has left (velocity.serving.boards.stream_board). The vocoder
 (decoupled) answers a probe with the final flag alone: the client never sees it.
 
 Inside the ensemble the llm never answers with an error response: Triton 2.51's ensemble then
@@ -38,9 +38,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from velocity.serving.drain import failed_part, relayed
-from velocity.serving.settings import Settings
-from velocity.serving.watchdog import DIED
 from velocity.tts.chunking import CodeChunk, sample_offset
 
 STREAM_SHUTTING_DOWN = -1     # ended by the drain on stop
@@ -87,41 +84,6 @@ def error_outputs(code: int, num_vq: int, stream: int = 0) -> dict[str, np.ndarr
             "STREAM": np.array([[stream]], np.int64), "SENTENCE": _i32(0), "LASTS": _i32(0),
             "SENTENCE_TEXT": text_tensor(""), "WORDS": text_tensor(""), "PAUSE": _i32(0), "TAIL": _i32(0),
             "PAUSED": np.array([[0]], np.int64)}
-
-
-def stream_error(code: int, settings: Settings) -> tuple[str, bool]:
-    """-> (the message for a STREAM_* code, whether it is UNAVAILABLE (retry) rather than INTERNAL)."""
-    if code == STREAM_DEADLINE:
-        return "deadline exceeded: the request's timeout passed before its audio was complete", True
-    if code == STREAM_SHUTTING_DOWN:
-        return "server shutting down: this stream was ended before it finished; retry on another instance", True
-    if code == STREAM_BUSY:
-        return (f"server busy: {settings.max_concurrent_requests} requests are in flight, the limit "
-                f"(VELOCITY_MAX_CONCURRENT_REQUESTS); retry later"), True
-    if code == STREAM_DIRECT_BUSY:
-        return (f"server busy: direct Triton callers have {settings.direct_limit()} requests in flight, their "
-                f"limit (VELOCITY_MAX_DIRECT_REQUESTS), which keeps room for the gateway's clients; retry "
-                f"later, or speak through the gateway"), True
-    if code == STREAM_DRAINING:
-        return "server shutting down: new requests are refused; retry on another instance", True
-    if code == STREAM_PART_DIED:
-        part = failed_part(settings.run_dir) or "another part of the server"
-        return f"the {part} {DIED}: the server is restarting; retry in a few seconds", True
-    return "generation failed (the server log has the cause); retry the request", False
-
-
-class Relay:
-    """The vocoder's side of the watchdog's wait (velocity.serving.drain): how many of the llm's
-    errors naming a dead part (STREAM_PART_DIED chunks) it has sent on, in `relayed.<pid>`."""
-
-    def __init__(self, run_dir: str) -> None:
-        self.run_dir, self.sent = run_dir, 0
-
-    def answered(self, chunk_number: int) -> None:
-        """A chunk was answered (sent on); count it if it is such an error."""
-        if chunk_number == STREAM_PART_DIED:
-            self.sent += 1
-            relayed(self.run_dir, self.sent)
 
 
 @dataclass(slots=True)
@@ -201,20 +163,6 @@ def chunk_problem(c: CodeChunkIn, num_vq: int, num_codes: int, hidden_size: int)
     return None
 
 
-@dataclass(slots=True)
-class Job:
-    """One queued chunk request of the vocoder: the chunk, its response sender, when it was queued."""
-    chunk: CodeChunkIn
-    sender: object
-    queued: float
-    error: object = None              # a response that answers it without decoding
-
-
-def same_shape(job: Job) -> tuple | None:
-    """Jobs decodable in one call share this (path and shape); a refused job goes alone."""
-    return None if job.error is not None else (job.chunk.hidden is None, job.chunk.x.shape[1:])
-
-
 def vocoder_outputs(c: CodeChunkIn, audio: np.ndarray, samples_per_frame: int) -> dict[str, np.ndarray]:
     """The vocoder's response tensors for one decoded chunk (its audio [b, samples]), its silences
     around it."""
@@ -225,13 +173,3 @@ def vocoder_outputs(c: CodeChunkIn, audio: np.ndarray, samples_per_frame: int) -
             "SAMPLE_OFFSET": np.array([[c.sample_offset(samples_per_frame)]], np.int64),
             "SENTENCE_TEXT": np.array([[c.sentence_text]], object), "WORDS": np.array([[c.words]], object),
             "STREAM": np.array([[c.stream]], np.int64)}
-
-
-def chunk_refusal(c: CodeChunkIn, settings: Settings, num_vq: int, num_codes: int, hidden_size: int) -> tuple[str, str] | None:
-    """(message, TritonError code name) for a chunk the vocoder does not decode, or None: the
-    llm's error code (UNAVAILABLE to retry, else INTERNAL), or what is wrong with it (INVALID_ARG)."""
-    if c.number < 0:                      # the llm ended or refused the stream: its error code
-        msg, unavailable = stream_error(c.number, settings)
-        return msg, "UNAVAILABLE" if unavailable else "INTERNAL"
-    msg = chunk_problem(c, num_vq, num_codes, hidden_size)
-    return None if msg is None else (msg, "INVALID_ARG")

@@ -2,7 +2,7 @@
 
 Triton 2.51 does not notice a python stub that died (docs/architecture.md, "When a part
 dies"): a dead `llm` leaves its streams waiting for ever, a dead `vocoder` fails each chunk,
-and the server stays ready. So the health process (velocity.serving.health) watches from
+and the server stays ready. So the health process (velocity.serving.lifecycle.health) watches from
 outside, every POLL_S seconds:
 
 - serve.sh writes tritonserver's pid to `<run dir>/triton.pid` at each start; the server leads
@@ -11,7 +11,7 @@ outside, every POLL_S seconds:
 - once Triton is ready the stubs are known; a stub that is gone, or Triton itself, is a part
   failure: counted (`velocity_part_failures_total{part}`), logged; when it is not on every
   stream's path (UNNAMED), the llm first ends its streams with an error naming the part
-  (`failed` and `told.<pid>` in the run dir, at most TELL_S: velocity.serving.drain); then the
+  (`failed` and `told.<pid>` in the run dir, at most TELL_S: velocity.serving.lifecycle.drain); then the
   whole group is killed (SIGKILL), so every stream left ends with an error at once (UNAVAILABLE
   on gRPC; the gateways name the part from readiness's reason), and serve.sh starts it again;
 - until the new server is ready, readiness is false (`failed` names the part); liveness turns
@@ -19,7 +19,7 @@ outside, every POLL_S seconds:
   back: Kubernetes then restarts the container).
 
 While serve.sh stops (`<run dir>/stopping`) nothing is a failure. Standard library only (and the
-drain's files: velocity.serving.drain).
+drain's files: velocity.serving.lifecycle.drain).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from velocity.serving.drain import all_told, failed_part
+from velocity.serving.lifecycle.drain import all_told, failed_part
 
 log = logging.getLogger("velocity.watchdog")
 
@@ -42,7 +42,7 @@ TELL_S = 1.0                    # seconds the llm gets to end its streams naming
 # (a dead vocoder's "not healthy" comes after seconds), so the kill comes at once
 UNNAMED = ("tritonserver", "llm", "vocoder")
 DIED = "process died"           # in readiness's reason after a failure (the gateways pass it on to clients)
-# parts inside a model's process tree: the llm's engine core (velocity.serving.engine_core), whose
+# parts inside a model's process tree: the llm's engine core (velocity.serving.llm.engine_core), whose
 # death its stub names in `failed` before it ends itself
 WITHIN = {"llm": "llm engine"}
 STUB = "triton_python_backend_stub"
@@ -185,7 +185,7 @@ class Watchdog:
 
     def tell(self, part: str) -> None:
         """Let the llm end its streams with an error naming the part, and the vocoder send on those
-        of the `tts` ensemble (velocity.serving.drain), for at most TELL_S; a dead llm tells no
+        of the `tts` ensemble (velocity.serving.lifecycle.drain), for at most TELL_S; a dead llm tells no
         one, and without one no `told` comes."""
         (self.run_dir / "failed.tmp").write_text(part)
         (self.run_dir / "failed.tmp").replace(self.run_dir / "failed")

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from velocity.serving.core_board import flocked, map_file
+from velocity.serving.boards.core_board import flocked, map_file
 
 SLOTS = 4096                  # streams at once (VELOCITY_MAX_CONCURRENT_REQUESTS is 256 by default)
 LIVE, CANCELLED, FAILED, ENDED = 0, 1, 2, 3

@@ -6,5 +6,5 @@ stub only parses requests, forwards stops and progress, and sends responses.
     stream   one request in the core: its sentences as engine requests, cut into chunks
     core     the core's loop: commands in, a step, one message out
     client   the stub's side: starts the process, sends commands, receives the messages
-    __main__ the process: python -m velocity.serving.engine_core --fd N
+    __main__ the process: python -m velocity.serving.llm.engine_core --fd N
 """

@@ -1,21 +1,21 @@
 """One request of the llm in the engine core (CoreStream): its sentences spoken in order with one
 speaker as engine requests, their frames cut into chunks that go to the stub as they are ready,
 paused while too much of its audio waits for the vocoder. The stub's side of the same request
-(its sender, client, deadline, board slot) is velocity.serving.stream.Stream.
+(its sender, client, deadline, board slot) is velocity.serving.llm.stream.Stream.
 """
 from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING
 
-from velocity.serving.client_tag import verify
-from velocity.serving.llm_request import LLMInputs
-from velocity.serving.protocol import STREAM_FAILED, chunk_outputs
+from velocity.serving.wire.client_tag import verify
+from velocity.serving.llm.llm_inputs import LLMInputs
+from velocity.serving.wire.protocol import STREAM_FAILED, chunk_outputs
 from velocity.tts.chunking import FrameChunker
 from velocity.tts.sentence_stream import Carry, Refine, SentenceStream
 
 if TYPE_CHECKING:
-    from velocity.serving.engine_core.core import EngineCore
+    from velocity.serving.llm.engine_core.core import EngineCore
 
 log = logging.getLogger("velocity.llm")
 

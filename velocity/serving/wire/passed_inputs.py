@@ -1,12 +1,12 @@
 """Readers of the inputs the models pass each other (the request's own inputs are read by the
-table in velocity.serving.input_table), each checked: every error names the input and its allowed
+table in velocity.serving.wire.input_table), each checked: every error names the input and its allowed
 range. And the sampling parameters as they travel between the models (PARAMS_F / PARAMS_I)."""
 from __future__ import annotations
 
 import numpy as np
 
 from velocity.sampling_params import SamplingParams
-from velocity.serving.input_table import BY_NAME, Input
+from velocity.serving.wire.input_table import BY_NAME, Input
 
 
 def text_input(value: np.ndarray | None, name: str, required: bool, max_chars: int | None = None) -> str | None:

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 def board_path(run_dir: str = "", kind: str = "cores") -> Path:
     """The board of the Triton server this model process belongs to (its parent: the python
     backend's stubs are children of tritonserver), keyed by the server's pid and start time.
-    kind: "cores" (this module's) or "streams" (velocity.serving.stream_board).
+    kind: "cores" (this module's) or "streams" (velocity.serving.boards.stream_board).
     run_dir: serve.sh's VELOCITY_RUN_DIR, removed when serve.sh exits, so a board whose models
     never finalized (stubs killed) goes with it; without it the board lies in board_dir()."""
     ppid = os.getppid()

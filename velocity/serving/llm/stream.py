@@ -1,6 +1,6 @@
 """One request of the llm model as its stub holds it (Stream): its responses queued in order for
-the response thread of its host (velocity.serving.stream_host), its client, deadline and board
-slot, ended exactly once. Its audio is generated in the engine core (velocity.serving.engine_core.
+the response thread of its host (velocity.serving.llm.streams), its client, deadline and board
+slot, ended exactly once. Its audio is generated in the engine core (velocity.serving.llm.engine_core.
 stream.CoreStream), which sends its chunks ready-made.
 """
 from __future__ import annotations
@@ -8,14 +8,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from velocity.serving.protocol import STREAM_DEADLINE, STREAM_PROBE, error_outputs
-from velocity.serving.stream_board import ENDED
+from velocity.serving.llm.llm_inputs import LLMRequest
+from velocity.serving.wire.protocol import STREAM_DEADLINE, STREAM_PROBE, error_outputs
+from velocity.serving.boards.stream_board import ENDED
 from velocity.tts.chunking import FRAMES_PER_SECOND
-
-if TYPE_CHECKING:
-    from velocity.serving.stream_host import Streams
 
 Send = Callable[[object, "dict | None", bool], None]       # (sender, outputs or None: only the flag, final)
 Fail = Callable[[object, str, bool], None]                 # (sender, message, invalid: the caller's mistake)
@@ -31,12 +29,24 @@ class Failure:
         self.message, self.invalid = message, invalid
 
 
+@dataclass(slots=True)
+class StreamContext:
+    """What a Stream needs of the streams that hold it: queue a response (`respond(stream,
+    outputs or None, final)`), stop its work in the engine core, the stream board, the metrics and
+    the codebooks an error chunk has."""
+    respond: Callable[["Stream", object, bool], None]
+    stop_core: Callable[[int], None]
+    board: object
+    metrics: object
+    num_vq: int
+
+
 class Stream:
     """One request, as the stub holds it: its responses, ended exactly once."""
 
-    def __init__(self, host: "Streams", key: int, sender, cancelled: Callable[[], bool], ref: int = 0,
-                 timeout: float = 0.0) -> None:
-        self.host, self.key, self.sender, self.cancelled = host, key, sender, cancelled
+    def __init__(self, ctx: StreamContext, key: int, req: LLMRequest, ref: int = 0) -> None:
+        self.ctx, self.key, self.sender, self.cancelled = ctx, key, req.sender, req.cancelled
+        timeout = req.timeout
         self.rid = str(key)                      # in logs; its engine requests are <key>-<sentence>[r]
         self.done = False
         self._lock = threading.Lock()
@@ -60,12 +70,12 @@ class Stream:
         with self._lock:
             if self.done:
                 return
-            self.host.respond(self, outputs)
+            self.ctx.respond(self, outputs, False)
             self.sent_frames += length
             self.last_sent = now
         if self.first_chunk_at is None:
             self.first_chunk_at = now
-            self.host.metrics["ttfa"].observe(now - self.t0)
+            self.ctx.metrics["ttfa"].observe(now - self.t0)
 
     def stop(self, code: int | None, reason: str) -> None:
         """From any thread: end this stream now, with a STREAM_* error code (None: the final flag
@@ -75,8 +85,8 @@ class Stream:
             return
         self.stop_code, self.stop_reason = code, reason
         if self.ref:                             # the vocoder decodes none of its queued chunks
-            self.host.board.mark(self.ref, ENDED)
-        self.host.core_stop(self.key)
+            self.ctx.board.mark(self.ref, ENDED)
+        self.ctx.stop_core(self.key)
         self.end(code)
 
     def end(self, code: int | None = None) -> None:
@@ -86,13 +96,13 @@ class Stream:
                 return
             self.done = True
             if code is not None:
-                self.host.respond(self, error_outputs(code, self.host.num_vq, self.ref), final=True)
+                self.ctx.respond(self, error_outputs(code, self.ctx.num_vq, self.ref), True)
             else:
-                self.host.respond(self, None, final=True)
+                self.ctx.respond(self, None, True)
         if self.stop_reason is not None:
-            self.host.metrics["aborted"][self.stop_reason].increment(1)
+            self.ctx.metrics["aborted"][self.stop_reason].increment(1)
         elif code is None and self.sent_frames:
-            self.host.metrics["rtf"].observe((time.monotonic() - self.t0) / (self.sent_frames / FRAMES_PER_SECOND))
+            self.ctx.metrics["rtf"].observe((time.monotonic() - self.t0) / (self.sent_frames / FRAMES_PER_SECOND))
 
     def reject(self, message: str, invalid: bool) -> None:
         """The core did not start it (its inputs, or our fault): an error response ends it."""
@@ -100,12 +110,12 @@ class Stream:
             if self.done:
                 return
             self.done = True
-            self.host.respond(self, Failure(message, invalid), final=True)
+            self.ctx.respond(self, Failure(message, invalid), True)
 
     def probe(self) -> None:
-        """A probe to the vocoder (see velocity.serving.protocol): nothing for the client."""
+        """A probe to the vocoder (see velocity.serving.wire.protocol): nothing for the client."""
         with self._lock:
             if self.done:
                 return
             self.last_sent = time.monotonic()
-            self.host.respond(self, error_outputs(STREAM_PROBE, self.host.num_vq, self.ref))
+            self.ctx.respond(self, error_outputs(STREAM_PROBE, self.ctx.num_vq, self.ref), False)
