@@ -140,7 +140,7 @@ ROW_BOUNDS = {"int8": 1e-4, "float32": 1e-5}
 
 @pytest.mark.parametrize("kind", ["int8", "float32"])
 def test_the_cpp_decode_step_equals_the_torch_step(tmp_path, kind):
-    """LlamaBody.forward_rows (velocity.model.layer_rows: the operations between the linears in
+    """LlamaBody.forward_rows (velocity/model/csrc/layer_rows.cpp: the operations between the linears in
     C++) against the same linears on torch's operations, one decode step of 6 sequences over
     paged caches: the same arithmetic in another order, so equal within float rounding, except
     where that rounding moves an int8 row across a step (a step of max |x| / 127 in one input
@@ -226,7 +226,7 @@ def test_the_cpp_int8_gemm_is_fbgemms_op_where_it_is_built(inp, out):
 @pytest.mark.parametrize("kind", ["int8", "float32"])
 def test_the_prefill_runs_on_the_cpp_rows_as_the_torch_prefill_does(tmp_path, kind):
     """A prefill through ModelRunner with in_place_prefill (each new token a row that reads the
-    cache up to its own position: LlamaBody.forward_rows, velocity.model.layer_rows) against the same
+    cache up to its own position: LlamaBody.forward_rows, velocity/model/csrc/layer_rows.cpp) against the same
     prefill on torch's operations (a causal mask over the tables): two sequences, one with 5 tokens
     already in the cache. Equal within float rounding, bounded as the decode step above; the keys
     written alike. Without the kernels' rows the flag takes no effect."""

@@ -107,7 +107,7 @@ class LlamaBody(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope_cos = self.rope_sin = torch.empty(0)  # [P, D], from init_rope()
         self.kernels: ModuleType | None = None          # velocity.model.gpu_kernels: the fused GPU layer
-        self.rows: ModuleType | None = None             # the C++ kernels' velocity.model.layer_rows (CPU)
+        self.rows: ModuleType | None = None             # the C++ kernels' velocity/model/csrc/layer_rows.cpp (CPU)
         self._plan: list[tuple] = []                    # forward_rows' per-layer arguments (row_plan)
 
     @torch.no_grad()
@@ -144,7 +144,7 @@ class LlamaBody(nn.Module):
 
     def forward_rows(self, x: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
         """A CPU step on the C++ linears (Int8Linear.rows_call or F32Linear.rows_call) with one
-        C++ call for each stretch between two of them (velocity.model.layer_rows): the residual add
+        C++ call for each stretch between two of them (velocity/model/csrc/layer_rows.cpp): the residual add
         into RMSNorm, RoPE into the KV write and attention, SiLU-and-mul; for int8 each output's
         rows scaled for the next linear. x: [T, H]"""
         K, none = self.rows, x.new_empty(0)

@@ -1,23 +1,18 @@
-"""Paged decode attention in C++ (built with velocity.model.cpu_kernels): reads each cached key
-and value once, straight from the paged cache, instead of gathering them into a padded copy first
-(the torch path in velocity.model.attention stays the reference; tests compare the two).
-layer_rows' rope_attend_scale calls it, so its source comes before theirs.
-
-Each sequence's tokens are split in kHalves ranges, a task each, and the ranges' softmax partials
-are merged in order: one sequence alone reads its cache on two threads, and the ranges follow its
-length alone, so its output is the same, bit for bit, alone, in a batch and on any thread count.
-
-The cache is float32, or float16 (EngineConfig.kv_cache_dtype): half the bytes to read, each row
-rounded to float16 as it is written and converted back as it is read. With AVX2 the float16 rows
-are read by code of their own (two sums a head in pass 1, a head's output in registers over
-kRows token rows in pass 2); the float32 cache keeps its arithmetic.
-"""
-
-SOURCE = r"""
-#include <immintrin.h>
-#include <c10/util/Half.h>
-#include <type_traits>
-#include <utility>
+// Paged decode attention in C++ (built by velocity/model/cpu_kernels.py): reads each cached key
+// and value once, straight from the paged cache, instead of gathering them into a padded copy first
+// (the torch path in velocity.model.attention stays the reference; tests compare the two).
+// layer_rows' rope_attend_scale calls it (paged_decode.h).
+//
+// Each sequence's tokens are split in kHalves ranges, a task each, and the ranges' softmax partials
+// are merged in order: one sequence alone reads its cache on two threads, and the ranges follow its
+// length alone, so its output is the same, bit for bit, alone, in a batch and on any thread count.
+//
+// The cache is float32, or float16 (EngineConfig.kv_cache_dtype): half the bytes to read, each row
+// rounded to float16 as it is written and converted back as it is read. With AVX2 the float16 rows
+// are read by code of their own (two sums a head in pass 1, a head's output in registers over
+// kRows token rows in pass 2); the float32 cache keeps its arithmetic.
+#include "common.h"
+#include "vec.h"
 
 #ifdef __F16C__
 static inline __m256 half8(const at::Half* p) {          // 8 float16 values as float32, exactly
@@ -52,30 +47,6 @@ static inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-// exp of 8 floats: 2^n e^r with n = round(x log2 e) and |r| <= ln 2 / 2 (ln 2 in two parts), e^r by
-// Cephes's degree-7 polynomial (within 2 ulp of std::exp); x clamped to [-87.3, 88.7]: 0 and inf are
-// reached as their nearest finite values, which is all silu needs
-static inline __m256 exp256(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-  // 2^n: n (|n| <= 127 here) into the exponent field; n = 128 (x near 88.7) as 2 * 2^127
-  const __m256i ni = _mm256_cvtps_epi32(n);
-  const __m256i hi = _mm256_cmpgt_epi32(ni, _mm256_set1_epi32(127));
-  const __m256 pow2 = _mm256_castsi256_ps(_mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_sub_epi32(ni, _mm256_and_si256(hi, _mm256_set1_epi32(1))), _mm256_set1_epi32(127)), 23));
-  y = _mm256_mul_ps(y, pow2);
-  return _mm256_blendv_ps(y, _mm256_add_ps(y, y), _mm256_castsi256_ps(hi));
 }
 #endif
 
@@ -289,6 +260,3 @@ at::Tensor paged_decode_as(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor 
   return out;
 }
 
-"""
-
-FUNCTIONS = ["paged_decode"]

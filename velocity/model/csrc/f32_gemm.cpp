@@ -1,23 +1,20 @@
-"""The float32 linears' GEMM in C++ (built with velocity.model.cpu_kernels), where the kernels are
-built with AVX2 and FMA or AVX-512 (`f32_gemm_lanes`); F32Linear (velocity.model.f32_linear) runs
-on it, on its weights laid out [ceil(N / 16), K, 16].
-
-A decode step multiplies one row per running sequence by every weight, so at a few rows it is
-bound by reading the weights. Packed in blocks of 16 output channels, each block's weights lie
-front to back, one input's 16 weights in each 64 bytes: one row reads the whole matrix once, in
-order, with no horizontal sums (AVX2: two registers a block). Rows share each weight load in
-tiles (kRows), so a prefill's many rows run from the cache as a blocked GEMM does; where a block
-has several tiles, they bring the thread's next block into L2 as they go, so the weights' stream
-runs under the multiply-adds instead of between them. The same float32
-arithmetic as nn.Linear in another summation order (outputs differ from it by float rounding):
-each output one chain of fused multiply-adds over the inputs in order, so a row's output is the
-same, bit for bit, alone or beside any other rows (oneDNN's and MKL's may differ between batch
-sizes). One chain a register keeps up with the memory at one row (its multiply-adds' latency
-allows more than two cores read).
-"""
-
-SOURCE = r"""
-#include <immintrin.h>
+// The float32 linears' GEMM in C++ (built by velocity/model/cpu_kernels.py), where the kernels are
+// built with AVX2 and FMA or AVX-512 (`f32_gemm_lanes`); F32Linear (velocity.model.f32_linear) runs
+// on it, on its weights laid out [ceil(N / 16), K, 16].
+//
+// A decode step multiplies one row per running sequence by every weight, so at a few rows it is
+// bound by reading the weights. Packed in blocks of 16 output channels, each block's weights lie
+// front to back, one input's 16 weights in each 64 bytes: one row reads the whole matrix once, in
+// order, with no horizontal sums (AVX2: two registers a block). Rows share each weight load in
+// tiles (kRows), so a prefill's many rows run from the cache as a blocked GEMM does; where a block
+// has several tiles, they bring the thread's next block into L2 as they go, so the weights' stream
+// runs under the multiply-adds instead of between them. The same float32
+// arithmetic as nn.Linear in another summation order (outputs differ from it by float rounding):
+// each output one chain of fused multiply-adds over the inputs in order, so a row's output is the
+// same, bit for bit, alone or beside any other rows (oneDNN's and MKL's may differ between batch
+// sizes). One chain a register keeps up with the memory at one row (its multiply-adds' latency
+// allows more than two cores read).
+#include "common.h"
 
 #if defined(__AVX512F__)
 using fvec = __m512;
@@ -120,6 +117,3 @@ at::Tensor f32_gemm(at::Tensor x, at::Tensor wp, at::Tensor bias, int64_t N) {
 #endif
   return out;
 }
-"""
-
-FUNCTIONS = ["f32_gemm_lanes", "f32_gemm"]

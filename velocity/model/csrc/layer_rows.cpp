@@ -1,24 +1,23 @@
-"""The CPU decoder layer's row operations in C++ (built with velocity.model.cpu_kernels), between
-its linears: int8 (Int8Linear) or float32 (F32Linear, on the C++ f32_gemm).
-
-On CPU much of a step outside its linears was many small operator calls between them, each
-more Python and dispatch than arithmetic: RMSNorm, the residual adds, RoPE, SiLU-and-mul, and
-for int8 the linears' own input scaling (abs, amax, divide) and output scaling. Here each
-stretch between two linears is one call. For int8 (`scaled`) it also leaves its output's rows
-scaled into [-1, 1] with their scales, the input Int8Linear's op takes
-(velocity.model.int8_linear); for float32 the rows stay as they are and their scales are ones.
-LlamaBody.forward_rows runs them, for decodes and prefills alike (a prefill's tokens are rows
-that each attend up to their own position: ModelRunner's in_place_prefill).
-
-The same arithmetic as the torch path, in another order and with fused multiply-adds where the
-compiler makes them, and SiLU's exp vectorized (within 2 ulp): equal within float rounding, which
-an int8 row can move by one step (tests/test_int8.py and tests/test_layers.py bound both).
-
-The linears themselves: velocity.model.int8_gemm, velocity.model.f32_gemm.
-"""
-
-SOURCE = r"""
-#include <immintrin.h>
+// The CPU decoder layer's row operations in C++ (built by velocity/model/cpu_kernels.py), between
+// its linears: int8 (Int8Linear) or float32 (F32Linear, on the C++ f32_gemm).
+//
+// On CPU much of a step outside its linears was many small operator calls between them, each
+// more Python and dispatch than arithmetic: RMSNorm, the residual adds, RoPE, SiLU-and-mul, and
+// for int8 the linears' own input scaling (abs, amax, divide) and output scaling. Here each
+// stretch between two linears is one call. For int8 (`scaled`) it also leaves its output's rows
+// scaled into [-1, 1] with their scales, the input Int8Linear's op takes
+// (velocity.model.int8_linear); for float32 the rows stay as they are and their scales are ones.
+// LlamaBody.forward_rows runs them, for decodes and prefills alike (a prefill's tokens are rows
+// that each attend up to their own position: ModelRunner's in_place_prefill).
+//
+// The same arithmetic as the torch path, in another order and with fused multiply-adds where the
+// compiler makes them, and SiLU's exp vectorized (within 2 ulp): equal within float rounding, which
+// an int8 row can move by one step (tests/test_int8.py and tests/test_layers.py bound both).
+//
+// The linears themselves: int8_gemm.cpp, f32_gemm.cpp.
+#include "common.h"
+#include "paged_decode.h"
+#include "vec.h"
 
 static inline float row_absmax(const float* p, int64_t n) {
   float m = 0.f;
@@ -114,7 +113,7 @@ std::vector<at::Tensor> rope_attend_scale(at::Tensor y, at::Tensor ys, at::Tenso
 }
 
 // y: [T, 2 I] the gate_up linear's output before its row scales ys [T, 1] -> (silu(gate) * up
-// [T, I], rows scaled into [-1, 1] when `scaled`; the scales [T, 1]). exp256: velocity.model.paged_decode
+// [T, I], rows scaled into [-1, 1] when `scaled`; the scales [T, 1]). exp256: vec.h
 std::vector<at::Tensor> silu_mul_scale(at::Tensor y, at::Tensor ys, bool scaled) {
   TORCH_CHECK(y.is_contiguous() && y.scalar_type() == at::kFloat, "contiguous float32 y");
   const int64_t T = y.size(0), I = y.size(1) / 2;
@@ -145,6 +144,3 @@ std::vector<at::Tensor> silu_mul_scale(at::Tensor y, at::Tensor ys, bool scaled)
   });
   return {out, s};
 }
-"""
-
-FUNCTIONS = ["add_norm_scale", "rope_attend_scale", "silu_mul_scale"]

@@ -1,17 +1,14 @@
-"""The int8 linears' GEMM in C++ (built with velocity.model.cpu_kernels), where the kernels are
-built with AVX-512 VNNI or AVX2 (`int8_gemm_bits`); Int8Linear (velocity.model.int8_linear) runs
-on it there, on weights in `int8_pack`'s layout.
-
-The 16 output channels of each 64 bytes of weights are summed in the lanes of one register (AVX2:
-two), with no horizontal sums. Each row is quantized as fbgemm quantizes it (round(L x + L + 1),
-uint8; L = 127 with VNNI, 63 with AVX2, where fbgemm's pairs of products in int16 need 7-bit rows)
-and its products summed in int32 as fbgemm sums them. At one row it reads the weights once, front
-to back, nearer the memory bound than fbgemm's op; with more rows, 8 rows (AVX2: 4) share each
-weight load (docs/benchmarks.md, "int8 on CPU", measures both). Elsewhere Int8Linear keeps fbgemm.
-"""
-
-SOURCE = r"""
-#include <immintrin.h>
+// The int8 linears' GEMM in C++ (built by velocity/model/cpu_kernels.py), where the kernels are
+// built with AVX-512 VNNI or AVX2 (`int8_gemm_bits`); Int8Linear (velocity.model.int8_linear) runs
+// on it there, on weights in `int8_pack`'s layout.
+//
+// The 16 output channels of each 64 bytes of weights are summed in the lanes of one register (AVX2:
+// two), with no horizontal sums. Each row is quantized as fbgemm quantizes it (round(L x + L + 1),
+// uint8; L = 127 with VNNI, 63 with AVX2, where fbgemm's pairs of products in int16 need 7-bit rows)
+// and its products summed in int32 as fbgemm sums them. At one row it reads the weights once, front
+// to back, nearer the memory bound than fbgemm's op; with more rows, 8 rows (AVX2: 4) share each
+// weight load (docs/benchmarks.md, "int8 on CPU", measures both). Elsewhere Int8Linear keeps fbgemm.
+#include "common.h"
 
 // The row width int8_gemm is built for: 8 bits with AVX-512 VNNI (4 products summed in int32), 7
 // with AVX2 alone (pairs of products summed in int16, which 7-bit rows keep from saturating, as
@@ -173,6 +170,3 @@ at::Tensor int8_gemm(at::Tensor x, at::Tensor wp, at::Tensor wsum, at::Tensor ws
 #endif
   return out;
 }
-"""
-
-FUNCTIONS = ["int8_gemm_bits", "int8_pack", "int8_gemm"]
