@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from benchmarks.harness import ROOT, finish, hardware, median_ratio, paired_rounds, save
-from velocity.model.cpu_kernels import kernels
-from velocity.model.packed_linear import F32Linear, PackedLinear
+from velocity.model.kernels.cpu_kernels import kernels
+from velocity.model.layers.packed_linear import F32Linear, PackedLinear
 
 # (in, out) of each linear, as many as the release has
 SETS = {"gpt": [(768, 2304), (768, 768), (768, 6144), (3072, 768)] * 20,

@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 
 from benchmarks.harness import alternating, finish, hardware, save
 from velocity.demo.audio_weights import random_decoder_tensors
-from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
+from velocity.model.loading.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.demo.checkpoint import write_checkpoint
 from velocity.tts.audio_decoder import AudioDecoder, StreamingDecoder
 from velocity.tts.chunking import ChunkSchedule

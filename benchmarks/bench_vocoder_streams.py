@@ -34,7 +34,7 @@ FIRST, LOOKAHEAD = 4, 16
 def decoders():
     from velocity.demo.audio_weights import random_decoder_tensors
     from velocity.demo.checkpoint import write_checkpoint
-    from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
+    from velocity.model.loading.audio_models import load_decoder, load_dvae, load_vocos
     from velocity.tts.audio_decoder import AudioDecoder
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -28,7 +28,7 @@ def cpu_model() -> str:
     "AMD EPYC (AVX2 (capped; the CPU has AVX-512, VNNI))" under ATEN_CPU_CAPABILITY=avx2), for
     benchmark records: the class of machine behind a CI-class host varies (int8 and float32 speeds
     differ by ISA: AVX2-only machines are far slower), and platform.processor() says only "x86_64"."""
-    from velocity.model.cpu_isa import describe
+    from velocity.model.kernels.cpu_isa import describe
 
     name = ""
     try:

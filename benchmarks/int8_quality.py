@@ -8,7 +8,7 @@ float32's, and the share that keeps its own choice when the input embeddings mov
 and 32 rows, 2 threads, the schemes in alternating rounds. Schemes:
 - float32 (oneDNN-prepacked, what velocity runs without int8);
 - int8, one scale per call (`quantized::linear_dynamic`, 7 bits: velocity's first int8);
-- int8, one scale per row (velocity.model.int8_linear, 8 bits with VNNI, else 7; both measured);
+- int8, one scale per row (velocity.model.layers.int8_linear, 8 bits with VNNI, else 7; both measured);
 - int8 weights only (activations stay float; speed from torch's `_weight_int8pack_mm` on bfloat16
   input, the fastest weight-only kernel torch has on CPU).
 Writes docs/benchmarks/int8/quality.{json,png}.
@@ -33,8 +33,8 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from benchmarks.harness import alternating, bench_texts, finish, hardware, save
 from benchmarks.smollm import teacher_forced, write_llama_folder
-from velocity.model.int8_linear import Int8Linear, activation_bits, channel_scale
-from velocity.model.packed_linear import PackedLinear, replace_linears
+from velocity.model.layers.int8_linear import Int8Linear, activation_bits, channel_scale
+from velocity.model.layers.packed_linear import PackedLinear, replace_linears
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("int8_quality")

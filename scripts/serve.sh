@@ -30,7 +30,7 @@
 # once the server has not been ready for LIVE_GRACE seconds (default 300); its /metrics counts
 # velocity_part_failures_total{part}.
 # --cpu-isa avx2 (or CPU_ISA) caps torch, fbgemm, oneDNN and MKL to AVX2 code: what an AVX2-only
-# machine runs, measured on one with AVX-512 (velocity/model/cpu_isa.py; the llm logs the ISA).
+# machine runs, measured on one with AVX-512 (velocity/model/kernels/cpu_isa.py; the llm logs the ISA).
 # Triton's operator APIs (logging, trace, shared-memory, model-repository) need the operator key
 # on both ports (header velocity-admin-key; gRPC: triton-grpc-protocol-velocity-admin-key):
 # VELOCITY_ADMIN_KEY, else one made at each start in the run folder (mode 600; the log names it).

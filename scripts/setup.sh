@@ -71,15 +71,15 @@ if [[ ! -x "$VENV/bin/python" ]]; then
     "$PY" -m venv "$VENV"
 fi
 
-# The C++ CPU kernels (velocity/model/cpu_kernels.py: decode attention, the sampler's sort, the int8 layer's row operations): built here
+# The C++ CPU kernels (velocity/model/kernels/cpu_kernels.py: decode attention, the sampler's sort, the int8 layer's row operations): built here
 # once and cached in the venv, instead of on the server's first start; on a new venv
 # beside the rest of the install, since they need only torch and ninja. Without g++ the server
 # uses the slower torch path and logs a warning.
 kstamp="$VENV/velocity-kernels/.built"
-ksum="$(sha256sum "$ROOT/velocity/model/cpu_kernels.py" | cut -d' ' -f1)"
+ksum="$(sha256sum "$ROOT/velocity/model/kernels/cpu_kernels.py" | cut -d' ' -f1)"
 kernels_needed() { [[ ! -f "$kstamp" ]] || [[ "$(cat "$kstamp")" != "$ksum" ]]; }
 build_kernels() {
-    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" -m velocity.model.cpu_kernels \
+    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" -m velocity.model.kernels.cpu_kernels \
         >/dev/null 2>"$VENV/kernel-build.log"
 }
 kernel_warning() {

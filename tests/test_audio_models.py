@@ -6,8 +6,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from velocity.model.loader import WeightError
-from velocity.model.audio_models import load_dvae, load_vocos
+from velocity.model.loading.loader import WeightError
+from velocity.model.loading.audio_models import load_dvae, load_vocos
 from checkpoints import tiny_checkpoint
 
 
@@ -66,9 +66,9 @@ def test_audio_models_load_at_the_sizes_their_files_have(ckpt, tmp_path):
     from dataclasses import replace
 
     from velocity.demo.audio_weights import SMALL_STACK, SMALL_VOCOS
-    from velocity.model.audio_models import load_decoder
-    from velocity.model.dvae_config import DVAEConfig, decoder_config
-    from velocity.model.vocos import VocosConfig
+    from velocity.model.loading.audio_models import load_decoder
+    from velocity.model.networks.dvae_config import DVAEConfig, decoder_config
+    from velocity.model.networks.vocos import VocosConfig
 
     assert (load_dvae(ckpt).cfg, load_vocos(ckpt).cfg) == (DVAEConfig(), VocosConfig())
     assert load_decoder(ckpt).cfg == decoder_config(64)
@@ -107,8 +107,8 @@ def test_loading_every_model_imports_no_compiler_machinery(ckpt):
     """The GPT, the DVAE and the Vocos built on the meta device and filled, in a fresh process,
     import neither torch._dynamo nor sympy: their first use (an nn.init initialiser or to_empty
     run on torch's Python reference kernels) slowed every server process's start."""
-    code = (f"import sys, torch\nfrom velocity.model.loader import load_model\n"
-            f"from velocity.model.audio_models import load_dvae, load_vocos\n"
+    code = (f"import sys, torch\nfrom velocity.model.loading.loader import load_model\n"
+            f"from velocity.model.loading.audio_models import load_dvae, load_vocos\n"
             f"load_model({str(ckpt)!r}, torch.device('cpu'), torch.float32)\n"
             f"load_dvae({str(ckpt)!r}); load_vocos({str(ckpt)!r})\n"
             f"print(sorted(m for m in ('torch._dynamo', 'sympy') if m in sys.modules))")
@@ -125,7 +125,7 @@ def test_the_text_front_end_reads_sample_strings_without_the_encoder_and_loads_i
             f"text = TextFrontend({str(ckpt)!r}, None)\nenc = VoiceEncoder({str(ckpt)!r})\n"
             f"Voices({str(ckpt)!r}, text.speaker_dim, text.speaker_stats, None, None)\n"
             f"codes = enc.sample_codes(encode_sample(np.arange(12).reshape(4, 3) % 625))\n"
-            f"print(codes.shape, 'velocity.model.dvae' in sys.modules)\n"
+            f"print(codes.shape, 'velocity.model.networks.dvae' in sys.modules)\n"
             f"t = np.arange(12000) / 24000\n"
             f"print(enc.encode((0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)).tolist())\n")
     first, codes = fresh_process(code)[-2:]

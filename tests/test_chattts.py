@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from chattts_ref import RefChatTTS
 from velocity import LLM, SamplingParams
-from velocity.model.loader import WeightError
+from velocity.model.loading.loader import WeightError
 from checkpoints import tiny_checkpoint
 
 TEXTS = ["hello", "hello world this is speech", "你好世界", "a", "the world and you and it is to speech",

@@ -17,7 +17,7 @@ from safetensors import safe_open
 
 from triton_server import ROOT
 from velocity.release import RELEASE_FILES, sha256_file
-from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
+from velocity.model.loading.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.demo.checkpoint import write_checkpoint
 from velocity.tts.audio_decoder import AudioDecoder
 
@@ -121,7 +121,7 @@ def test_sampling_keeps_the_references_candidates_exactly():
 def test_the_speaker_row_is_the_references():
     """The [spk_emb] position's vector, bit for bit: the reference normalises the float16 speaker
     in float16 (normalising in float32 was the one cause of greedy divergence)."""
-    from velocity.model.chattts import speaker_row
+    from velocity.model.networks.chattts import speaker_row
     from velocity.tts.speaker import decode_speaker
 
     ref = np.load(FIXTURES / "speakers.npz")

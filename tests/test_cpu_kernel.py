@@ -9,9 +9,9 @@ import torch
 
 from llama_ref import assert_same, make_llama, prompts
 from velocity import LLM, SamplingParams
-from velocity.model.attention import AttentionMetadata, build_attn_mask, paged_attention
+from velocity.model.layers.attention import AttentionMetadata, build_attn_mask, paged_attention
 from velocity.engine.sampler import chattts_candidates
-from velocity.model.cpu_kernels import paged_decode_kernel, sort_rows_kernel
+from velocity.model.kernels.cpu_kernels import paged_decode_kernel, sort_rows_kernel
 
 
 def test_kernel_builds_on_this_machine():
@@ -20,7 +20,7 @@ def test_kernel_builds_on_this_machine():
 
 def test_kernels_run_on_every_thread():
     """Built without OpenMP, at::parallel_for quietly runs on one thread (it did, until 2026-11-24)."""
-    from velocity.model.cpu_kernels import kernels
+    from velocity.model.kernels.cpu_kernels import kernels
     assert kernels().built_with_openmp()
 
 
@@ -121,7 +121,7 @@ def test_the_build_is_cached_in_this_environment():
     """Not in ~/.cache/torch_extensions, which checkouts with other sources shared and rebuilt."""
     import sys
 
-    from velocity.model.cpu_kernels import build_directory
+    from velocity.model.kernels.cpu_kernels import build_directory
     d = build_directory()
     assert d is not None and d.startswith(sys.prefix) and list(Path(d).glob("*.so")), d
 
@@ -129,7 +129,7 @@ def test_the_build_is_cached_in_this_environment():
 WITHOUT_COMPILER = """
 import logging, sys
 sys.prefix = sys.argv[1]                  # a fresh cache folder: nothing built there yet
-from velocity.model.cpu_kernels import paged_decode_kernel
+from velocity.model.kernels.cpu_kernels import paged_decode_kernel
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
 sys.exit(0 if paged_decode_kernel() is None else 3)
 """
@@ -150,7 +150,7 @@ LOAD = """
 import logging, time
 import torch
 logging.basicConfig(level=logging.INFO, format="%(message)s")
-from velocity.model import cpu_kernels
+from velocity.model.kernels import cpu_kernels
 t = time.perf_counter()
 assert cpu_kernels.kernels() is not None
 print(time.perf_counter() - t)
@@ -166,7 +166,7 @@ def test_a_new_process_loads_the_built_kernels_without_building(first_on_path):
     import subprocess
     import sys
 
-    from velocity.model.cpu_kernels import build_directory, kernels, module_name
+    from velocity.model.kernels.cpu_kernels import build_directory, kernels, module_name
     assert kernels() is not None                              # built (by setup, or now)
     so = Path(build_directory()) / f"{module_name()}.so"
     built_at = so.stat().st_mtime

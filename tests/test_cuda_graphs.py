@@ -110,7 +110,7 @@ def test_chattts_frames_on_cuda_graphs_equal_reference_and_seeds_match_eager(tmp
 def test_audio_decoder_and_pipeline_on_cuda(tmp_path):
     """DVAE + Vocos on CUDA (fp32, TF32 off) match the CPU decode; the whole pipeline streams on CUDA.
     Tolerance: 1e-3 of the signal's peak, for float32 convolutions and FFTs summed in another order."""
-    from velocity.model.audio_models import load_dvae, load_vocos
+    from velocity.model.loading.audio_models import load_dvae, load_vocos
     from checkpoints import tiny_checkpoint
     from velocity.tts.pipeline import TTSPipeline, chattts_params
     from velocity.tts.audio_decoder import AudioDecoder

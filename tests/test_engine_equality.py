@@ -61,8 +61,8 @@ def test_cpu_linears_packed_or_plain_equal_transformers(mha, linears):
     it), on oneDNN-prepacked weights without the C++ kernels; plain nn.Linear stays available and
     exact too."""
     from torch import nn
-    from velocity.model.cpu_kernels import kernels
-    from velocity.model.packed_linear import F32Linear, PackedLinear
+    from velocity.model.kernels.cpu_kernels import kernels
+    from velocity.model.layers.packed_linear import F32Linear, PackedLinear
     if linears == "f32_gemm" and not (kernels() and kernels().f32_gemm_lanes()):
         pytest.skip("the C++ kernels are built without AVX2 and FMA here: no f32_gemm")
     path, _, ps, refs = mha

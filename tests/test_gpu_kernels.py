@@ -1,4 +1,4 @@
-"""The Triton kernels of the GPU decoder layer (velocity/model/gpu_kernels.py) against the eager torch
+"""The Triton kernels of the GPU decoder layer (velocity/model/kernels/gpu_kernels.py) against the eager torch
 code they replace. On a CUDA GPU they run compiled; on a CPU with Triton installed (not in make test:
 Triton is a GPU package) under Triton's interpreter. Skipped, with the reason shown by -ra, where
 neither is there.
@@ -28,7 +28,7 @@ DTYPES = [torch.float32, torch.bfloat16] if CUDA else [torch.float32]
 
 
 def kernels():
-    from velocity.model import gpu_kernels
+    from velocity.model.kernels import gpu_kernels
     assert gpu_kernels.load() is not None
     return gpu_kernels
 
@@ -40,7 +40,7 @@ def close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_add_rms_norm_equals_eager(dtype):
-    from velocity.model.llama import RMSNorm
+    from velocity.model.networks.llama import RMSNorm
     K = kernels()
     g = torch.Generator().manual_seed(0)
     x, r = (torch.randn(5, 96, generator=g).to(DEV, dtype) for _ in range(2))
@@ -57,7 +57,7 @@ def test_add_rms_norm_equals_eager(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_store_equals_rotate_and_cache_write(dtype):
-    from velocity.model.llama import rotate
+    from velocity.model.networks.llama import rotate
     K = kernels()
     T, Hq, Hkv, D, N, S = 6, 4, 2, 16, 8, 4
     g = torch.Generator().manual_seed(1)
@@ -85,7 +85,7 @@ def test_rope_store_equals_rotate_and_cache_write(dtype):
 @pytest.mark.parametrize("mha_rows", [1, 64])
 def test_paged_decode_equals_gather_and_sdpa(dtype, heads, one_part, mha_rows, monkeypatch):
     """Both kernels (without GQA, _decode_mha_kernel from MHA_ROWS rows on), split and whole."""
-    from velocity.model.attention import AttentionMetadata, build_attn_mask, paged_attention
+    from velocity.model.layers.attention import AttentionMetadata, build_attn_mask, paged_attention
     K = kernels()
     monkeypatch.setattr(K, "MHA_ROWS", mha_rows)
     if one_part:                               # one part a row: no combine

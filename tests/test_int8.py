@@ -1,4 +1,4 @@
-"""VELOCITY_QUANTIZE=int8: the transformer layers' linears on int8 weights (velocity.model.int8_linear).
+"""VELOCITY_QUANTIZE=int8: the transformer layers' linears on int8 weights (velocity.model.layers.int8_linear).
 Quantization changes the output, so these tests bound the error instead of asking for equality."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from torch import nn
 from llama_ref import make_llama, prompts
 from velocity import LLM, SamplingParams
 from velocity.config import EngineConfig
-from velocity.model.int8_linear import Int8Linear
+from velocity.model.layers.int8_linear import Int8Linear
 
 
 @pytest.mark.parametrize("inp,out,bias", [(768, 2304, False), (3072, 768, True)])
@@ -90,7 +90,7 @@ def test_capped_to_avx2_int8_rows_get_7_bits_and_stay_within_their_error():
     import sys
     from pathlib import Path
 
-    from velocity.model.cpu_isa import CAP_VARIABLES
+    from velocity.model.kernels.cpu_isa import CAP_VARIABLES
 
     serve = (Path(__file__).resolve().parents[1] / "scripts" / "serve.sh").read_text()
     line = re.search(r"avx2\) export (.*) ;;", serve).group(1)
@@ -98,9 +98,9 @@ def test_capped_to_avx2_int8_rows_get_7_bits_and_stay_within_their_error():
     code = """
 import torch
 from torch import nn
-from velocity.model import cpu_isa
-from velocity.model.cpu_kernels import CFLAGS
-from velocity.model.int8_linear import Int8Linear, activation_bits
+from velocity.model.kernels import cpu_isa
+from velocity.model.kernels.cpu_kernels import CFLAGS
+from velocity.model.layers.int8_linear import Int8Linear, activation_bits
 torch.manual_seed(0)
 lin = nn.Linear(768, 2304)
 nn.init.normal_(lin.weight, 0, 0.02)
@@ -118,10 +118,10 @@ print(cpu_isa.capability(), activation_bits(), q.bits, "-march=native" in CFLAGS
 def linears_on_the_cpp_kernels(model, kind: str) -> None:
     """The layers' linears as the engine makes them for `kind`: int8 (Int8Linear on int8_gemm) or
     float32 (F32Linear on f32_gemm)."""
-    from velocity.model.cpu_kernels import kernels
-    from velocity.model.int8_linear import quantize_linears
-    from velocity.model.llama import LlamaLayer
-    from velocity.model.packed_linear import pack_linears
+    from velocity.model.kernels.cpu_kernels import kernels
+    from velocity.model.layers.int8_linear import quantize_linears
+    from velocity.model.networks.llama import LlamaLayer
+    from velocity.model.layers.packed_linear import pack_linears
 
     K = kernels()
     assert K is not None, "the C++ kernels did not build"
@@ -140,16 +140,17 @@ ROW_BOUNDS = {"int8": 1e-4, "float32": 1e-5}
 
 @pytest.mark.parametrize("kind", ["int8", "float32"])
 def test_the_cpp_decode_step_equals_the_torch_step(tmp_path, kind):
-    """LlamaBody.forward_rows (velocity/model/csrc/layer_rows.cpp: the operations between the linears in
+    """LlamaBody.forward_rows (velocity/model/kernels/csrc/layer_rows.cpp: the operations between the linears in
     C++) against the same linears on torch's operations, one decode step of 6 sequences over
     paged caches: the same arithmetic in another order, so equal within float rounding, except
     where that rounding moves an int8 row across a step (a step of max |x| / 127 in one input
     value of one linear). Measured for int8: a relative error of 4e-8 on the hidden states, and
     3e-2 with RoPE's sign flipped in one half; bounded at 1e-4 (float32: 1e-5)."""
     from checkpoints import tiny_checkpoint
-    from velocity.model.attention import AttentionMetadata
-    from velocity.model.cpu_kernels import paged_decode_kernel, row_kernels
-    from velocity.model.loader import load_model
+    from velocity.model.layers.attention import AttentionMetadata
+    from velocity.model.kernels.cpu_kernels import paged_decode_kernel
+    from velocity.model.networks.llama import row_kernels
+    from velocity.model.loading.loader import load_model
 
     model = load_model(tiny_checkpoint(tmp_path / "tiny", seed=0), torch.device("cpu"), torch.float32)
     linears_on_the_cpp_kernels(model, kind)
@@ -183,7 +184,7 @@ def test_the_cpp_decode_step_equals_the_torch_step(tmp_path, kind):
 
 def test_the_int8_engine_decodes_on_the_cpp_rows(tmp_path):
     make_llama(tmp_path)
-    from velocity.model.cpu_kernels import kernels
+    from velocity.model.kernels.cpu_kernels import kernels
 
     llm = LLM(str(tmp_path), device="cpu", quantize="int8")
     assert llm.engine.worker.model.model.rows is not None
@@ -201,7 +202,7 @@ def test_the_cpp_int8_gemm_is_fbgemms_op_where_it_is_built(inp, out):
     same int8 products summed in int32, scaled in another order: equal within float rounding
     (measured 2e-7 of the peak; bounded at 1e-5). A row's output is the same alone as in a batch,
     bit for bit. Where the kernels have no int8_gemm for these rows' width, Int8Linear keeps fbgemm's op."""
-    from velocity.model.cpu_kernels import kernels
+    from velocity.model.kernels.cpu_kernels import kernels
 
     K = kernels()
     assert K is not None, "the C++ kernels did not build"
@@ -226,7 +227,7 @@ def test_the_cpp_int8_gemm_is_fbgemms_op_where_it_is_built(inp, out):
 @pytest.mark.parametrize("kind", ["int8", "float32"])
 def test_the_prefill_runs_on_the_cpp_rows_as_the_torch_prefill_does(tmp_path, kind):
     """A prefill through ModelRunner with in_place_prefill (each new token a row that reads the
-    cache up to its own position: LlamaBody.forward_rows, velocity/model/csrc/layer_rows.cpp) against the same
+    cache up to its own position: LlamaBody.forward_rows, velocity/model/kernels/csrc/layer_rows.cpp) against the same
     prefill on torch's operations (a causal mask over the tables): two sequences, one with 5 tokens
     already in the cache. Equal within float rounding, bounded as the decode step above; the keys
     written alike. Without the kernels' rows the flag takes no effect."""
@@ -234,8 +235,9 @@ def test_the_prefill_runs_on_the_cpp_rows_as_the_torch_prefill_does(tmp_path, ki
     from velocity.engine.cache_engine import CacheEngine
     from velocity.engine.model_runner import ModelRunner
     from velocity.engine.sequence import Sequence
-    from velocity.model.cpu_kernels import paged_decode_kernel, row_kernels
-    from velocity.model.loader import load_model
+    from velocity.model.kernels.cpu_kernels import paged_decode_kernel
+    from velocity.model.networks.llama import row_kernels
+    from velocity.model.loading.loader import load_model
 
     cpu = torch.device("cpu")
     model = load_model(tiny_checkpoint(tmp_path / "tiny", seed=0), cpu, torch.float32)

@@ -15,7 +15,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 from benchmarks.harness import bench_texts
 from velocity import LLM, SamplingParams
 from benchmarks.smollm import teacher_forced, write_llama_folder
-from velocity.model.int8_linear import Int8Linear, activation_bits, quantize_linears
+from velocity.model.layers.int8_linear import Int8Linear, activation_bits, quantize_linears
 
 pytestmark = pytest.mark.slow       # SmolLM2-135M through transformers and the engine
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow       # SmolLM2-135M through transformers and the 
 # another CPU's rounding; the former per-tensor int8 (57.1, 2.27x, 57%) fails them by far.
 BOUNDS = {8: (1.06, 0.88), 7: (1.16, 0.80)}     # bits -> (perplexity ratio below, agreement above)
 # The engine against the int8 model: measured largest gap 2.6% and 93.5% best with 8-bit rows,
-# 4.6% and 91.4% with 7-bit; with the decode's C++ rows (velocity/model/csrc/layer_rows.cpp, 8-bit), 1.8%
+# 4.6% and 91.4% with 7-bit; with the decode's C++ rows (velocity/model/kernels/csrc/layer_rows.cpp, 8-bit), 1.8%
 # and 90.3%: its other rounding moves other near ties.
 # bits -> (largest gap below, share of best above). The int8 model keeps its own greedy choice under
 # 1e-6 input noise at 89.5% of positions with 8-bit rows and 81.2% with 7-bit

@@ -10,8 +10,8 @@ from llama_ref import assert_same, make_llama, prompts
 from velocity import LLM, SamplingParams
 from velocity.config import EngineConfig
 from velocity.device import kv_dtype
-from velocity.model.attention import AttentionMetadata, build_attn_mask, paged_attention
-from velocity.model.cpu_kernels import paged_decode_kernel
+from velocity.model.layers.attention import AttentionMetadata, build_attn_mask, paged_attention
+from velocity.model.kernels.cpu_kernels import paged_decode_kernel
 from velocity.serving.settings import Settings
 
 

@@ -95,3 +95,26 @@ def test_the_serving_rooms_import_only_down():
     assert not bad, bad
     rooms = {p.name for p in (ROOT / "velocity" / "serving").iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert rooms | {"settings", "metrics"} == set(ROOMS), "give a new room its rank here"
+
+
+# velocity.model's rooms, as nano-vllm splits layers from models: kernels below the layers, the
+# layers below the networks (each with its config), the loaders of folders on top
+MODEL_ROOMS = {"kernels": 0, "layers": 1, "networks": 2, "loading": 3}
+
+
+def test_the_model_rooms_import_only_down():
+    bad = []
+    for path in sorted((ROOT / "velocity" / "model").rglob("*.py")):
+        parts = path.relative_to(ROOT / "velocity" / "model").with_suffix("").parts
+        if parts[0] == "__init__":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            for name in names:
+                if name.startswith("velocity.model.") and (room := name.split(".")[2]) != parts[0] \
+                        and MODEL_ROOMS[room] >= MODEL_ROOMS[parts[0]]:
+                    bad.append(f"{'/'.join(parts)} imports {name}")
+    assert not bad, bad
+    rooms = {p.name for p in (ROOT / "velocity" / "model").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert rooms == set(MODEL_ROOMS), "give a new room its rank here"

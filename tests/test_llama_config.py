@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from velocity.model.llama_config import ConfigError, LlamaConfig, rope_tables
+from velocity.model.networks.llama_config import ConfigError, LlamaConfig, rope_tables
 
 BASE = dict(vocab_size=384, hidden_size=96, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
             max_position_embeddings=4096)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from velocity.model.packed_linear import F32Linear, PackedLinear, can_pack, pack_linears
+from velocity.model.layers.packed_linear import F32Linear, PackedLinear, can_pack, pack_linears
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
@@ -25,10 +25,10 @@ def test_matches_nn_linear(rows, bias):
 
 @pytest.fixture(scope="module")
 def cpp():
-    from velocity.model.cpu_kernels import kernels
+    from velocity.model.kernels.cpu_kernels import kernels
 
     k = kernels()
-    assert k is not None, "the C++ kernels did not build (python -m velocity.model.cpu_kernels says why)"
+    assert k is not None, "the C++ kernels did not build (python -m velocity.model.kernels.cpu_kernels says why)"
     return k
 
 
@@ -113,8 +113,8 @@ def test_fused_code_heads_give_each_heads_own_prepacked_logits(hidden):
     output does not depend on the width; MKL's and cuBLAS's may, so only packed models fuse)."""
     import copy
 
-    from velocity.model.chattts import ChatTTSGPT
-    from velocity.model.llama_config import LlamaConfig
+    from velocity.model.networks.chattts import ChatTTSGPT
+    from velocity.model.networks.llama_config import LlamaConfig
 
     torch.manual_seed(hidden)
     cfg = LlamaConfig.from_dict(dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,

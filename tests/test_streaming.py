@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
+from velocity.model.loading.audio_models import load_decoder, load_dvae, load_vocos
 from checkpoints import tiny_checkpoint
 from velocity.tts.audio_decoder import AudioDecoder, StreamingDecoder
 from velocity.tts.chunking import ChunkSchedule
@@ -277,7 +277,7 @@ def test_int8_decoders_stay_near_the_float32_decode(tmp_path, frames, hidden):
     """VELOCITY_VOCODER_QUANTIZE=int8: the ConvNeXt linears on int8 weights. Both paths stay
     above 25 dB SER against float32 (measured on these random weights with 8-bit rows: 40.2 and
     42.2 dB) and are not equal to it (they are quantized)."""
-    from velocity.model.int8_linear import Int8Linear
+    from velocity.model.layers.int8_linear import Int8Linear
     ckpt = tiny_checkpoint(tmp_path / "tiny", seed=2)
     ref = AudioDecoder(load_dvae(ckpt), load_vocos(ckpt), load_decoder(ckpt))
     q = AudioDecoder(load_dvae(ckpt), load_vocos(ckpt), load_decoder(ckpt))
@@ -297,8 +297,8 @@ def test_prepacked_decoders_are_the_float32_decode_to_its_rounding(tmp_path, fra
     weights (the C++ f32_gemm, or oneDNN's without the C++ kernels), the same arithmetic summed in
     another order: both paths at least 100 dB SER from the plain decode (measured about 120 dB),
     and not bit-equal (the pack is in use)."""
-    from velocity.model.cpu_kernels import kernels
-    from velocity.model.packed_linear import F32Linear, PackedLinear
+    from velocity.model.kernels.cpu_kernels import kernels
+    from velocity.model.layers.packed_linear import F32Linear, PackedLinear
     ckpt = tiny_checkpoint(tmp_path / "tiny", seed=2)
     ref = AudioDecoder(load_dvae(ckpt), load_vocos(ckpt), load_decoder(ckpt))
     p = AudioDecoder(load_dvae(ckpt), load_vocos(ckpt), load_decoder(ckpt))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from checkpoints import tiny_checkpoint
-from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
+from velocity.model.loading.audio_models import load_decoder, load_dvae, load_vocos
 from velocity.serving.wire.protocol import CodeChunkIn
 from velocity.serving.vocoder.stream_decoders import StreamDecoders
 from velocity.tts.audio_decoder import AudioDecoder, StreamingDecoder

@@ -30,7 +30,7 @@ class EngineConfig:
     pack_cpu_weights: bool = True         # CPU float32: linears on packed weights (the C++ f32_gemm, else oneDNN)
     quantize: str = "none"                # "int8": CPU float32, the transformer layers' linears on int8 weights
     cpu_kernel: bool = True               # CPU: the C++ kernels (decode attention, the sampler's sort, the layer's rows, the GEMMs)
-    gpu_kernels: bool = True              # CUDA: the decoder layer on the Triton kernels (velocity.model.gpu_kernels)
+    gpu_kernels: bool = True              # CUDA: the decoder layer on the Triton kernels (velocity.model.kernels.gpu_kernels)
     graph_sampler: bool = True            # CUDA graphs on the GPU kernels: ChatTTS's sampler inside the decode graphs
     enable_prefix_caching: bool = True
 

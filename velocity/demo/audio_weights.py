@@ -9,9 +9,9 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from velocity.model.dvae import DVAE
-from velocity.model.dvae_config import DVAEConfig, decoder_config
-from velocity.model.vocos import Vocos, VocosConfig
+from velocity.model.networks.dvae import DVAE
+from velocity.model.networks.dvae_config import DVAEConfig, decoder_config
+from velocity.model.networks.vocos import Vocos, VocosConfig
 
 LAYER_SCALE = re.compile(r"decoder_block\.\d+\.weight$")     # the DVAE's ConvNeXt layer scales
 

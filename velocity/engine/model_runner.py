@@ -15,7 +15,7 @@ from velocity.engine.graph_sampler import GraphSampler
 from velocity.engine.graph_shapes import graph_batch_sizes, graph_context_blocks
 from velocity.engine.sampling_rows import SamplingRows
 from velocity.engine.sequence import Sequence
-from velocity.model.attention import AttentionMetadata, build_attn_mask
+from velocity.model.layers.attention import AttentionMetadata, build_attn_mask
 
 logger = logging.getLogger(__name__)
 

@@ -7,13 +7,13 @@ import torch
 
 from velocity.config import EngineConfig
 from velocity.engine.scheduler import SchedulerOutput
-from velocity.model.attention import AttentionMetadata, build_attn_mask
-from velocity.model import cpu_isa, gpu_kernels
-from velocity.model.cpu_kernels import kernels, paged_decode_kernel, row_kernels, sort_rows_kernel
-from velocity.model.loader import load_model
-from velocity.model.int8_linear import Int8Linear, quantize_linears, require_int8
-from velocity.model.llama import LlamaLayer
-from velocity.model.packed_linear import can_pack, pack_linears
+from velocity.model.layers.attention import AttentionMetadata, build_attn_mask
+from velocity.model.kernels import cpu_isa, gpu_kernels
+from velocity.model.kernels.cpu_kernels import kernels, paged_decode_kernel, sort_rows_kernel
+from velocity.model.loading.loader import load_model
+from velocity.model.layers.int8_linear import Int8Linear, quantize_linears, require_int8
+from velocity.model.networks.llama import LlamaLayer, row_kernels
+from velocity.model.layers.packed_linear import can_pack, pack_linears
 from velocity.engine.graph_sampler import GraphSampler
 from velocity.engine.sampler import Sampler, to_device
 from velocity.engine.cache_engine import CacheEngine, bytes_per_block
@@ -90,7 +90,7 @@ class Worker:
         self.model.model.kernels = K
         if hasattr(self.model, "fuse_code_heads"):
             self.model.fuse_code_heads()                # the code heads as one GEMM
-        logger.info("GPU: the decoder layer on the Triton kernels (velocity.model.gpu_kernels)")
+        logger.info("GPU: the decoder layer on the Triton kernels (velocity.model.kernels.gpu_kernels)")
         return True
 
     def _graph_sampler(self) -> GraphSampler | None:

@@ -15,8 +15,8 @@ import logging
 import numpy as np
 import torch
 
-from velocity.model.dvae import DVAE
-from velocity.model.vocos import Vocos
+from velocity.model.networks.dvae import DVAE
+from velocity.model.networks.vocos import Vocos
 from velocity.tts.chunking import ChunkSchedule, CodeChunk, FrameChunker
 
 log = logging.getLogger("velocity.vocoder")
@@ -66,7 +66,7 @@ class AudioDecoder:
              pack: bool = True, cpu_kernel: bool = True) -> "AudioDecoder":
         """The release folder's DVAE, Vocos and Decoder on `device`, their linears as quantize()
         makes them (the default: packed float32 where the device allows)."""
-        from velocity.model.audio_models import load_decoder, load_dvae, load_vocos
+        from velocity.model.loading.audio_models import load_decoder, load_dvae, load_vocos
 
         dec = cls(load_dvae(folder, device), load_vocos(folder, device), load_decoder(folder, device))
         if n := dec.quantize(quantize, pack=pack, cpu_kernel=cpu_kernel):
@@ -83,9 +83,9 @@ class AudioDecoder:
             raise ValueError(f"the vocoder's quantize (VELOCITY_VOCODER_QUANTIZE) must be none or int8, got {mode!r}")
         if mode == "int8":
             return self.quantize_int8()
-        from velocity.model.convnext import ConvNeXtBlock
-        from velocity.model.cpu_kernels import kernels
-        from velocity.model.packed_linear import can_pack, packer, replace_linears_in
+        from velocity.model.networks.convnext import ConvNeXtBlock
+        from velocity.model.kernels.cpu_kernels import kernels
+        from velocity.model.layers.packed_linear import can_pack, packer, replace_linears_in
         p = next(self.vocos.parameters())
         if not (pack and can_pack(p.device, p.dtype)):
             return 0
@@ -95,10 +95,10 @@ class AudioDecoder:
 
     def quantize_int8(self) -> int:
         """The ConvNeXt blocks' linears (most of the decoders' work) on int8 weights with per-row int8
-        activations (velocity.model.int8_linear): faster on CPU, and its audio against the float32
+        activations (velocity.model.layers.int8_linear): faster on CPU, and its audio against the float32
         decode's is in docs/benchmarks.md "int8 on CPU". Returns how many."""
-        from velocity.model.convnext import ConvNeXtBlock
-        from velocity.model.int8_linear import quantize_linears, require_int8
+        from velocity.model.networks.convnext import ConvNeXtBlock
+        from velocity.model.layers.int8_linear import quantize_linears, require_int8
         p = next(self.vocos.parameters())
         require_int8(p.device, p.dtype, "the vocoder", "VELOCITY_VOCODER_QUANTIZE")
         return sum(quantize_linears(m, ConvNeXtBlock) for m in (self.dvae, self.decoder, self.vocos) if m is not None)

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from velocity.model.convnext import ConvNeXtBlock
-from velocity.model.dvae import DVAE
-from velocity.model.vocos import Vocos
+from velocity.model.networks.convnext import ConvNeXtBlock
+from velocity.model.networks.dvae import DVAE
+from velocity.model.networks.vocos import Vocos
 from velocity.tts.audio_decoder import AudioDecoder, chunk_input
 from velocity.tts.chunking import CodeChunk
 

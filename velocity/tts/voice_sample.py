@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from velocity.model.dvae_config import DVAEConfig
+from velocity.model.networks.dvae_config import DVAEConfig
 from velocity.tts.audio_file import SAMPLE_RATE, looks_like_audio, read_audio
 from velocity.tts.speaker import SpeakerError, decode_sample
 
@@ -28,9 +28,9 @@ class VoiceEncoder:
 
     @property
     def dvae(self):
-        """velocity.model.dvae.DVAE with its encoder side, loaded at the first use."""
+        """velocity.model.networks.dvae.DVAE with its encoder side, loaded at the first use."""
         if self._dvae is None:
-            from velocity.model.audio_models import load_dvae
+            from velocity.model.loading.audio_models import load_dvae
 
             self._dvae = load_dvae(self.folder, encoder=True)
         return self._dvae

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from velocity.model.convnext import ConvNeXtBlock
+from velocity.model.networks.convnext import ConvNeXtBlock
 
 
 @dataclass(slots=True)

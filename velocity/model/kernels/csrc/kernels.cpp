@@ -1,4 +1,4 @@
-// The CPU kernels' one translation unit (velocity/model/cpu_kernels.py builds it): each kernel's
+// The CPU kernels' one translation unit (velocity/model/kernels/cpu_kernels.py builds it): each kernel's
 // file in turn, and their Python bindings. wrap_pybind_function: a failed TORCH_CHECK is a
 // RuntimeError with its message.
 #include "sort_rows.cpp"

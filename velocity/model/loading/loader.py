@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from velocity.model.llama_config import ConfigError, LlamaConfig
+from velocity.model.networks.llama_config import ConfigError, LlamaConfig
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def read_llama_config(path: Path) -> LlamaConfig:
 
 def load_llama_causal_lm(path: str | Path, device: torch.device, dtype: torch.dtype) -> nn.Module:
     """A Hugging Face Llama causal-LM folder (config.json + *.safetensors)."""
-    from velocity.model.llama import LlamaForCausalLM
+    from velocity.model.networks.llama import LlamaForCausalLM
 
     path = Path(path)
     cfg = read_llama_config(path / "config.json")
@@ -193,7 +193,7 @@ def token_ids(tokenizer_json: Path, names: list[str]) -> dict[str, int | None]:
 def load_chattts(path: Path, device: torch.device, dtype: torch.dtype) -> nn.Module:
     """A ChatTTS release folder: asset/gpt/{config.json,model.safetensors}, asset/Embed.safetensors,
     asset/tokenizer/tokenizer.json. Sizes (num_vq, vocabularies) come from the files."""
-    from velocity.model.chattts import ChatTTSGPT
+    from velocity.model.networks.chattts import ChatTTSGPT
 
     asset = path / "asset"
     cfg = read_llama_config(asset / "gpt" / "config.json")

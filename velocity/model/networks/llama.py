@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from velocity.model.attention import AttentionMetadata, attend_cached, paged_attention
-from velocity.model.heads import Head
-from velocity.model.llama_config import LlamaConfig, rope_tables
+from velocity.model.layers.attention import AttentionMetadata, attend_cached, paged_attention
+from velocity.model.layers.heads import Head
+from velocity.model.networks.llama_config import LlamaConfig, rope_tables
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -58,7 +58,7 @@ class LlamaAttention(nn.Module):
 
     def forward_fused(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                       md: AttentionMetadata, K: ModuleType) -> torch.Tensor:
-        """forward on the GPU kernels (velocity.model.gpu_kernels). cos, sin: the tables [P, D]."""
+        """forward on the GPU kernels (velocity.model.kernels.gpu_kernels). cos, sin: the tables [P, D]."""
         T, Hq, D = x.shape[0], self.num_heads, self.head_dim
         qkv = self.qkv_proj(x)                                                 # [T, (Hq + 2 Hkv) D]
         K.rope_store(qkv, positions, cos, sin, md.slot_mapping, self.k_cache, self.v_cache, Hq)
@@ -106,8 +106,8 @@ class LlamaBody(nn.Module):
         self.layers = nn.ModuleList(LlamaLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope_cos = self.rope_sin = torch.empty(0)  # [P, D], from init_rope()
-        self.kernels: ModuleType | None = None          # velocity.model.gpu_kernels: the fused GPU layer
-        self.rows: ModuleType | None = None             # the C++ kernels' velocity/model/csrc/layer_rows.cpp (CPU)
+        self.kernels: ModuleType | None = None          # velocity.model.kernels.gpu_kernels: the fused GPU layer
+        self.rows: ModuleType | None = None             # the C++ kernels' velocity/model/kernels/csrc/layer_rows.cpp (CPU)
         self._plan: list[tuple] = []                    # forward_rows' per-layer arguments (row_plan)
 
     @torch.no_grad()
@@ -144,7 +144,7 @@ class LlamaBody(nn.Module):
 
     def forward_rows(self, x: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
         """A CPU step on the C++ linears (Int8Linear.rows_call or F32Linear.rows_call) with one
-        C++ call for each stretch between two of them (velocity/model/csrc/layer_rows.cpp): the residual add
+        C++ call for each stretch between two of them (velocity/model/kernels/csrc/layer_rows.cpp): the residual add
         into RMSNorm, RoPE into the KV write and attention, SiLU-and-mul; for int8 each output's
         rows scaled for the next linear. x: [T, H]"""
         K, none = self.rows, x.new_empty(0)
@@ -232,3 +232,21 @@ def fused_weight(layer: LlamaLayer, name: str) -> tuple[str, int, int] | None:
         if f".{part}." in name:
             return name.replace(part, fused), off, rows
     return None
+
+
+def row_kernels(body) -> object | None:
+    """The module for body.forward_rows (velocity/model/kernels/csrc/layer_rows.cpp) where the linears of the
+    LlamaBody's layers are all Int8Linears or all F32Linears, none with a bias; else None."""
+    from velocity.model.kernels.cpu_kernels import kernels
+    from velocity.model.layers.int8_linear import Int8Linear
+    from velocity.model.layers.packed_linear import F32Linear
+
+    linears = [m for layer in body.layers for m in layer.modules() if hasattr(m, "in_features")]   # every kind
+    kinds = {type(m) for m in linears}
+    if not (kinds == {Int8Linear} or kinds == {F32Linear}) or any(_has_bias(m) for m in linears):
+        return None
+    return kernels()
+
+
+def _has_bias(linear) -> bool:
+    return linear.bias is not None and linear.bias.numel() > 0

@@ -1,4 +1,4 @@
-// The CPU decoder layer's row operations in C++ (built by velocity/model/cpu_kernels.py), between
+// The CPU decoder layer's row operations in C++ (built by velocity/model/kernels/cpu_kernels.py), between
 // its linears: int8 (Int8Linear) or float32 (F32Linear, on the C++ f32_gemm).
 //
 // On CPU much of a step outside its linears was many small operator calls between them, each
@@ -6,7 +6,7 @@
 // for int8 the linears' own input scaling (abs, amax, divide) and output scaling. Here each
 // stretch between two linears is one call. For int8 (`scaled`) it also leaves its output's rows
 // scaled into [-1, 1] with their scales, the input Int8Linear's op takes
-// (velocity.model.int8_linear); for float32 the rows stay as they are and their scales are ones.
+// (velocity.model.layers.int8_linear); for float32 the rows stay as they are and their scales are ones.
 // LlamaBody.forward_rows runs them, for decodes and prefills alike (a prefill's tokens are rows
 // that each attend up to their own position: ModelRunner's in_place_prefill).
 //

@@ -7,10 +7,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from velocity.model.loader import WeightError, build_empty, fill, iter_safetensors, tensor_shapes
-from velocity.model.dvae import DVAE
-from velocity.model.dvae_config import DVAEConfig, decoder_config
-from velocity.model.vocos import Vocos, VocosConfig
+from velocity.model.loading.loader import WeightError, build_empty, fill, iter_safetensors, tensor_shapes
+from velocity.model.networks.dvae import DVAE
+from velocity.model.networks.dvae_config import DVAEConfig, decoder_config
+from velocity.model.networks.vocos import Vocos, VocosConfig
 
 DVAE_KEEP = ("coef", "decoder.", "out_conv.", "vq_layer.quantizer.rvqs.")     # the decoding side
 ENCODER_KEEP = DVAE_KEEP + ("downsample_conv.", "encoder.", "preprocessor_mel.")   # and the encoding side

@@ -8,7 +8,7 @@ sequences faster than nn.Linear and one sequence no slower (docs/benchmarks/hist
 from nn.Linear's by float rounding, as nn.Linear's own differ between batch sizes.
 
 Where the C++ kernels are built with AVX2 and FMA or AVX-512, F32Linear runs on their f32_gemm
-instead (velocity/model/csrc/f32_gemm.cpp): quicker than oneDNN's from 1 to 128 rows a call, and near
+instead (velocity/model/kernels/csrc/f32_gemm.cpp): quicker than oneDNN's from 1 to 128 rows a call, and near
 the memory bound at one row (docs/benchmarks.md, "The float32 linears on a C++ kernel").
 """
 from __future__ import annotations
@@ -43,10 +43,10 @@ class PackedLinear(nn.Module):
 
 
 class F32Linear(nn.Module):
-    """nn.Linear's forward on the C++ f32_gemm (velocity/model/csrc/f32_gemm.cpp), its weight kept only in
-    the kernel's layout (inference only). kernels: velocity.model.cpu_kernels.kernels()."""
+    """nn.Linear's forward on the C++ f32_gemm (velocity/model/kernels/csrc/f32_gemm.cpp), its weight kept only in
+    the kernel's layout (inference only). kernels: velocity.model.kernels.cpu_kernels.kernels()."""
 
-    rows_scaled = False         # rows_call() takes the rows as they are (velocity/model/csrc/layer_rows.cpp)
+    rows_scaled = False         # rows_call() takes the rows as they are (velocity/model/kernels/csrc/layer_rows.cpp)
 
     def __init__(self, linear: nn.Linear, kernels) -> None:
         super().__init__()
@@ -65,7 +65,7 @@ class F32Linear(nn.Module):
 
     def rows_call(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """forward for contiguous [T, in] rows, its weights bound (LlamaBody.forward_rows):
-        float32 rows need no scales (velocity/model/csrc/layer_rows.cpp passes ones)."""
+        float32 rows need no scales (velocity/model/kernels/csrc/layer_rows.cpp passes ones)."""
         gemm, packed, bias, n = self.gemm, self.packed, self.bias, self.out_features
         return lambda x: gemm(x, packed, bias, n)
 

@@ -49,7 +49,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
 
 def as_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """x in a cache's dtype: a float16 cache of a float32 model (EngineConfig.kv_cache_dtype) takes
-    x clamped to float16's finite range first, as the C++ kernel (velocity/model/csrc/paged_decode.cpp) does."""
+    x clamped to float16's finite range first, as the C++ kernel (velocity/model/kernels/csrc/paged_decode.cpp) does."""
     if dtype == x.dtype:
         return x
     if dtype == torch.float16 and x.dtype == torch.float32:

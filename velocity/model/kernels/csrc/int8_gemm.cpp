@@ -1,5 +1,5 @@
-// The int8 linears' GEMM in C++ (built by velocity/model/cpu_kernels.py), where the kernels are
-// built with AVX-512 VNNI or AVX2 (`int8_gemm_bits`); Int8Linear (velocity.model.int8_linear) runs
+// The int8 linears' GEMM in C++ (built by velocity/model/kernels/cpu_kernels.py), where the kernels are
+// built with AVX-512 VNNI or AVX2 (`int8_gemm_bits`); Int8Linear (velocity.model.layers.int8_linear) runs
 // on it there, on weights in `int8_pack`'s layout.
 //
 // The 16 output channels of each 64 bytes of weights are summed in the lanes of one register (AVX2:

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from velocity.model.attention import AttentionMetadata
-from velocity.model.heads import Head
-from velocity.model.llama import LlamaBody, fused_weight
-from velocity.model.llama_config import LlamaConfig
+from velocity.model.layers.attention import AttentionMetadata
+from velocity.model.layers.heads import Head
+from velocity.model.networks.llama import LlamaBody, fused_weight
+from velocity.model.networks.llama_config import LlamaConfig
 
 
 def speaker_row(v: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Optional C++ kernels for CPU (velocity/model/csrc/), built with torch's cpp_extension (needs g++
+"""Optional C++ kernels for CPU (velocity/model/kernels/csrc/), built with torch's cpp_extension (needs g++
 and ninja) by scripts/setup.sh, or on first use:
 - paged decode attention (csrc/paged_decode.cpp);
 - sort_rows: the sampler's sort of each row's values, with the ids of the row's c best (a radix
@@ -11,12 +11,12 @@ and ninja) by scripts/setup.sh, or on first use:
 The build is cached inside the Python environment (sys.prefix/velocity-kernels), so
 checkouts with venvs of their own never rebuild each other's; torch's default cache is used
 where that folder is not writable. A built module is named by a hash of its files, flags
-(-march=native, less what a --cpu-isa cap leaves out: velocity.model.cpu_isa), torch version and
+(-march=native, less what a --cpu-isa cap leaves out: velocity.model.kernels.cpu_isa), torch version and
 the CPU, and a later process imports it straight from its file: no build step (ninja) runs at
 load time, so the two ninja binaries a machine may have (Debian's on PATH, the venv's) can never
 make one process see another's build as stale and rebuild it.
 
-    python -m velocity.model.cpu_kernels     # build now; exit 1 (with the reason) if it cannot
+    python -m velocity.model.kernels.cpu_kernels     # build now; exit 1 (with the reason) if it cannot
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from velocity.model.cpu_isa import compiler_flags
+from velocity.model.kernels.cpu_isa import compiler_flags
 
 logger = logging.getLogger(__name__)
 
@@ -104,23 +104,6 @@ def sort_rows_kernel():
     """sort_rows(x [R, V] float32, c) -> (ascending rows, the c largest descending, their ids), or None."""
     m = kernels()
     return None if m is None else m.sort_rows
-
-
-def row_kernels(body) -> object | None:
-    """The module for body.forward_rows (velocity/model/csrc/layer_rows.cpp) where the linears of the
-    LlamaBody's layers are all Int8Linears or all F32Linears, none with a bias; else None."""
-    from velocity.model.int8_linear import Int8Linear
-    from velocity.model.packed_linear import F32Linear
-
-    linears = [m for layer in body.layers for m in layer.modules() if hasattr(m, "in_features")]   # every kind
-    kinds = {type(m) for m in linears}
-    if not (kinds == {Int8Linear} or kinds == {F32Linear}) or any(_has_bias(m) for m in linears):
-        return None
-    return kernels()
-
-
-def _has_bias(linear) -> bool:
-    return linear.bias is not None and linear.bias.numel() > 0
 
 
 def build_directory() -> str | None:

@@ -1,6 +1,6 @@
-// Paged decode attention in C++ (built by velocity/model/cpu_kernels.py): reads each cached key
+// Paged decode attention in C++ (built by velocity/model/kernels/cpu_kernels.py): reads each cached key
 // and value once, straight from the paged cache, instead of gathering them into a padded copy first
-// (the torch path in velocity.model.attention stays the reference; tests compare the two).
+// (the torch path in velocity.model.layers.attention stays the reference; tests compare the two).
 // layer_rows' rope_attend_scale calls it (paged_decode.h).
 //
 // Each sequence's tokens are split in kHalves ranges, a task each, and the ranges' softmax partials
@@ -30,7 +30,7 @@ static inline void half_to_float(const at::Half* s, float* d, int64_t n) {
 }
 
 // a float32 row into a cache row: float32 copied, float16 rounded to nearest (as torch's .half())
-// after clamping to float16's finite range, as velocity.model.attention's torch path does
+// after clamping to float16's finite range, as velocity.model.layers.attention's torch path does
 static inline void store_row(float* d, const float* s, int64_t n) { std::memcpy(d, s, n * sizeof(float)); }
 static inline void store_row(at::Half* d, const float* s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = at::Half(std::min(std::max(s[i], -65504.f), 65504.f));

@@ -6,7 +6,7 @@ max |w| / 127). Each input row (one token) is scaled by its own max |x| and quan
 fixed parameters, and fbgemm's int8 GEMM runs on the result
 (`quantized::linear_with_input_q_dq_qweight_dq_output_fp32`, part of torch), or, where the C++
 kernels are built (AVX-512 VNNI or AVX2), their int8_gemm with the same arithmetic
-(velocity/model/csrc/int8_gemm.cpp). A row's output is therefore the same, bit for bit, alone or beside
+(velocity/model/kernels/csrc/int8_gemm.cpp). A row's output is therefore the same, bit for bit, alone or beside
 any other rows.
 
 Why per row: on a real pretrained model (SmolLM2-135M, tests/test_int8_quality.py) one scale
@@ -33,8 +33,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from velocity.model.cpu_isa import has_vnni
-from velocity.model.packed_linear import replace_linears_in
+from velocity.model.kernels.cpu_isa import has_vnni
+from velocity.model.layers.packed_linear import replace_linears_in
 
 
 def require_int8(device: torch.device, dtype: torch.dtype, what: str, setting: str) -> None:
@@ -57,11 +57,11 @@ def activation_bits() -> int:
 
 class Int8Linear(nn.Module):
     """nn.Linear's forward with int8 weights (per output channel) and int8 input rows (per row).
-    kernels: the C++ CPU kernels (velocity.model.cpu_kernels.kernels()): where their int8_gemm is
+    kernels: the C++ CPU kernels (velocity.model.kernels.cpu_kernels.kernels()): where their int8_gemm is
     built for this row width (8 bits with AVX-512 VNNI, 7 with AVX2), it runs on them instead of
-    fbgemm's op, on the weights in its own layout (one copy either way; velocity/model/csrc/int8_gemm.cpp)."""
+    fbgemm's op, on the weights in its own layout (one copy either way; velocity/model/kernels/csrc/int8_gemm.cpp)."""
 
-    rows_scaled = True          # scaled() takes rows scaled into [-1, 1] (velocity/model/csrc/layer_rows.cpp)
+    rows_scaled = True          # scaled() takes rows scaled into [-1, 1] (velocity/model/kernels/csrc/layer_rows.cpp)
 
     def __init__(self, linear: nn.Linear, bits: int | None = None, kernels=None) -> None:
         super().__init__()
@@ -96,7 +96,7 @@ class Int8Linear(nn.Module):
 
     def scaled(self, x: torch.Tensor) -> torch.Tensor:
         """The int8 op on rows already scaled into [-1, 1]: the output before the rows' scales and
-        the bias (velocity/model/csrc/layer_rows.cpp scales both sides). x: [..., in] -> [..., out]"""
+        the bias (velocity/model/kernels/csrc/layer_rows.cpp scales both sides). x: [..., in] -> [..., out]"""
         if self.gemm is not None:
             y = self.gemm(x.reshape(-1, self.in_features).contiguous(), self.packed, self.wsum, self.wscale)
             return y.view(*x.shape[:-1], self.out_features)

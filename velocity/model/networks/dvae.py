@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from velocity.model.convnext import ConvNeXtBlock
-from velocity.model.dvae_config import ENCODER, DVAEConfig
+from velocity.model.networks.convnext import ConvNeXtBlock
+from velocity.model.networks.dvae_config import ENCODER, DVAEConfig
 
 
 class ConvStack(nn.Module):

@@ -1,4 +1,4 @@
-"""The DVAE's and the Decoder's shapes (velocity.model.dvae), without torch: what a voice
+"""The DVAE's and the Decoder's shapes (velocity.model.networks.dvae), without torch: what a voice
 sample's codes must look like is known without loading the model."""
 from __future__ import annotations
 

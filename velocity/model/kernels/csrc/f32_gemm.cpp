@@ -1,4 +1,4 @@
-// The float32 linears' GEMM in C++ (built by velocity/model/cpu_kernels.py), where the kernels are
+// The float32 linears' GEMM in C++ (built by velocity/model/kernels/cpu_kernels.py), where the kernels are
 // built with AVX2 and FMA or AVX-512 (`f32_gemm_lanes`); F32Linear (velocity.model.f32_linear) runs
 // on it, on its weights laid out [ceil(N / 16), K, 16].
 //

@@ -1,0 +1,1 @@
+"""Building the networks from a folder: their configs and the safetensors loader."""
