@@ -186,7 +186,7 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=3.0, help="seconds of flood before B measures")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--lexicon-keys", type=int, default=0,
-                    help="client A sends short texts, each with a fresh lexicon of this many keys (issue #45 item 7)")
+                    help="client A sends short texts, each with a fresh lexicon of this many keys")
     base = ap.add_mutually_exclusive_group()
     base.add_argument("--baseline-rev", default="", help="also run each cap on this git revision (a worktree)")
     base.add_argument("--baseline-env", action="append", metavar="NAME=VALUE",

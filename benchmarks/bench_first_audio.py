@@ -1,4 +1,4 @@
-"""Where one stream's first audio goes (issue #48, item 2: profile first).
+"""Where one stream's first audio goes (profile first).
 
 In this process, on the server's chunking and quantization settings, one request's first audio
 is split into its parts, timed around the calls that make them:

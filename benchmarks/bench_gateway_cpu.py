@@ -1,7 +1,7 @@
 """The gateway's CPU per request, by HTTP parser (VELOCITY_GATEWAY_HTTP: httptools or h11).
 
-A flood of requests that the gateway answers itself costs the cores that also speak (issue #45,
-"Fair share"): this measures that cost per request, the gateway process's CPU time (user +
+A flood of requests that the gateway answers itself costs the cores that also speak
+(docs/benchmarks.md, "Fair share"): this measures that cost per request, the gateway process's CPU time (user +
 system, /proc) over --requests requests each on a new connection, sent by --threads threads, for
 two kinds the gateway answers itself: a POST with the wrong content type (415, its body unread)
 and GET /v1/models. One gateway per parser, both running, no Triton behind them (the kinds need

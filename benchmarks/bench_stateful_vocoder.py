@@ -1,4 +1,4 @@
-"""The stateful streaming decode against the chunked one (issue #48, item 1), on the server's
+"""The stateful streaming decode against the chunked one, on the server's
 chunking: the same chunks, a FrameChunker's, through AudioDecoder.decode_cut (each chunk with its
 left context and lookahead) and through StatefulDecoder (each layer's positions once, the
 speculative tail again), in alternating rounds on one thread (the vocoder's). Per workload: the

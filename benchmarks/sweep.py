@@ -199,7 +199,7 @@ def in_process(weights: str, texts: list[str], levels: list[int], n_min: int, va
 
 
 def realtime_streams(levels: list[dict], rtf: float = 1.0, first_audio_s: float = 0.5) -> int:
-    """Issue #34's "streams in real time": the largest concurrency at which p99 RTF < rtf and p99
+    """The "streams in real time": the largest concurrency at which p99 RTF < rtf and p99
     first audio < first_audio_s, with no errors (0: none qualifies)."""
     ok = [x["concurrency"] for x in levels if not x["errors"] and x["rtf"]["p99"] is not None
           and x["rtf"]["p99"] < rtf and x["first_audio_s"]["p99"] < first_audio_s]

@@ -1,4 +1,4 @@
-"""Issue #45, item 5: a client that does not read stops the work. A sentence keeps its place in the
+"""A client that does not read stops the work. A sentence keeps its place in the
 pipe until its audio is taken, so generation stops a few sentences past what the client read; a
 client that reads slower than the server generates paces its stream's generation (the gateway
 tells the `pace` model how far it read: velocity.gateway.pace); a client that takes none of its

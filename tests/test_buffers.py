@@ -1,4 +1,4 @@
-"""Issue #45, item 4: what a client's text can make the gateway hold is bounded. Text with no
+"""What a client's text can make the gateway hold is bounded. Text with no
 sentence end is spoken once it passes MAX_PENDING_CHARS, cut at a word; a stream holds at most
 MAX_QUEUED sentences waiting (past them: an error naming the text, and the socket goes on); a
 WebSocket message is held to the body limit once decompressed. Wyoming's streamed text has the

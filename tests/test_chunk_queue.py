@@ -35,8 +35,8 @@ def test_first_chunks_overtake_later_chunks_queued_before_them():
 
 
 def test_a_first_chunk_goes_before_later_chunks_even_past_their_deadline():
-    """Under overload every later chunk is overdue; a new stream's first audio still goes next
-    (issue #45), first chunks in arrival order, and the overdue ones by deadline after them."""
+    """Under overload every later chunk is overdue; a new stream's first audio still goes next,
+    first chunks in arrival order, and the overdue ones by deadline after them."""
     clock = Clock()
     q = ChunkQueue(lambda i: 0.5 * i, clock)
     q.put(2, "old")             # due at 101.0

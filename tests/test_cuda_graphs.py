@@ -48,7 +48,7 @@ def test_cuda_graph_decode_equals_eager(tmp_path, dtype, gpu_kernels):
                   max_num_seqs=16, enforce_eager=eager, gpu_kernels=gpu_kernels)
         runner = llm.engine.worker.runner
         assert bool(runner.graphs) is not eager
-        assert runner.in_place is gpu_kernels
+        assert runner.by_length is gpu_kernels
         if not eager and gpu_kernels:      # one width: the whole context, read up to each row's length
             assert {w * 16 for _, w in runner.graphs} == {512} and runner.graph_sizes == graph_batch_sizes(16, True)
         elif not eager:  # prompts of 1..70 tokens + 32 new: decoding crosses the 64- and 128-token widths

@@ -77,7 +77,7 @@ def test_the_deployment_fits_serve_sh_and_the_settings(layout):
     assert int(env["GATEWAY_PORT"]) == ports["gateway"]
     # readiness and liveness on serve.sh's health port (drains and dead parts); a restart after a
     # death may take as long as the first load, which the startup probe allows: the liveness
-    # probe fails only once the server has not been ready for longer (issue #46)
+    # probe fails only once the server has not been ready for longer
     assert c["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "health"}
     assert c["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "health"}
     startup = c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"]

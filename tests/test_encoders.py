@@ -1,4 +1,4 @@
-"""Issue #45, item 9: an encoder is closed at every end of its response. mp3 requests cut off
+"""An encoder is closed at every end of its response. mp3 requests cut off
 mid-stream leave no FFmpeg threads behind in the gateway (each open encoder holds a few); the
 gateway's thread count returns to its baseline. A gateway of its own (its process is counted) in
 front of the shared server."""

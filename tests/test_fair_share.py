@@ -1,4 +1,4 @@
-"""Issue #45, item 2: no client can take the gateway from the others. A client (its API key, else
+"""No client can take the gateway from the others. A client (its API key, else
 its address: here 127.0.0.2 to .6, all this machine) has a cap on its streams and on its
 WebSockets, all clients on their WebSockets together, and a silent socket is closed; past a cap,
 503 with Retry-After, and the other clients are served. The side gateway (conftest.SIDE_GATEWAY_ENV:

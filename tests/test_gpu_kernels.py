@@ -141,7 +141,7 @@ def test_engine_on_the_kernels_equals_transformers_and_eager(tmp_path):
     for on in (True, False):
         llm = LLM(str(tmp_path), gpu_kernels=on, **kw)
         assert (llm.engine.worker.model.model.kernels is not None) is on
-        assert llm.engine.worker.runner.in_place is on
+        assert llm.engine.worker.runner.by_length is on
         if CUDA and on:
             assert {w for _, w in llm.engine.worker.runner.graphs} == {1024 // 16}    # one width
         outs[on] = [o.token_ids for o in llm.generate(ps, params)]

@@ -1,4 +1,4 @@
-"""Issue #45, item 6: every hang-up stops the work within 2 s and is counted. A WebSocket client
+"""Every hang-up stops the work within 2 s and is counted. A WebSocket client
 that sends `close` and leaves before its audio is out (the close loop waited for ever before: the
 writer could not send, and the text was spoken for no one), and a slow reader of a long text in
 pieces that hangs up (its small receive window keeps the gateway's sends waiting; this one passed

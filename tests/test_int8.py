@@ -226,7 +226,7 @@ def test_the_cpp_int8_gemm_is_fbgemms_op_where_it_is_built(inp, out):
 
 @pytest.mark.parametrize("kind", ["int8", "float32"])
 def test_the_prefill_runs_on_the_cpp_rows_as_the_torch_prefill_does(tmp_path, kind):
-    """A prefill through ModelRunner with in_place_prefill (each new token a row that reads the
+    """A prefill through ModelRunner with row_prefill (each new token a row that reads the
     cache up to its own position: LlamaBody.forward_rows, velocity/model/kernels/csrc/layer_rows.cpp) against the same
     prefill on torch's operations (a causal mask over the tables): two sequences, one with 5 tokens
     already in the cache. Equal within float rounding, bounded as the decode step above; the keys
@@ -260,11 +260,11 @@ def test_the_prefill_runs_on_the_cpp_rows_as_the_torch_prefill_does(tmp_path, ki
             layer.self_attn.k_cache.copy_(k)
             layer.self_attn.v_cache.copy_(v)
         runner = ModelRunner(model, S, cache.scratch_block, N * S, 4, cpu, False, paged_decode_kernel(),
-                             in_place_prefill=flag)
-        assert runner.in_place_prefill == flag
+                             row_prefill=flag)
+        assert runner.row_prefill == flag
         out[flag] = (runner.run([a, b]), body.layers[-1].self_attn.k_cache.clone())
     err = float((out[True][0] - out[False][0]).norm() / out[False][0].norm())
     assert 0 <= err < ROW_BOUNDS[kind], err
     torch.testing.assert_close(out[True][1], out[False][1], rtol=1e-4, atol=1e-4)
     assert not ModelRunner(model, S, cache.scratch_block, N * S, 4, cpu, False, None,
-                           in_place_prefill=True).in_place_prefill
+                           row_prefill=True).row_prefill

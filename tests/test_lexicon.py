@@ -130,7 +130,7 @@ def test_a_request_lexicon_is_built_once_per_content():
 
 
 def test_a_large_lexicon_grows_only_the_part_a_text_reaches():
-    """Issue #45 item 7: a request's fresh lexicon costs its front end in proportion to what its
+    """A request's fresh lexicon costs its front end in proportion to what its
     text walks, not to its size: the trie grows one first character at a time."""
     lex = Lexicon({f"w{k}x": "many" for k in range(3000)} | {"hello": "hi"})
     assert lex.apply("Hello there.") == "hi there."

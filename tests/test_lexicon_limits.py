@@ -1,4 +1,4 @@
-"""Issue #45, item 7: lexicons cannot hold the text front end up nor blow the text up. A request's
+"""Lexicons cannot hold the text front end up nor blow the text up. A request's
 lexicon of 8,000 keys (what LEXICON's 100,000 characters hold with 3-letter keys) is built in a
 step per key character (a trie; the regex before took 2.4-3.1 ms a key to compile: 19-25 s for
 each request, and the front end served no one else meanwhile): the client waits at most 10 s

@@ -1,4 +1,4 @@
-"""Issue #45, item 8: every malformed value gets a 4xx (on a socket: an error message) naming the
+"""Every malformed value gets a 4xx (on a socket: an error message) naming the
 field, and nothing breaks: the socket goes on. Numbers are checked against their range before any
 cast; JSON nesting is bounded (velocity/gateway/json_body.py). Against a real server, through
 the gateway that serve.sh starts beside it."""

@@ -1,4 +1,4 @@
-"""Issue #49, item 2: a measured figure lives once, in docs/benchmarks.md. Code, its comments, its
+"""A measured figure lives once, in docs/benchmarks.md. Code, its comments, its
 docstrings and the settings' help say what a thing does (and may name the benchmark that
 measures it), never a speed-up or the date of a measurement: those go stale while the code stays."""
 from __future__ import annotations

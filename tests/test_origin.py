@@ -1,4 +1,4 @@
-"""Issue #45, item 3: same origin by default. Another site's page cannot open the WebSockets (403)
+"""Same origin by default. Another site's page cannot open the WebSockets (403)
 nor make the server speak with a no-CORS POST (415); the gateway's own page, programs that send no
 Origin and the origins of VELOCITY_GATEWAY_ORIGINS can. A real server, its gateway and a gateway
 of its own with an allow-list."""

@@ -1,4 +1,4 @@
-"""Issue #46: when a part dies, every client hears it within 2 s, readiness says so within 2 s,
+"""When a part dies, every client hears it within 2 s, readiness says so within 2 s,
 and the server comes back by itself (a new request speaks within 60 s).
 
 One server as `make serve` starts it (serve.sh: Triton, the health port with its watchdog, the

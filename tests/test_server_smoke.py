@@ -106,7 +106,7 @@ def test_serve_sh_stop_leaves_nothing(tmp_path):
 
 
 def test_threads_at_the_same_metrics_leave_the_server_up(smoke_server):
-    """Issue #45 item 1: the python backend's metrics are not thread-safe (each operation rewrites
+    """The python backend's metrics are not thread-safe (each operation rewrites
     the metric's shared memory while the server may still read the last one); the llm and the
     vocoder update theirs from several threads, and under a burst of cancels tritonserver died
     in Metric::LoadFromSharedMemory (benchmarks/bench_cancel_burst.py). velocity.serving.metrics

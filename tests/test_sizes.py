@@ -1,4 +1,4 @@
-"""Issue #49, item 7: small rooms. No Python module of the product (velocity/, client/) over 300
+"""Small rooms. No Python module of the product (velocity/, client/) over 300
 lines, and each Triton model's model.py, an adapter, at most 150: what grows splits by concept."""
 from __future__ import annotations
 

@@ -342,7 +342,7 @@ def chunked_and_stateful(decoder, frames, schedule, lookahead, step, hidden=None
                                                        (ChunkSchedule(1, 1), 2, 1, 24)])
 def test_the_stateful_decode_is_the_chunked_decode_with_each_frame_once(decoder, frames, hidden, path, schedule,
                                                                        lookahead, step, n):
-    """Issue #48, item 1: each layer keeps its input's tail per stream and computes a position
+    """Each layer keeps its input's tail per stream and computes a position
     once its input reaches past it, again only where it lies past a chunk's end. Its audio:
     - with an exact lookahead, the chunked decode's: float rounding only, 100 dB SER as above;
     - with a shorter one, whose positions before a chunk's end it keeps where the chunked decode

@@ -137,7 +137,7 @@ def test_many_quiet_streams_spread_their_probes_within_the_rate(tmp_path):
 
 
 def test_no_python_backend_call_on_the_step_path(tmp_path):
-    """Issue #70 items 2 and 3: a python-backend call is a round trip to the server process, and
+    """A python-backend call is a round trip to the server process, and
     the llm counted its frames at every output of every stream on the engine thread (a quarter of
     that thread's samples under 128 streams, py-spy). The engine now steps in a process of its own,
     which imports nothing of Triton's; in the stub the threads count in the process, and only the

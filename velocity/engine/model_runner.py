@@ -45,16 +45,16 @@ class ModelRunner:
 
     def __init__(self, model: nn.Module, block_size: int, scratch_block: int, max_model_len: int,
                  max_num_seqs: int, device: torch.device, use_cuda_graphs: bool,
-                 decode_kernel: Callable | None = None, in_place_decode: bool = False,
-                 graph_sampler: GraphSampler | None = None, in_place_prefill: bool = False) -> None:
+                 decode_kernel: Callable | None = None, gpu_kernels_in_place: bool = False,
+                 graph_sampler: GraphSampler | None = None, row_prefill: bool = False) -> None:
         self.model = model
         self.decode_kernel = decode_kernel
         # prefills too as rows that each read the cache in place up to their own position (the
         # decode kernel's metadata, a table per row): the CPU layer's C++ rows' one path (forward_rows)
-        self.rows_prefill = in_place_prefill
-        self.in_place_decode = in_place_decode   # the model's GPU kernels read the cache in place
-        # the decode graphs sample too (one graph per batch size: with in_place only): see codes
-        self.graph_sampler = graph_sampler if in_place_decode else None
+        self.asked_row_prefill = row_prefill
+        self.gpu_kernels_in_place = gpu_kernels_in_place   # the model's GPU kernels read the cache in place
+        # the decode graphs sample too (one graph per batch size: with the GPU kernels only): see codes
+        self.graph_sampler = graph_sampler if gpu_kernels_in_place else None
         self.sampling_rows = SamplingRows(graph_sampler) if self.graph_sampler else None
         self.codes: torch.Tensor | None = None   # [B, K] the last run's tokens, where its graph sampled them
         self.graph_sampled = 0                   # decode steps sampled inside the graphs
@@ -70,9 +70,9 @@ class ModelRunner:
             self.capture(max_num_seqs)
 
     @property
-    def in_place_prefill(self) -> bool:
+    def row_prefill(self) -> bool:
         """Prefills as rows (above); the layer takes that path only with the decode kernel."""
-        return self.rows_prefill and self.decode_kernel is not None
+        return self.asked_row_prefill and self.decode_kernel is not None
 
     # -- inputs ----------------------------------------------------------------------
     def token_tensor(self, tokens: list) -> torch.Tensor:
@@ -103,12 +103,12 @@ class ModelRunner:
         md = AttentionMetadata(slot_mapping=torch.tensor(slots, device=dev),
                                block_tables=torch.tensor(tables, device=dev), attn_mask=None)
         Q = max(len(r) for r in q_rows)
-        if Q == 1 and self.in_place:   # decode only, read in place: no mask needed
-            self.in_place_md(md, pos_t)
-        elif self.in_place_prefill:    # every token a row with its sequence's table, read up to its position
+        if Q == 1 and self.by_length:   # decode only, read in place: no mask needed
+            self.length_md(md, pos_t)
+        elif self.row_prefill:    # every token a row with its sequence's table, read up to its position
             rows = torch.tensor([b for b, r in enumerate(q_rows) for _ in r], device=dev)
             md.block_tables = md.block_tables[rows]                                 # [T, W]
-            self.in_place_md(md, pos_t)
+            self.length_md(md, pos_t)
         elif Q == 1:   # decode only
             md.attn_mask = build_attn_mask(pos_t[:, None], W * S)
         else:
@@ -153,8 +153,8 @@ class ModelRunner:
         S = self.block_size
         md = AttentionMetadata(slot_mapping=tables.gather(1, (pos // S)[:, None])[:, 0] * S + pos % S,
                                block_tables=tables, attn_mask=None)
-        if self.in_place:                       # reads each row's blocks up to its length: the room is not read
-            self.in_place_md(md, pos)
+        if self.by_length:                       # reads each row's blocks up to its length: the room is not read
+            self.length_md(md, pos)
         else:                                   # attends over the whole width: prepare's
             md.block_tables, md.attn_mask = tables[:, :W], build_attn_mask(pos[:, None], W * S)
         last = d.last if same else d.last[:len(seqs)]
@@ -163,12 +163,12 @@ class ModelRunner:
         return tokens, pos, md, last, None
 
     @property
-    def in_place(self) -> bool:
+    def by_length(self) -> bool:
         """Decodes read each row's cache up to its length (the C++ kernel's or the GPU kernels'):
         context lengths instead of a mask over the tables' width."""
-        return self.decode_kernel is not None or self.in_place_decode
+        return self.decode_kernel is not None or self.gpu_kernels_in_place
 
-    def in_place_md(self, md: AttentionMetadata, pos: torch.Tensor) -> AttentionMetadata:
+    def length_md(self, md: AttentionMetadata, pos: torch.Tensor) -> AttentionMetadata:
         """A decode's metadata for reading the cache in place: each row's length, no mask."""
         md.kernel, md.context_lens = self.decode_kernel, pos + 1
         md.max_len = self.max_blocks_per_seq * self.block_size
@@ -190,16 +190,16 @@ class ModelRunner:
     def _static_forward(self, bs: int, width: int) -> torch.Tensor:
         st = self.static
         md = AttentionMetadata(slot_mapping=st["slots"][:bs], block_tables=st["tables"][:bs, :width], attn_mask=None)
-        if self.in_place:
-            self.in_place_md(md, st["pos"][:bs])
+        if self.by_length:
+            self.length_md(md, st["pos"][:bs])
         else:
             md.attn_mask = build_attn_mask(st["pos"][:bs, None], width * self.block_size)
         return self.model(st["ids"][:bs], st["pos"][:bs], md)
 
     @torch.inference_mode()
     def capture(self, max_num_seqs: int) -> None:
-        self.graph_sizes = sizes = graph_batch_sizes(max_num_seqs, fine=self.in_place)
-        self.graph_widths = widths = ([self.max_blocks_per_seq] if self.in_place else
+        self.graph_sizes = sizes = graph_batch_sizes(max_num_seqs, fine=self.by_length)
+        self.graph_widths = widths = ([self.max_blocks_per_seq] if self.by_length else
                                       graph_context_blocks(self.max_blocks_per_seq, self.block_size))
         n, dev = sizes[-1], self.device
         # The graphs' inputs are views of one device buffer [n, c + 2 + max_blocks] = token ids

@@ -69,9 +69,9 @@ class Worker:
         cpu_f32 = self.device.type == "cpu" and self.dtype == torch.float32
         kernel = paged_decode_kernel() if cpu_f32 and config.cpu_kernel else None
         self.runner = ModelRunner(self.model, config.block_size, self.cache.scratch_block, self.max_model_len,
-                                  config.max_num_seqs, self.device, use_graphs, kernel, in_place_decode=fused,
+                                  config.max_num_seqs, self.device, use_graphs, kernel, gpu_kernels_in_place=fused,
                                   graph_sampler=self._graph_sampler() if use_graphs and fused else None,
-                                  in_place_prefill=rows is not None)
+                                  row_prefill=rows is not None)
         self.sampler = Sampler(sort_rows_kernel() if self.device.type == "cpu" and config.cpu_kernel else None)
         self.batches = SamplingBatches()                 # the eager sampler's inputs, kept between steps
 

@@ -1,4 +1,4 @@
-"""A `tts` stream paced by its client's reading (issue #45, item 5).
+"""A `tts` stream paced by its client's reading.
 
 Triton's gRPC frontend queues a decoupled model's responses without a bound, so a gateway that
 stops reading a stream does not slow the server: a client that reads slower than the server

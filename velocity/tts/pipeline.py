@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class AudioChunk:
+class PipelineChunk:
     """A piece of a text's audio, in order."""
     index: int
     audio: np.ndarray          # float32, 24 kHz
@@ -36,7 +36,7 @@ class Event:
     """What stream_many reports: a text started, one of its chunks, or its end."""
     text: int                  # index into the texts
     kind: str                  # "start" | "chunk" | "end"
-    chunk: AudioChunk | None = None
+    chunk: PipelineChunk | None = None
 
 
 @dataclass
@@ -108,7 +108,7 @@ class TTSPipeline:
     def stream(self, text: str, speaker: str | int | None = None, prompt: str = DEFAULT_PROMPT,
                params: SamplingParams | None = None, decoder: str = "hidden", sample: str | np.ndarray | None = None,
                sample_text: str = "", refine: SamplingParams | None = None, refine_prompt: str = "",
-               carry_over: bool = False) -> Iterator[AudioChunk]:
+               carry_over: bool = False) -> Iterator[PipelineChunk]:
         """Sentences in order, one speaker; audio chunks as soon as each is decodable."""
         for ev in self.stream_many([text], speaker, prompt, params, decoder=decoder, sample=sample,
                                    sample_text=sample_text, refine=refine, refine_prompt=refine_prompt,
@@ -192,7 +192,7 @@ class TTSPipeline:
                 audio = iter(self._decode(ready))
                 for t, c in ready:
                     yield Event(t.index, "end") if c is None else \
-                        Event(t.index, "chunk", AudioChunk(c.index, next(audio)[0].cpu().numpy(), c.text))
+                        Event(t.index, "chunk", PipelineChunk(c.index, next(audio)[0].cpu().numpy(), c.text))
         finally:                                    # closed early: free the engine's sequences
             for rid in live:
                 self.engine.abort(rid)

@@ -1,4 +1,4 @@
-"""A stream's chunks through the decoders with each frame's layers computed once (issue #48, item 1).
+"""A stream's chunks through the decoders with each frame's layers computed once.
 
 The chunked decode (AudioDecoder.decode_cut) decodes a chunk of frames [start, end) from the
 frames [start - left, end + lookahead): each chunk computes its left context again, in every

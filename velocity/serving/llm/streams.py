@@ -7,16 +7,18 @@ invalid)` functions and each request's sender and cancel check.
 The core's reports arrive on a thread of their own (CoreClient): each chunk is queued for the
 response thread, each stream's end too, and the core's totals are kept for the metrics.
 
-The monitor has three jobs, each a method: it looks at every stream (_look: every 20 ms the
-stream board, every 0.1 s whether the client has left, a round trip to the server process; a
-stream whose vocoder saw its client leave is stopped, the frames each stream has decoded (or, as
-the gateway says through the `pace` model, its client has read) go to the core, which pauses a
-stream with VELOCITY_BACKLOG_SECONDS of audio waiting, a quiet one sends a probe, one whose
-timeout passed is ended, and a finished one's final flag waits until the vocoder has decoded all
-its audio; the questions and the probes of all streams together have a rate each, so that many
-streams spread theirs out instead of crowding the server with them); four times a second it
-follows the server's life (_follow: serve.sh's drain, a part that died) and publishes the
-metrics: the core's totals (EngineGauges) and what the threads counted (velocity.serving.metrics).
+The monitor thread looks at every stream (_look). Every 20 ms it reads the stream board, every
+0.1 s it asks Triton whether the client has left (a round trip to the server process). A stream
+whose vocoder saw its client leave is stopped. The frames each stream has decoded, or that its
+client has read (the gateway says so through the `pace` model), go to the core, which pauses a
+stream with VELOCITY_BACKLOG_SECONDS of audio waiting. A quiet stream sends a probe; one whose
+timeout passed is ended; a finished one's final flag waits until the vocoder has decoded all its
+audio. The questions and the probes of all streams together have a rate each, so that many
+streams spread theirs out instead of crowding the server.
+
+Four times a second the monitor follows the server's life (_follow: serve.sh's drain, a part
+that died) and publishes the metrics: the core's totals (EngineGauges) and what the threads
+counted (velocity.serving.metrics).
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ once, a later one `seconds_before(position)` after it arrives, its position bein
 before it in its stream (the vocoder passes the frames before it: with chunks of 12, 36, 72,
 144 frames, 0, 0.26, 1.0, 2.6 s). First chunks (position 0) go before every later chunk, in
 arrival order: under overload every later chunk is overdue, and by deadline alone a new
-stream's first audio would wait behind all of them (issue #45; docs/benchmarks.md, "Fair
+stream's first audio would wait behind all of them (docs/benchmarks.md, "Fair
 share", measures it with benchmarks/bench_fair.py). A playing stream waits for at
 most the first chunks of the streams that start meanwhile, which the request limits bound; a
 stream's chunks keep their order (chunk i + 1 arrives later and has more audio before it).

@@ -78,12 +78,9 @@ def words_json(words: list | None) -> str:
 
 
 def error_outputs(code: int, num_vq: int, stream: int = 0) -> dict[str, np.ndarray]:
-    """The llm's last response of a stream that ends with a STREAM_* code (or a probe: STREAM_PROBE)."""
-    return {"CODES": np.zeros((1, num_vq, 1), np.int32), "CONTEXT": _i32(0), "LENGTH": _i32(0),
-            "CHUNK_INDEX": _i32(code), "LAST": _i32(0), "START": _i32(0), "HIDDEN": NO_HIDDEN, "TEXT": text_tensor(""),
-            "STREAM": np.array([[stream]], np.int64), "SENTENCE": _i32(0), "LASTS": _i32(0),
-            "SENTENCE_TEXT": text_tensor(""), "WORDS": text_tensor(""), "PAUSE": _i32(0), "TAIL": _i32(0),
-            "PAUSED": np.array([[0]], np.int64)}
+    """The llm's last response of a stream that ends with a STREAM_* code (or a probe: STREAM_PROBE):
+    a chunk of no audio (one frame of zero codes, LENGTH 0) whose CHUNK_INDEX is the code."""
+    return chunk_outputs(CodeChunk(code, [(0,) * num_vq], 0, 0), stream)
 
 
 @dataclass(slots=True)
