@@ -2,7 +2,7 @@
 Pipecat's OpenAITTSService or ElevenLabsTTSService (its WebSocket, velocity/gateway/elevenlabs.py)
 in a Pipecat pipeline, LiveKit Agents' openai.TTS. Each returns
 (the audio bytes, their sample rates, seconds to the first audio, when it left early or None).
-Used by tests/test_agents.py and benchmarks/bench_agents.py; the frameworks come from
+Used by tests/server/test_agents.py and benchmarks/bench_agents.py; the frameworks come from
 tests/agents-requirements.txt."""
 from __future__ import annotations
 

@@ -5,7 +5,7 @@
 Afterwards it checks that no KV block is in use, no sequence runs and no request is in
 flight, that the server's resident memory is back within 20% + 64 MiB of its level after
 warm-up, and that every good request's audio was complete (chunk indices 0..n-1, whole
-frames). Prints a JSON report; exit status 1 when a check fails. tests/test_soak.py runs it
+frames). Prints a JSON report; exit status 1 when a check fails. tests/server/test_soak.py runs it
 for a bounded time in CI.
 """
 from __future__ import annotations

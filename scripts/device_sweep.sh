@@ -13,8 +13,8 @@
 #   PARTS=lever  scripts/device_sweep.sh   # bench_step.py: this tree against itself with the
 #                                          # EngineConfig settings LEVER (default graph_sampler=0):
 #                                          # one lever's share of the step, with the profile
-#   PARTS=tests  scripts/device_sweep.sh   # the CUDA tests (tests/test_cuda_graphs.py,
-#                                          # tests/test_gpu_kernels.py; they skip on a CPU-only machine)
+#   PARTS=tests  scripts/device_sweep.sh   # the CUDA tests (tests/unit/engine/test_cuda_graphs.py,
+#                                          # tests/unit/model/test_gpu_kernels.py; they skip on a CPU-only machine)
 #   PARTS=inprocess scripts/device_sweep.sh # benchmarks.sweep --in-process-only at LEVELS (default
 #                                          # 1,8,32,64): the pipeline without the server
 #   PARTS=overhead scripts/device_sweep.sh # benchmarks/bench_ab.py --arms triton,in-process at
@@ -67,8 +67,8 @@ if [[ -z "${NO_WHEELS:-}" ]]; then
 fi
 
 if [[ "$PARTS" == *" tests "* ]]; then
-    "$PY" -m pytest -q -ra -p no:cacheprovider tests/test_gpu_kernels.py tests/test_cuda_graphs.py \
-        tests/test_graph_sampler.py 2>&1 | tail -30
+    "$PY" -m pytest -q -ra -p no:cacheprovider tests/unit/model/test_gpu_kernels.py tests/unit/engine/test_cuda_graphs.py \
+        tests/unit/engine/test_graph_sampler.py 2>&1 | tail -30
 fi
 
 W=/tmp/demo-checkpoint

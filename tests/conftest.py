@@ -46,7 +46,7 @@ def add_sample_voice(ckpt, name: str = "clone", text: str = "the sample text") -
 def tts_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     """model_repository/ on the tiny demo checkpoint with small audio models (frames per sentence
     capped at 200, small chunks; the vocoder's stateful decoders, on by default, run in every test through it), shared
-    by tests/test_tts_server.py, tests/test_readme.py and others."""
+    by tests/server/test_tts_server.py, tests/server/test_readme.py and others."""
     from checkpoints import tiny_checkpoint
 
     d = tmp_path_factory.mktemp("tts")
@@ -130,7 +130,7 @@ def http_client(smoke_server: TritonServer):
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """tests/test_installs.py's pip installs start now, beside the tests before it, when it runs."""
+    """tests/tools/test_installs.py's pip installs start now, beside the tests before it, when it runs."""
     for module in {item.module for item in session.items if item.module.__name__ == "test_installs"}:
         module.Installs.start()
 

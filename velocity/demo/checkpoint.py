@@ -40,7 +40,7 @@ SIZES = {
 def write_tokenizer(out: Path, text_vocab: int) -> dict[str, int]:
     """asset/tokenizer in the release's layout (a BERT WordPiece tokenizer, as transformers' BertTokenizer
     reads it) whose vocabulary + special tokens has text_vocab entries. Written with `tokenizers`
-    alone, so `make serve` needs no transformers; tests/test_tokenizer.py loads it with both."""
+    alone, so `make serve` needs no transformers; tests/unit/tts/test_tokenizer.py loads it with both."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
     vocab = demo_vocab(text_vocab - len(SPECIAL_TOKENS))

@@ -5,7 +5,7 @@ Like `sampler`, it sees tensors, not sequences (`sampling_rows` turns those into
 Every row runs the same ops whatever its parameters (temperature 1 for a greedy row, penalty 1 for
 none, top-k V for off), over all V candidates, with the noise made on the device by the host
 sampler's counter-based generator (`sampler.exponential_noise`), so it draws exactly the eager
-`Sampler`'s tokens (tests/test_graph_sampler.py). A batch it cannot take (another head, a penalty
+`Sampler`'s tokens (tests/unit/engine/test_graph_sampler.py). A batch it cannot take (another head, a penalty
 window longer than the head's, many stop tokens, an unseeded first token) goes to the eager sampler.
 """
 from __future__ import annotations

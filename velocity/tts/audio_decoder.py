@@ -6,7 +6,7 @@ hidden states) of frames [start - left, end + lookahead) and only its own sample
 [start * 512, end * 512) are kept (the utterance's last chunk 256 fewer, as a whole decode).
 With left and lookahead at the decoders' receptive field (`exact_context`), the concatenated
 chunks equal a whole-utterance decode up to float rounding; smaller values trade exactness for latency (bounds measured in
-tests/test_streaming.py and stated in docs/benchmarks.md).
+tests/unit/tts/test_streaming_decode.py and stated in docs/benchmarks.md).
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ the same pinyin and tone (pypinyin) that it has, the one with the lowest token i
 vocabularies put common characters first); else none, and the character is dropped.
 
 Where the reference's map picks a homophone other than the simplified form (`時` -> `石`, not
-`时`), the prompt ids differ while the reading is the same (tests/test_conformance.py shows which).
+`时`), the prompt ids differ while the reading is the same (tests/unit/tts/test_conformance.py shows which).
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ commas; every other character but ASCII letters, CJK ideographs, `，。、,.` a
 (`?` and apostrophes too); a Chinese character the tokenizer lacks is replaced by one it has
 (velocity.tts.homophones). Control tokens pass through.
 
-Not wetext (WeTextProcessing's grammars): on the cases of tests/test_frontend.py it read money
+Not wetext (WeTextProcessing's grammars): on the cases of tests/unit/tts/test_frontend.py it read money
 with cents, thousands and text with control tokens wrongly (docs/benchmarks/history.md, "wetext
 against our normaliser")."""
 from __future__ import annotations

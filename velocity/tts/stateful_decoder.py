@@ -15,7 +15,7 @@ So each position is computed once, and once more at most where it lies within a 
 past its end. Where the lookahead reaches the decoders' exact context, a chunk's audio is the
 chunked decode's up to float rounding. Where it falls short, the kept positions differ from the
 ones the chunked decode computes again with later frames by the lookahead's own error: the audio
-is as near a whole decode as the chunked decode's is (tests/test_streaming.py measures both).
+is as near a whole decode as the chunked decode's is (tests/unit/tts/test_streaming_decode.py measures both).
 Positions are mel frames (two per GPT frame). `computed` says how many positions each layer
 computed, against those a whole decode computes.
 """

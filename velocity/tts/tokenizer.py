@@ -1,6 +1,6 @@
 """The release's BERT tokenizer on the `tokenizers` library alone (the server's path must not need
 transformers), behaving as transformers' BertTokenizer does with asset/tokenizer.
-tests/test_tokenizer.py holds the two equal on the release's files and on ours."""
+tests/unit/tts/test_tokenizer.py holds the two equal on the release's files and on ours."""
 from __future__ import annotations
 
 import json

@@ -9,7 +9,7 @@ kernels are built (AVX-512 VNNI or AVX2), their int8_gemm with the same arithmet
 (velocity/model/kernels/csrc/int8_gemm.cpp). A row's output is therefore the same, bit for bit, alone or beside
 any other rows.
 
-Why per row: on a real pretrained model (SmolLM2-135M, tests/test_int8_quality.py) one scale
+Why per row: on a real pretrained model (SmolLM2-135M, tests/unit/model/test_int8_quality.py) one scale
 for the whole input, as `quantized::linear_dynamic` uses, let outlier channels crush every
 other value. Perplexity on real text went from 25.2 to 57.1. Per row it is 25.9 with 8-bit rows.
 Weight-only int8 would be 25.2, but it runs slower than these at one row and slower than float32

@@ -74,7 +74,7 @@ class ChatTTSGPT(nn.Module):
     def fuse_code_heads(self) -> None:
         """The num_vq code heads as one linear [H -> num_vq * V]. For a CPU whose linears are then
         prepacked: one oneDNN call instead of num_vq (bench_step measures the step), and the same
-        values as the heads' own prepacked calls (tests/test_packed_linear.py). On CUDA with the
+        values as the heads' own prepacked calls (tests/unit/model/test_packed_linear.py). On CUDA with the
         GPU kernels: one GEMM instead of num_vq (a row's values may round apart from the heads'
         own, as cuBLAS picks its kernel by the output width). Not for MKL. Once is enough."""
         if self.head_code_fused is not None:

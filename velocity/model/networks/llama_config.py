@@ -1,6 +1,6 @@
 """A Llama config.json read without transformers (the server's path must not need it), with
 transformers' LlamaConfig defaults, and the rotary tables as its LlamaRotaryEmbedding computes them.
-tests/test_llama_config.py holds both equal to transformers', bit for bit."""
+tests/unit/model/test_llama_config.py holds both equal to transformers', bit for bit."""
 from __future__ import annotations
 
 import math

@@ -1,7 +1,7 @@
 """Four threads at the same metrics of velocity.serving.metrics at once, as the vocoder's execute
 and decode threads are (its `dropped` counter and `backlog` gauge), published meanwhile: the
 python backend's metrics are not thread-safe, and their race killed tritonserver
-(tests/test_server_smoke.py)."""
+(tests/server/test_server_smoke.py)."""
 import threading
 
 import numpy as np

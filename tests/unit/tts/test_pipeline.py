@@ -1,10 +1,11 @@
 """Text -> audio in one process on the tiny demo checkpoint with small audio models (the
-release-size decoders: tests/test_streaming.py)."""
+release-size decoders: tests/unit/tts/test_streaming_decode.py)."""
 import numpy as np
 import pytest
 
 from velocity.sampling_params import SamplingParams
 from checkpoints import tiny_checkpoint
+from triton_server import ROOT
 from velocity.tts import pipeline
 from velocity.tts.pipeline import TTSPipeline, chattts_params
 from velocity.tts.chunking import ChunkSchedule
@@ -79,7 +80,7 @@ def test_each_text_through_a_stateful_decoder_gives_the_chunked_decodes_audio(pi
     """On CPU each text's chunks go through a stateful decoder of its own (velocity.tts.
     stateful_decoder, the default): three texts of two sentences interleaved, at the pipeline's
     exact lookahead, give the chunked decode's chunks and audio up to float rounding (100 dB
-    SER, as tests/test_streaming.py), and each text's decoder ends with it."""
+    SER, as tests/unit/tts/test_streaming_decode.py), and each text's decoder ends with it."""
     texts = ["One sentence here. And a second one.", "Another one, a bit longer. Then more.", "Third. Fourth."]
     params = lambda i: chattts_params(seed=i, max_new_tokens=24)  # noqa: E731
 
@@ -168,6 +169,6 @@ def test_the_server_path_runs_without_transformers(tmp_path):
 
     ckpt = tiny_checkpoint(tmp_path / "tiny", seed=4, small_audio=True)
     run = subprocess.run([sys.executable, "-c", SERVER_PATH_WITHOUT_TRANSFORMERS, str(ckpt)],
-                         cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=300)
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert int(run.stdout.split("samples")[-1]) > 0

@@ -57,7 +57,7 @@ def vocoder_inputs(codes: np.ndarray, context: int, length: int, index: int) -> 
 def test_vocoder_batches_queued_chunks_and_refuses_bad_codes(server):
     """Chunks queued behind a long one are decoded in one call (fewer calls than chunks) and each
     gets its own audio (within float32 rounding of a batched convolution: 1e-4 of the peak, as
-    tests/test_streaming.py); bad codes are refused with INVALID_ARG naming the range, alone.
+    tests/unit/tts/test_streaming_decode.py); bad codes are refused with INVALID_ARG naming the range, alone.
     The vocoder is decoupled (it answers a probe with nothing): a direct caller streams."""
     rng = np.random.default_rng(0)
     chunks = [rng.integers(0, 625, (4, 24)) for _ in range(4)]

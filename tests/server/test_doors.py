@@ -3,8 +3,8 @@ requests in flight: without a key the gateway answers 401, Triton's gRPC and HTT
 inference, metadata and config, and its operator APIs refuse too; with the Triton key (serve.sh's
 run folder, mode 600) tritonclient, velocity-tts-client, the README's example and
 scripts/perf_analyzer.sh speak; direct Triton callers hold at most half the cap, so a flood of
-them leaves the gateway's clients served. The server without keys: tests/test_web_page.py (no
-page can use Triton's HTTP port), tests/test_operator_apis.py."""
+them leaves the gateway's clients served. The server without keys: tests/server/test_web_page.py (no
+page can use Triton's HTTP port), tests/server/test_operator_apis.py."""
 from __future__ import annotations
 
 import json

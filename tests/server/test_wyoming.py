@@ -118,7 +118,7 @@ def test_an_error_is_an_error_event_and_the_connection_goes_on(wyoming):
 
 
 def test_streamed_text_is_bounded_as_on_the_sockets(wyoming):
-    """On Wyoming (tests/test_buffers.py has the sockets'): 30,000 sentences in one
+    """On Wyoming (tests/server/test_buffers.py has the sockets'): 30,000 sentences in one
     chunk queue MAX_QUEUED, then an error event says the rest were dropped, and the connection goes
     on; text with no sentence end is spoken once it passes MAX_PENDING_CHARS."""
     from wyoming.error import Error

@@ -56,7 +56,7 @@ def test_the_operator_apis_need_the_key_on_grpc(smoke_server):
 
 @pytest.mark.parametrize("name", ["VELOCITY_ADMIN_KEY", "VELOCITY_TRITON_KEY"])
 def test_a_key_that_cannot_be_a_header_value_stops_serve_sh(tmp_path, name):
-    """The operator key and the Triton key (tests/test_doors.py) go in headers."""
+    """The operator key and the Triton key (tests/server/test_doors.py) go in headers."""
     env = {**os.environ, name: "short,key", "TMPDIR": str(tmp_path)}
     p = subprocess.run(["bash", str(ROOT / "scripts" / "serve.sh"), "--model-repository", str(ROOT / "tests" / "model_repository")],
                        env=env, capture_output=True, text=True, timeout=60)

@@ -160,7 +160,7 @@ FEATURES = {
     r"Wyoming": ("velocity/gateway/wyoming_server.py", r"class SpeechHandler\b"),
     r"Kubernetes": ("deploy/kubernetes", r"kind: Deployment"),
     r"first sentence's voice|carry-over": ("velocity/tts/carry_over.py", r"class VoiceCarrier\b"),
-    r"traditional Chinese": ("tests/test_conformance.py", r"def test_traditional_chinese"),
+    r"traditional Chinese": ("tests/unit/tts/test_conformance.py", r"def test_traditional_chinese"),
     r"Pipecat|LiveKit|agent frameworks": ("tests", r"^\s*(from|import) (pipecat|livekit)\b"),
 }
 

@@ -2,7 +2,7 @@
 sentence end is spoken once it passes MAX_PENDING_CHARS, cut at a word; a stream holds at most
 MAX_QUEUED sentences waiting (past them: an error naming the text, and the socket goes on); a
 WebSocket message is held to the body limit once decompressed. Wyoming's streamed text has the
-same bounds (tests/test_wyoming.py). Through the gateway of the shared server."""
+same bounds (tests/server/test_wyoming.py). Through the gateway of the shared server."""
 from __future__ import annotations
 
 import json

@@ -1,6 +1,6 @@
 """The vocoder's stateful decoders, one per stream (velocity.serving.vocoder.stream_decoders): each
 stream's chunks, interleaved with other streams', as the stream alone gives them (its audio
-against the chunked decode's: tests/test_streaming.py); a decoder
+against the chunked decode's: tests/unit/tts/test_streaming_decode.py); a decoder
 freed at its utterance's last chunk, when its stream is over (the board's sweep), on a failed
 chunk, and past the limit; and, through the server, none held once the work is done. Freed on
 a client's cancel: tests/triton_server.assert_work_stops, which every hang-up test runs."""

@@ -1,6 +1,6 @@
 """client.pace_teller: the server is told of a caller's lag as the chunks arrive, not only when
 the caller comes back for the next one (a player held on one chunk). The telling function here
-records what it is told; the whole path with a real server: tests/test_backpressure_gateway.py."""
+records what it is told; the whole path with a real server: tests/server/test_backpressure_gateway.py."""
 from __future__ import annotations
 
 import threading

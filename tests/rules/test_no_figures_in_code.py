@@ -8,7 +8,7 @@ import re
 import tokenize
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DIRS = ("velocity", "client", "model_repository", "scripts", "benchmarks")
 SPEED_UP = re.compile(r"(?<![0-9A-Za-z.])\d+(\.\d+)?(-\d+(\.\d+)?)?x(?![0-9A-Za-z])")   # "2.6x", "1.5-3x"; not 0x1f
 DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")                                        # "2026-11-23"

@@ -2,7 +2,7 @@
 stands for tritonserver and whose members carry a stub's name and instance on their command
 line, as Triton 2.51 starts them. A member that dies is a part failure: counted, the group
 killed, readiness false naming the part; liveness fails once not ready for the grace. (The
-whole path with a real server: tests/test_part_death.py.)"""
+whole path with a real server: tests/server/test_part_death.py.)"""
 from __future__ import annotations
 
 import contextlib

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from llama_ref import make_llama, prompts
+from triton_server import ROOT
 from velocity import LLM, SamplingParams
 from velocity.config import EngineConfig
 from velocity.model.layers.int8_linear import Int8Linear
@@ -92,7 +93,7 @@ def test_capped_to_avx2_int8_rows_get_7_bits_and_stay_within_their_error():
 
     from velocity.model.kernels.cpu_isa import CAP_VARIABLES
 
-    serve = (Path(__file__).resolve().parents[1] / "scripts" / "serve.sh").read_text()
+    serve = (ROOT / "scripts" / "serve.sh").read_text()
     line = re.search(r"avx2\) export (.*) ;;", serve).group(1)
     assert dict(kv.split("=") for kv in line.split()) == CAP_VARIABLES["avx2"]
     code = """

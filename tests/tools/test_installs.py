@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXTRAS = ("gateway", "client")
 SHIPPED = ("pyproject.toml", "README.md", "velocity", "client")
 pytestmark = pytest.mark.server

@@ -1,6 +1,6 @@
 """The fixed-shape sampler of the decode graph (velocity/engine/graph_sampler.py) draws exactly the
 eager Sampler's tokens, on the CPU here (on the GPU it runs inside the CUDA graph:
-tests/test_cuda_graphs.py)."""
+tests/unit/engine/test_cuda_graphs.py)."""
 from __future__ import annotations
 
 import numpy as np

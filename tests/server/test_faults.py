@@ -1,7 +1,7 @@
 """Broken weights: the model fails to load with a log line naming the file (and tensor), the
 server stays up and reports not ready, nothing hangs, and stopping it leaves nothing behind.
 A weights folder that is not there, or not a release, stops serve.sh before Triton starts.
-Stopping with live streams: tests/test_lifecycle.py."""
+Stopping with live streams: tests/server/test_lifecycle.py."""
 from __future__ import annotations
 
 import shutil
