@@ -13,7 +13,7 @@
 # - The servers wait passively between their torch threads' parallel regions
 #   (OMP_WAIT_POLICY=PASSIVE, unless set): by default OpenMP's threads spin there, which on two
 #   cores takes the CPU that the other stubs and the second pytest need. `make serve` keeps the
-#   default (docs/benchmarks.md, "The test suite's time").
+#   default (docs/development.md, "The test suite's time").
 # Each keeps its own pytest cache, so `--lf` and `--ff` work through this script too.
 # The exit status is the first failure's (pytest's 5, "no tests collected", counts only when
 # neither pytest collected a test). Ctrl-C stops both.
