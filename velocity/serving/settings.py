@@ -25,14 +25,11 @@ class Settings:
     # one step, which measured best on the tiny checkpoint (docs/benchmarks.md, "A burst of new
     # requests"); a cap helps where a prompt token costs much of a step (the full model on CPU).
     max_prefill_tokens: int = 0              # VELOCITY_MAX_PREFILL_TOKENS
-    # The chunk sizes (frames; 46.875 frames = 1 s): the first, the second, and each later one
-    # `growth` times the one before, up to the largest. A stream's first audio waits for its
-    # first chunk and the lookahead past it. On a GPU (steps of a few ms): 12, 36, 2. On CPU a
-    # first chunk of 4 (8 steps earlier); with int8, whose stream generates about as fast as its
-    # audio plays, then 5 and 1.4: each chunk's frames generate while the audio before it plays
-    # (at 1.4 times real time or faster), so that the listener hears no gap between them.
-    # float32 on CPU runs slower than its audio whatever the chunks: 36 and 2, the fewest cuts
-    # for the vocoder (docs/benchmarks.md, "Chunks on CPU").
+    # The chunk sizes in frames (46.875 a second): the first, the second, and each later one
+    # `growth` times the one before, up to the largest. A stream's first audio waits for its first
+    # chunk and the lookahead past it; each later chunk's frames should generate while the audio
+    # before it plays. Defaults by device and weights (the choice and its measure: docs/benchmarks.md,
+    # "Chunks on CPU"): a GPU 12, 36, x2; CPU int8 4, 5, x1.4; CPU float32 4, 36, x2.
     chunk_first: int = 0                     # VELOCITY_CHUNK_FIRST: frames in the first audio chunk (0: 12 on a GPU, 4 on CPU)
     chunk_rest: int = 0                      # VELOCITY_CHUNK_REST: frames in the second chunk (0: 5 for int8 on CPU, else 36)
     chunk_growth: float = 0.0                # VELOCITY_CHUNK_GROWTH: in [1, 4] (0: 1.4 for int8 on CPU, else 2)
