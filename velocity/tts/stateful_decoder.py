@@ -162,6 +162,14 @@ class StatefulDecoder:
         the stream (CodeChunk.start), checked against the frames decoded so far."""
         return decode_together([(self, x, context, length, last, at)])[0]
 
+    def fits(self, x: torch.Tensor, context: int, at: int | None) -> bool:
+        """Whether a chunk continues this stream where its decoder is (what _begin checks, nothing changed)."""
+        if at is not None and at != self.position:
+            return False
+        start = self.utt.emitted if self.utt is not None else 0
+        seen = self.utt.frames if self.utt is not None else 0
+        return context <= start and start + x.shape[1 if x.is_floating_point() else 2] - context >= seen
+
     def _begin(self, x: torch.Tensor, context: int, length: int, last: bool, at: int | None) -> "_Pass":
         """A chunk's decode under way: its first layer's input, before the layers."""
         if at is not None and at != self.position:

@@ -40,10 +40,22 @@ class StreamDecoders:
         self.held: OrderedDict[int, StatefulDecoder] = OrderedDict()
         self.lock = threading.Lock()
 
-    def _decoder(self, stream: int, start: int) -> StatefulDecoder:
-        """The stream's utterance's decoder, made at its first chunk (`start`: its first frame)."""
+    def claim(self, stream: int, x: torch.Tensor, context: int, start: int) -> StatefulDecoder | None:
+        """The decoder a stream's chunk goes through: a new one at an utterance's first chunk
+        (context 0; `start` its first frame in the stream), else the one its stream holds if the
+        chunk follows on from it. None: the chunked decode instead, for a later chunk of a stream
+        whose decoder was dropped (its client's cancel raced the decode) or one that does not follow
+        on, so that it cannot fail the other streams decoded beside it."""
         with self.lock:
             dec = self.held.get(stream)
+            if dec is not None and not dec.fits(x, context, start):
+                log.warning("vocoder: stream %d's chunk at frame %d does not follow its decoder's: chunked decode",
+                            stream, start)
+                del self.held[stream]
+                self.tell(len(self.held))
+                return None
+            if dec is None and context > 0:
+                return None
             if dec is None:
                 while len(self.held) >= self.limit:
                     old, _ = self.held.popitem(last=False)
@@ -53,21 +65,20 @@ class StreamDecoders:
             return dec
 
     def decode(self, chunks: list[tuple]) -> tuple[list[torch.Tensor], float]:
-        """Streams' chunks, each (stream, x [1, ...] as decode_chunks takes it, context, length,
-        last, start: its first frame in the stream), a stream at most once, through their
-        decoders together (decode_together) -> (each one's audio [1, samples], the GPT frames the
-        decode cost: positions computed, each layer weighted by its cost, over two). ValueError
-        for a chunk out of order (its stream's decoder dropped, as every one's in a failed call)."""
-        decs = [self._decoder(stream, start) for stream, *_, start in chunks]
+        """Streams' chunks, each (its decoder (claim), stream, x [1, ...] as decode_chunks takes it,
+        context, length, last, start: its first frame in the stream), a stream at most once, through
+        their decoders together (decode_together) -> (each one's audio [1, samples], the GPT frames
+        the decode cost: positions computed, each layer weighted by its cost, over two)."""
+        decs = [d for d, *_ in chunks]
         before = sum(d.weighted() for d in decs)
         try:
             audio = decode_together([(d, x, context, length, last, start)
-                                     for d, (_, x, context, length, last, start) in zip(decs, chunks)])
+                                     for d, _, x, context, length, last, start in chunks])
         except Exception:
-            for stream, *_ in chunks:
+            for _, stream, *_ in chunks:
                 self.drop(stream)
             raise
-        for stream, *_, last, _ in chunks:
+        for _, stream, *_, last, _ in chunks:
             if last:
                 self.drop(stream)
         return audio, (sum(d.weighted() for d in decs) - before) / 2
@@ -110,10 +121,12 @@ class StreamDecoders:
         out: list[torch.Tensor | None] = [None] * len(chunks)
         frames = 0.0
         if self.on:
-            mine = [i for i, (c, x) in enumerate(zip(chunks, xs)) if c.stream and x.shape[0] == 1]
+            claimed = {i: self.claim(c.stream, x, c.context, c.start) for i, (c, x) in enumerate(zip(chunks, xs))
+                       if c.stream and x.shape[0] == 1}
+            mine = [i for i, d in claimed.items() if d is not None]
             if mine:
-                audio, frames = self.decode([(chunks[i].stream, xs[i], chunks[i].context, chunks[i].length,
-                                              chunks[i].last, chunks[i].start) for i in mine])
+                audio, frames = self.decode([(claimed[i], chunks[i].stream, xs[i], chunks[i].context,
+                                              chunks[i].length, chunks[i].last, chunks[i].start) for i in mine])
                 for i, a in zip(mine, audio):
                     out[i] = a
         rest = [i for i, a in enumerate(out) if a is None]
