@@ -163,27 +163,22 @@ class StatefulDecoder:
         return decode_together([(self, x, context, length, last, at)])[0]
 
     def fits(self, x: torch.Tensor, context: int, at: int | None) -> bool:
-        """Whether a chunk continues this stream where its decoder is (what _begin checks, nothing changed)."""
-        if at is not None and at != self.position:
-            return False
-        start = self.utt.emitted if self.utt is not None else 0
-        seen = self.utt.frames if self.utt is not None else 0
-        return context <= start and start + x.shape[1 if x.is_floating_point() else 2] - context >= seen
+        """Whether a chunk continues this stream where its decoder is (nothing is changed)."""
+        start, seen = (self.utt.emitted, self.utt.frames) if self.utt is not None else (0, 0)
+        hi = start + x.shape[1 if x.is_floating_point() else 2] - context    # its frames reach this far
+        return (at is None or at == self.position) and context <= start and hi >= seen
 
     def _begin(self, x: torch.Tensor, context: int, length: int, last: bool, at: int | None) -> "_Pass":
         """A chunk's decode under way: its first layer's input, before the layers."""
-        if at is not None and at != self.position:
-            raise ValueError(f"a chunk out of order: it starts at frame {at}, the stream's audio is at {self.position} "
-                             "(a stream's chunks, each once, in order)")
+        if not self.fits(x, context, at):
+            raise ValueError(f"a chunk out of order: context {context}, starting at frame {at} of the stream's audio "
+                             f"at {self.position} (a stream's chunks, each once, in order)")
         hidden = x.is_floating_point()
         if self.utt is None:
             self.utt = Utterance([LayerState() for _ in self.layers[hidden]])
         u = self.utt
         start = u.emitted                                    # the chunk's first frame in its utterance
         hi = start + x.shape[1 if hidden else 2] - context   # its frames reach this far
-        if context > start or hi < u.frames:
-            raise ValueError(f"a chunk out of order: context {context} at frame {start}, frames to {hi} "
-                             f"after {u.frames} (a stream's chunks, each once, in order)")
         new = hi - u.frames                                  # frames not seen before
         feats = None
         if new:                                              # the first layer's input, 2 mel positions a frame
