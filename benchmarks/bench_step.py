@@ -103,6 +103,8 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
     medians over the steps of `steps` decoded frames, per frame. On CPU, host_ms is the step less
     the model's forward, the heads and the sampler's tensor work (the time the host spends outside
     them, on a GPU what it adds to the step unless hidden), and host_us_per_seq it over the batch.
+    Where the layers run on the C++ rows (CPU), also "linears_ms" (the C++ GEMMs' calls) and
+    "attention_ms" (RoPE, the cache write and paged decode attention, one call a layer) inside the model's.
     With `profile`, each batch's "profile" over that many more steps, without the timers
     (profile_steps)."""
     import torch
@@ -118,7 +120,7 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
     eng = LLMEngine(EngineConfig(model=weights, device=device, max_num_seqs=max(batches), **kw))
     w = eng.worker
     sync = torch.cuda.synchronize if w.device.type == "cuda" else (lambda: None)
-    spent = {"model": 0.0, "sampler": 0.0, "device": 0.0}
+    spent = {"model": 0.0, "sampler": 0.0, "device": 0.0, "linears": 0.0, "attention": 0.0}
 
     class Timed:
         """Calls through to `inner`, adding the seconds they take to spent[key]."""
@@ -149,6 +151,23 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
     w.sampler.inner = Timed(w.sampler.inner, "device")
     for h in w.model.heads.values():
         h.fn = Timed(h.fn, "device")
+    body = getattr(w.model, "model", None)
+    split = getattr(body, "rows", None) is not None and hasattr(body, "row_plan")
+    if split:                              # the C++ rows: the GEMMs and the attention apart, before the first step
+        for m in body.modules():           # (row_plan binds each linear's gemm at its first call)
+            if getattr(m, "gemm", None) is not None:
+                m.gemm = Timed(m.gemm, "linears")
+
+        class Rows:
+            """The rows' module, its attention call timed."""
+
+            def __init__(self, inner) -> None:
+                self.inner, self.rope_attend_scale = inner, Timed(inner.rope_attend_scale, "attention")
+
+            def __getattr__(self, name: str):
+                return getattr(self.inner, name)
+
+        body.rows = Rows(body.rows)
     spk = torch.from_numpy(random_speaker(1, w.model.config.hidden_size))
     out = {}
     for b in batches:
@@ -162,18 +181,21 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
             frames += len(eng.step()[0].new_token_ids)
         rows = []
         while frames < 20 + steps:
-            spent.update(model=0.0, sampler=0.0, device=0.0)
+            spent.update(model=0.0, sampler=0.0, device=0.0, linears=0.0, attention=0.0)
             t = time.perf_counter()
             eng.step()
             sync()
             frames += 1
             dt = time.perf_counter() - t
-            rows.append((dt, spent["model"], spent["sampler"], dt - spent["device"]))
+            rows.append((dt, spent["model"], spent["sampler"], dt - spent["device"], spent["linears"], spent["attention"]))
         out[b] = {k: 1e3 * statistics.median(r[j] for r in rows)
                   for j, k in enumerate(("step_ms", "model_ms", "sampler_ms", "host_ms"))}
         out[b]["host_us_per_seq"] = 1e3 * out[b]["host_ms"] / b
         log.info("batch %d: step %.2f ms (model %.2f, sampler %.2f; host %.2f, %.2f us a sequence)", b,
                  *out[b].values())
+        if split:
+            out[b] |= {"linears_ms": 1e3 * statistics.median(r[4] for r in rows),
+                       "attention_ms": 1e3 * statistics.median(r[5] for r in rows)}
         if profile:
             for obj, name, _ in timed:
                 setattr(obj, name, getattr(obj, name).inner)
@@ -324,6 +346,7 @@ def main() -> None:
             m = {k: statistics.median(x[b][k] for x in xs) for k in ("step_ms", "model_ms", "sampler_ms", "host_ms",
                                                                        "host_us_per_seq")}
             m["other_ms"] = max(0.0, m["step_ms"] - m["model_ms"] - m["sampler_ms"])
+            m |= {k: statistics.median(x[b][k] for x in xs) for k in ("linears_ms", "attention_ms") if k in xs[0][b]}
             res["arms"][a][str(b)] = m
     if args.profile:                              # each arm's first round
         res["profile"] = {a: {str(b): xs[0][b]["profile"] for b in batches} for a, xs in runs.items()}
@@ -344,9 +367,11 @@ def main() -> None:
             log.info("%s: %.0f MB of weights, bound %.2f ms per step at %.1f GB/s", labels[a],
                      res["arms"][a]["weight_bytes"] / 1e6, res["arms"][a]["bound_ms"], res["bandwidth_GBs"])
     for b in batches:
+        this = res["arms"]["this"][str(b)]
         line = "batch %3d: step %.2f ms (model %.2f, sampler %.2f; host %.2f ms, %.2f us a sequence)" % (
-            b, *(res["arms"]["this"][str(b)][k] for k in ("step_ms", "model_ms", "sampler_ms", "host_ms",
-                                                          "host_us_per_seq")))
+            b, *(this[k] for k in ("step_ms", "model_ms", "sampler_ms", "host_ms", "host_us_per_seq")))
+        if "linears_ms" in this:
+            line += "; of the model, linears %.2f, attention %.2f ms" % (this["linears_ms"], this["attention_ms"])
         if "baseline" in runs:
             line += "; baseline %.2f ms, %.2fx; its host %.2f us a sequence, %.2fx" % (
                 res["arms"]["baseline"][str(b)]["step_ms"], res["baseline_over_this"][str(b)],
