@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import deque
 
-SAMPLE_RATE = 24000
+from velocity.tts.word_timing import SAMPLE_RATE
 
 
 def moved(words: list[dict], samples: int) -> list[dict]:
@@ -74,10 +74,10 @@ def alignment(words: list[dict], t0: float, t1: float, absolute: bool, key: str 
             starts.append(s)
             durations.append(e - s)
 
-    shown = [w for w in words if w[key]]
-    for k, w in enumerate(shown):
+    said = [w for w in words if w[key]]
+    for k, w in enumerate(said):
         put(w[key], w["start"], min(w["end"], t1))
-        put(" ", min(w["end"], t1), shown[k + 1]["start"] if k + 1 < len(shown) else t1)
-    if not shown and not absolute:
+        put(" ", min(w["end"], t1), said[k + 1]["start"] if k + 1 < len(said) else t1)
+    if not said and not absolute:
         put(" ", t0, t1)
     return {"chars": chars, "charStartTimesMs": starts, "charDurationsMs": durations}

@@ -71,10 +71,9 @@ class SentenceStream:
         self.made = 0                               # audio frames generated (end frames not counted)
         self.words = words                          # each sentence's words, to time in its audio (None: none)
         self.clock: WordClock | None = None         # the current sentence's, from its first chunk
-        self.timed = -1                             # the sentence `clock` times
         self.pauses = pauses                        # samples of silence before each sentence, then after the last
         self.speakers = speakers                    # each sentence's speaker (SSML's <voice>), or None: one for all
-        self.begun = -1                             # the last sentence whose first chunk went out
+        self.begun = -1                             # the last sentence whose first chunk went out (_marked)
         self.silence = 0                            # samples of silence in the chunks so far
 
     def requests(self, params, speaker, hidden: bool) -> list[tuple[int, list, object, dict]]:
@@ -165,31 +164,32 @@ class SentenceStream:
         and the text it speaks (for marks), each the words estimated to start in it (with `words`;
         known: the sentence's frames generated so far)."""
         i = self.sentence
+        first, self.begun = self.begun != i, i      # mine[0] is the sentence's first chunk
         if self.pauses is not None:
-            self._silence(mine)
+            self._silence(mine, first)
         if self.words is not None and i < len(self.words):
-            self._time(mine, known)
+            self._time(mine, known, first)
         if self.texts[i]:
             mine[0].text, self.texts[i] = self.texts[i], ""
         if self.spoken[i]:
             mine[0].sentence_text, self.spoken[i] = self.spoken[i], ""
         return mine
 
-    def _silence(self, mine: list[CodeChunk]) -> None:
+    def _silence(self, mine: list[CodeChunk], first: bool) -> None:
         """Each chunk's silence (SSML's breaks): before the sentence's first, after the stream's last."""
+        if first:
+            mine[0].pause = self.pauses[self.sentence]
         for c in mine:
             c.paused = self.silence
-            if self.begun != self.sentence:
-                self.begun, c.pause = self.sentence, self.pauses[self.sentence]
             if c.last and self.sentence == len(self.sentences) - 1:
                 c.tail = self.pauses[-1]
             self.silence += c.pause + c.tail
 
-    def _time(self, mine: list[CodeChunk], known: int) -> None:
+    def _time(self, mine: list[CodeChunk], known: int, first: bool) -> None:
         """Each chunk's words (velocity.tts.word_timing), in samples of the stream's audio."""
         n = SAMPLES_PER_FRAME
-        if self.timed != self.sentence:              # its first chunk: where the sentence's speech begins
-            plan, self.timed = self.words[self.sentence], self.sentence
+        if first:                                    # where the sentence's speech begins
+            plan = self.words[self.sentence]
             spoken = self.spoken[self.sentence] or " ".join(r for _, r in plan.words)
             self.clock = WordClock(plan, spoken, mine[0].sample_offset(n) + mine[0].paused + mine[0].pause)
         for c in mine:

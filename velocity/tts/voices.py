@@ -53,6 +53,11 @@ class Voice:
     def kind(self) -> str:
         return "sample" if self.sample else "speaker"
 
+    @property
+    def cloned(self) -> bool:
+        """Made from a recording: no speaker vector alone to blend or to switch to within a request."""
+        return bool(self.sample) or self.speaker is None
+
 
 def builtin_voices(dim: int, stats: np.ndarray | None, draw: bool = True) -> dict[str, Voice]:
     """The built-in set: each a seeded draw from the speaker statistics (a plain normal without
@@ -165,7 +170,7 @@ class Voices:
         parts = voice_blend.parse(spec)
         voices = [self.get(name) for name, _ in parts]
         for (name, _), v in zip(parts, voices):
-            if v.sample or v.speaker is None:
+            if v.cloned:
                 raise ValueError(f"VOICE {spec!r}: {name!r} is a voice cloned from a recording, which has no speaker "
                                  "vector to blend: blend voices that are speakers")
         return Voice(spec, voice_blend.mix([v.speaker for v in voices], [w for _, w in parts], self.stats),

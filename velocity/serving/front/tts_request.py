@@ -11,6 +11,7 @@ from velocity.serving.wire.input_table import read_inputs
 from velocity.serving.wire.passed_inputs import input_reader
 from velocity.serving.settings import Settings
 from velocity.serving.lifecycle.stub_exit import end_quickly
+from velocity.tts.word_timing import SAMPLE_RATE
 
 
 @dataclass
@@ -121,7 +122,7 @@ def ssml_voices(sentences: list, vec: np.ndarray, sample, front: TTSFront) -> li
             v = front.voices.get(name)
         except ValueError as e:
             raise ValueError(f"TEXT: SSML's <voice name={name!r}>: {e}") from e
-        if v.sample or v.speaker is None:
+        if v.cloned:
             raise ValueError(f"TEXT: SSML's <voice name={name!r}> is a voice cloned from a recording, which cannot "
                              "change in a request: name a speaker voice")
         vectors[name] = v.speaker
@@ -186,7 +187,7 @@ def voice_of(front: TTSFront, v) -> tuple[np.ndarray, np.ndarray | None, str]:
 def sentence_pauses(sentences: list) -> np.ndarray:
     """SENTENCE_PAUSES [1, n + 1] int32: samples of silence before each sentence, then after the last."""
     ms = [s.pause for s in sentences] + [sentences[-1].after if sentences else 0]
-    return (np.asarray(ms, np.int64) * 24).astype(np.int32)[None]         # 24 samples a ms at 24 kHz
+    return (np.asarray(ms, np.int64) * (SAMPLE_RATE // 1000)).astype(np.int32)[None]
 
 
 def sentence_speakers(req: TTSRequest, dim: int) -> np.ndarray:

@@ -91,13 +91,12 @@ def llm_inputs(get, max_new_tokens: int, num_vq: int) -> LLMInputs:
     if texts is not None and texts.size:
         if texts.size != len(sentences):
             raise ValueError(f"SENTENCE_TEXTS holds {texts.size} texts, SENTENCE_LENGTHS {len(sentences)} sentences")
-        out.texts = [t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t) for t in texts.reshape(-1)]
+        out.texts = strings(texts)
     words = get("SENTENCE_WORDS")
     if words is not None and words.size:
         if words.size != len(sentences):
             raise ValueError(f"SENTENCE_WORDS holds {words.size} sentences, SENTENCE_LENGTHS {len(sentences)}")
-        out.words = [SentenceWords.from_json(bytes(w).decode("utf-8", "replace") if isinstance(w, bytes) else str(w))
-                     for w in words.reshape(-1)]
+        out.words = [SentenceWords.from_json(w) for w in strings(words)]
     out.pauses, out.speakers = sentence_pauses(get, len(sentences)), sentence_speakers(get, len(sentences), spk.size)
     carry = get("CARRY_IDS")
     if carry is not None and carry.size:
@@ -122,6 +121,11 @@ def llm_inputs(get, max_new_tokens: int, num_vq: int) -> LLMInputs:
         if out.carry_prompts is not None:
             raise ValueError("CARRY_IDS cannot be combined with REFINE_IDS")
     return out
+
+
+def strings(v: np.ndarray) -> list[str]:
+    """A BYTES tensor's strings, UTF-8 (a bad byte replaced)."""
+    return [t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t) for t in v.reshape(-1)]
 
 
 def sentence_pauses(get, n: int) -> list[int] | None:

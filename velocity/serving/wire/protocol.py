@@ -39,6 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from velocity.tts.chunking import CodeChunk, sample_offset
+from velocity.tts.ssml import MAX_BREAK_MS
+from velocity.tts.word_timing import SAMPLE_RATE
 
 STREAM_SHUTTING_DOWN = -1     # ended by the drain on stop
 STREAM_FAILED = -2            # generation failed (the llm logs why)
@@ -50,7 +52,7 @@ STREAM_PART_DIED = -7         # ended: another part of the server died (the watc
 STREAM_DIRECT_BUSY = -8       # refused: direct Triton callers hold VELOCITY_MAX_DIRECT_REQUESTS
 
 NO_HIDDEN = np.zeros((1, 0, 0), np.float32)
-MAX_SILENCE = 10 * 24000        # samples of one silence: SSML's longest break (velocity.tts.ssml.MAX_BREAK_MS)
+MAX_SILENCE = MAX_BREAK_MS * SAMPLE_RATE // 1000    # samples of one silence: SSML's longest break
 
 
 def _i32(v: int) -> np.ndarray:
