@@ -76,7 +76,7 @@ fi
 # beside the rest of the install, since they need only torch and ninja. Without g++ the server
 # uses the slower torch path and logs a warning.
 kstamp="$VENV/velocity-kernels/.built"
-ksum="$(sha256sum "$ROOT/velocity/model/kernels/cpu_kernels.py" | cut -d' ' -f1)"
+ksum="$(cat "$ROOT/velocity/model/kernels/cpu_kernels.py" "$ROOT"/velocity/model/kernels/csrc/* | sha256sum | cut -d' ' -f1)"   # the build and its C++
 kernels_needed() { [[ ! -f "$kstamp" ]] || [[ "$(cat "$kstamp")" != "$ksum" ]]; }
 build_kernels() {
     PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" -m velocity.model.kernels.cpu_kernels \

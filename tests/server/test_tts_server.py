@@ -375,8 +375,6 @@ def test_a_refine_is_cancelled_like_the_rest(server):
     """A direct llm stream cancelled while its text head still refines (a long REFINE_MAX_NEW_TOKENS,
     greedy, which on the demo weights never samples [Ebreak]): the refine is aborted, its blocks are
     freed, no audio frame is generated."""
-    import time
-
     settle(server)                          # the tests before counted and done: the counters are this test's
     idle_free = server.metric("velocity_kv_blocks_free")
     inputs = llm_inputs(server.grpc_url, {"TEXT": "Refine me for a long time.", "MAX_NEW_TOKENS": 40,
@@ -388,8 +386,7 @@ def test_a_refine_is_cancelled_like_the_rest(server):
     g.start_stream(callback=lambda result, error: None)
     g.async_stream_infer("llm", inputs, enable_empty_final_response=True)
     assert wait_for(lambda: server.metric("velocity_running_sequences") == 1, timeout=60)
-    time.sleep(0.3)
-    g.stop_stream(cancel_requests=True)
+    g.stop_stream(cancel_requests=True)     # at once: on a quick machine a later cancel finds the refine done
     assert wait_for(lambda: server.metric("velocity_kv_blocks_used") == 0 and
                     server.metric("velocity_running_sequences") == 0, timeout=60)
     # every block back (the gauges are a snapshot 4x a second: wait for the count itself)
