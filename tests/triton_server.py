@@ -31,7 +31,12 @@ def assert_same_pcm(got: bytes, want: bytes) -> None:
     np.testing.assert_allclose(g, w, rtol=0, atol=1e-4 * float(np.abs(w).max()) + 2 / 32768)
 
 
-LONG_TEXT = " ".join(f"This is sentence number {n} of a story that goes on for a while." for n in range(1, 9))
+def long_text(sentences: int = 8) -> str:
+    """A story of this many sentences, each its own engine request."""
+    return " ".join(f"This is sentence number {n} of a story that goes on for a while." for n in range(1, sentences + 1))
+
+
+LONG_TEXT = long_text()
 
 
 def shm_pattern(s: TritonServer) -> str:
