@@ -10,7 +10,10 @@
 // The cache is float32, or float16 (EngineConfig.kv_cache_dtype): half the bytes to read, each row
 // rounded to float16 as it is written and converted back as it is read. With AVX2 the float16 rows
 // are read by code of their own (two sums a head in pass 1, a head's output in registers over
-// kRows token rows in pass 2); the float32 cache keeps its arithmetic.
+// kRows token rows in pass 2); the float32 cache keeps its arithmetic. Either cache's rows are
+// prefetched a few tokens ahead, and pass 1 sends each key's value row toward L2 for pass 2: the
+// rows of a range are scattered over blocks, and the cores' own prefetchers left the kernel waiting
+// on memory (the float32 arithmetic is unchanged by it: same sums, same order).
 #include "common.h"
 #include "vec.h"
 
@@ -39,6 +42,13 @@ static inline void store_row(at::Half* d, const float* s, int64_t n) {
 // token row r of a cache: in place for float32, converted into buf for float16
 static inline const float* cache_row(const float* r, float*, int64_t) { return r; }
 static inline const float* cache_row(const at::Half* r, float* buf, int64_t n) { half_to_float(r, buf, n); return buf; }
+
+// a cache row of n values on its way toward the core (hint: _MM_HINT_T0 into L1, _MM_HINT_T1 into L2)
+template <int Hint, typename T>
+static inline void prefetch_row(const T* row, int64_t n) {
+  const char* r = reinterpret_cast<const char*>(row);
+  for (int64_t l = 0; l < n * (int64_t)sizeof(T); l += 64) _mm_prefetch(r + l, static_cast<_mm_hint>(Hint));
+}
 
 #if defined(__AVX2__) && defined(__FMA__)
 static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -192,7 +202,6 @@ at::Tensor paged_decode_as(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor 
   // reads its cache on two threads, and a sequence's result does not depend on the batch or the
   // thread count. Per task and head: its scores' max, their exps' sum, the exps times v summed.
   constexpr int64_t kHalves = 2, kAhead = 2, kRows = 4;   // pass 2 adds kRows token rows into o at a time
-  constexpr bool kHalf = std::is_same_v<T, at::Half>;   // its rows are read and converted a token at a time
   auto part = at::empty({B, kHalves, Hq, D}, q.options()), stats = at::empty({B, kHalves, Hq, 2}, q.options());
   const float* qp = q.data_ptr<float>();
   const T* kp = k_cache.data_ptr<T>();
@@ -211,11 +220,13 @@ at::Tensor paged_decode_as(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor 
       const int64_t t0 = cl[b] * c / kHalves, t1 = cl[b] * (c + 1) / kHalves, n = t1 - t0;
       const float* qb = qp + b * q_stride;
       const int64_t* table = bt + b * W;
+      // the row kAhead on, into L1 meanwhile; pass 1 also sends the value row of the key it reads
+      // toward L2, so that pass 2 (this range's values, at most a few hundred KB) finds them there
       auto token_row = [&](const T* cache, int64_t t) {
-        if (kHalf && t + kAhead < t1) {                   // float16: the row kAhead on, into the cache meanwhile
-          const int64_t u = t + kAhead;
-          const char* nx = reinterpret_cast<const char*>(cache + (table[u / S] * S + u % S) * row_n);
-          for (int64_t l = 0; l < row_n * (int64_t)sizeof(T); l += 64) _mm_prefetch(nx + l, _MM_HINT_T0);
+        if (t + kAhead < t1) {
+          const int64_t u = t + kAhead, at = (table[u / S] * S + u % S) * row_n;
+          prefetch_row<_MM_HINT_T0>(cache + at, row_n);
+          if (cache == kp) prefetch_row<_MM_HINT_T1>(vp + at, row_n);
         }
         return cache + (table[t / S] * S + t % S) * row_n;
       };
