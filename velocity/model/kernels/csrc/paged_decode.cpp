@@ -8,12 +8,11 @@
 // length alone, so its output is the same, bit for bit, alone, in a batch and on any thread count.
 //
 // The cache is float32, or float16 (EngineConfig.kv_cache_dtype): half the bytes to read, each row
-// rounded to float16 as it is written and converted back as it is read. With AVX2 (16 lanes with
-// AVX-512) the float16 rows are read by code of their own (two sums a head in pass 1, a head's
-// output in registers over kRows token rows in pass 2); the float32 cache keeps its arithmetic. Either cache's rows are
-// prefetched a few tokens ahead, and pass 1 sends each key's value row toward L2 for pass 2: the
-// rows of a range are scattered over blocks, and the cores' own prefetchers left the kernel waiting
-// on memory (the float32 arithmetic is unchanged by it: same sums, same order).
+// rounded to float16 as it is written and converted back as it is read. With AVX2 the float16 rows
+// are read by code of their own, 8 lanes at a time (16 with AVX-512): two sums a head in pass 1, a
+// head's output in registers over kRows token rows in pass 2; the float32 cache keeps its
+// arithmetic. Either cache's rows are prefetched a few tokens ahead, and pass 1 sends each key's
+// value row toward L2 for pass 2 (prefetches change no sum and no order).
 #include "common.h"
 #include "vec.h"
 
@@ -50,16 +49,7 @@ static inline void prefetch_row(const T* row, int64_t n) {
   for (int64_t l = 0; l < n * (int64_t)sizeof(T); l += 64) _mm_prefetch(r + l, static_cast<_mm_hint>(Hint));
 }
 
-#ifdef __AVX512F__
-static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-static inline __m512 load16(const at::Half* p) {         // 16 float16 values as float32, exactly
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-#endif
-
 #if defined(__AVX2__) && defined(__FMA__)
-static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-static inline __m256 load8(const at::Half* p) { return half8(p); }
 static inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -67,38 +57,55 @@ static inline float hsum8(__m256 v) {
 }
 #endif
 
+// the float16 rows' vector: 16 float32 lanes with AVX-512, else 8 with AVX2
+#ifdef __AVX512F__
+struct Lanes {
+  using V = __m512;
+  static constexpr int64_t n = 16;
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V load(const at::Half* p) {                      // float16 values as float32, exactly
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static float sum(V v) { return _mm512_reduce_add_ps(v); }
+};
+#elif defined(__AVX2__) && defined(__FMA__)
+struct Lanes {
+  using V = __m256;
+  static constexpr int64_t n = 8;
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static V load(const at::Half* p) { return half8(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static float sum(V v) { return hsum8(v); }
+};
+#endif
+
 // pass 1 for one cached token row (all kv heads): scores[h * hs] = sc * q[h] . row[h / group], h < Hq
 template <typename T>
 static inline void row_scores(const float* q, const T* row, float* scores, int64_t hs, int64_t Hq, int64_t group,
                               int64_t D, float sc, float* buf) {
-#ifdef __AVX512F__
-  if (std::is_same_v<T, at::Half> && D % 32 == 0) {      // two sums of 16 lanes a head
-    for (int64_t h = 0; h < Hq; ++h) {
-      const T* kv = row + (h / group) * D;
-      const float* qv = q + h * D;
-      __m512 a0 = _mm512_mul_ps(_mm512_loadu_ps(qv), load16(kv));
-      __m512 a1 = _mm512_mul_ps(_mm512_loadu_ps(qv + 16), load16(kv + 16));
-      for (int64_t d = 32; d < D; d += 32) {
-        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qv + d), load16(kv + d), a0);
-        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(qv + d + 16), load16(kv + d + 16), a1);
-      }
-      scores[h * hs] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) * sc;
-    }
-    return;
-  }
-#endif
 #if defined(__AVX2__) && defined(__FMA__)
-  if (std::is_same_v<T, at::Half> && D % 16 == 0) {      // two sums a head, each row converted as it is read
+  constexpr int64_t L = Lanes::n;
+  if (std::is_same_v<T, at::Half> && D % (2 * L) == 0) {   // two sums a head, each row converted as it is read
+    using V = Lanes::V;
     for (int64_t h = 0; h < Hq; ++h) {
       const T* kv = row + (h / group) * D;
       const float* qv = q + h * D;
-      __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(qv), load8(kv));
-      __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(qv + 8), load8(kv + 8));
-      for (int64_t d = 16; d < D; d += 16) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d), load8(kv + d), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d + 8), load8(kv + d + 8), a1);
+      V a0 = Lanes::mul(Lanes::load(qv), Lanes::load(kv));
+      V a1 = Lanes::mul(Lanes::load(qv + L), Lanes::load(kv + L));
+      for (int64_t d = 2 * L; d < D; d += 2 * L) {
+        a0 = Lanes::fmadd(Lanes::load(qv + d), Lanes::load(kv + d), a0);
+        a1 = Lanes::fmadd(Lanes::load(qv + d + L), Lanes::load(kv + d + L), a1);
       }
-      scores[h * hs] = hsum8(_mm256_add_ps(a0, a1)) * sc;
+      scores[h * hs] = Lanes::sum(Lanes::add(a0, a1)) * sc;
     }
     return;
   }
@@ -118,31 +125,17 @@ static inline void row_scores(const float* q, const T* row, float* scores, int64
 template <typename T>
 static inline void rows_axpy(const T* const* rows, const float* e, int64_t hs, int64_t m, float* o, int64_t Hq,
                              int64_t group, int64_t D, float* buf) {
-#ifdef __AVX512F__
-  if (std::is_same_v<T, at::Half> && D % 16 == 0) {      // 16 lanes of a head's o in a register for the m rows
-    for (int64_t h = 0; h < Hq; ++h) {
-      float* oh = o + h * D;
-      const int64_t off = (h / group) * D;
-      for (int64_t d = 0; d < D; d += 16) {
-        __m512 acc = _mm512_loadu_ps(oh + d);
-        for (int64_t j = 0; j < m; ++j)
-          acc = _mm512_fmadd_ps(_mm512_set1_ps(e[h * hs + j]), load16(rows[j] + off + d), acc);
-        _mm512_storeu_ps(oh + d, acc);
-      }
-    }
-    return;
-  }
-#endif
 #if defined(__AVX2__) && defined(__FMA__)
-  if (std::is_same_v<T, at::Half> && D % 8 == 0) {       // o [D] of a head in registers for the m rows
+  constexpr int64_t L = Lanes::n;
+  if (std::is_same_v<T, at::Half> && D % L == 0) {        // o [D] of a head in registers for the m rows
     for (int64_t h = 0; h < Hq; ++h) {
       float* oh = o + h * D;
       const int64_t off = (h / group) * D;
-      for (int64_t d = 0; d < D; d += 8) {
-        __m256 acc = _mm256_loadu_ps(oh + d);
+      for (int64_t d = 0; d < D; d += L) {
+        auto acc = Lanes::load(oh + d);
         for (int64_t j = 0; j < m; ++j)
-          acc = _mm256_fmadd_ps(_mm256_set1_ps(e[h * hs + j]), load8(rows[j] + off + d), acc);
-        _mm256_storeu_ps(oh + d, acc);
+          acc = Lanes::fmadd(Lanes::set1(e[h * hs + j]), Lanes::load(rows[j] + off + d), acc);
+        Lanes::store(oh + d, acc);
       }
     }
     return;
