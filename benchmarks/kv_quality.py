@@ -33,8 +33,8 @@ from velocity import LLM, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("kv_quality")
-ARMS = {"float32": ("none", "auto"), "float32, float16 cache": ("none", "float16"),
-        "int8": ("int8", "auto"), "int8, float16 cache": ("int8", "float16")}
+ARMS = {"float32": ("none", "float32"), "float32, float16 cache": ("none", "float16"),
+        "int8": ("int8", "float32"), "int8, float16 cache": ("int8", "float16")}
 PAIRS = [("float32, float16 cache", "float32"), ("int8, float16 cache", "int8"), ("int8", "float32"),
          ("int8, float16 cache", "float32")]
 

@@ -30,7 +30,7 @@ class Worker:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        self.kv_dtype = kv_dtype(config.kv_cache_dtype, self.device, self.dtype)
+        self.kv_dtype = kv_dtype(config.kv_cache_dtype, self.device, self.dtype, config.quantize)
         if config.quantize == "int8":
             require_int8(self.device, self.dtype, "the engine", "VELOCITY_QUANTIZE")
         self.model = load_model(config.model, self.device, self.dtype)

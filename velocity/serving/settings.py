@@ -16,8 +16,10 @@ class Settings:
     kv_cache_bytes: int = 1 << 30            # VELOCITY_KV_CACHE_BYTES: CPU KV budget
     # float16: on CPU the llm's KV cache in half the bytes, its keys and values rounded to float16:
     # twice the tokens in the budget and less to read each step, and the output is no longer the
-    # reference's (docs/benchmarks.md, "A float16 KV cache on CPU"). auto: the model's dtype.
-    kv_cache_dtype: str = "auto"             # VELOCITY_KV_CACHE_DTYPE: auto or float16
+    # reference's (docs/benchmarks.md, "A float16 KV cache on CPU"). auto: float16 with
+    # VELOCITY_QUANTIZE=int8 (not the reference's either), else the model's dtype. float32: int8's
+    # linears beside a float32 cache.
+    kv_cache_dtype: str = "auto"             # VELOCITY_KV_CACHE_DTYPE: auto, float32 or float16
     gpu_memory_utilization: float = 0.85     # VELOCITY_GPU_MEMORY_UTILIZATION
     max_num_seqs: int = 64                   # VELOCITY_MAX_NUM_SEQS
     # Prompt tokens an engine step takes beside the running streams' frames (a longer prompt goes

@@ -65,7 +65,9 @@ def test_the_engine_holds_twice_the_tokens_and_its_paths_agree(tmp_path, quantiz
     ps = prompts([1, 7, 30, 65], seed=31)
     params = SamplingParams(temperature=0.0, max_new_tokens=20, ignore_eos=True)
     budget = 1 << 20
-    full = LLM(str(tmp_path), device="cpu", block_size=4, kv_cache_bytes=budget, quantize=quantize).engine.worker
+    full = LLM(str(tmp_path), device="cpu", block_size=4, kv_cache_bytes=budget, quantize=quantize,
+               kv_cache_dtype="float32").engine.worker
+    assert full.cache.gpu[0][0].dtype == torch.float32
     outs = []
     for use_kernel in (True, False):
         llm = LLM(str(tmp_path), device="cpu", block_size=4, kv_cache_bytes=budget, quantize=quantize,
@@ -93,12 +95,28 @@ def test_the_engine_holds_twice_the_tokens_and_its_paths_agree(tmp_path, quantiz
 
 
 def test_settings_that_cannot_hold_are_refused_with_what_to_do():
-    with pytest.raises(ValueError, match="kv_cache_dtype must be 'auto' or 'float16', got 'int8'"):
+    with pytest.raises(ValueError, match="kv_cache_dtype must be 'auto', 'float32' or 'float16', got 'int8'"):
         EngineConfig(model="x", kv_cache_dtype="int8")
     with pytest.raises(ValueError, match="float32 model on CPU.*leave the KV cache dtype at auto"):
         kv_dtype("float16", torch.device("cpu"), torch.bfloat16)
-    assert kv_dtype("auto", torch.device("cpu"), torch.float32) == torch.float32
-    assert kv_dtype("float16", torch.device("cpu"), torch.float32) == torch.float16
+    with pytest.raises(ValueError, match="float32 KV cache is for a float32 model.*leave the KV cache dtype at auto"):
+        kv_dtype("float32", torch.device("cpu"), torch.bfloat16)
+    cpu = torch.device("cpu")
+    assert kv_dtype("auto", cpu, torch.float32) == torch.float32
+    assert kv_dtype("auto", cpu, torch.bfloat16, "none") == torch.bfloat16
+    assert kv_dtype("auto", cpu, torch.float32, "int8") == torch.float16      # int8's default
+    assert kv_dtype("float32", cpu, torch.float32, "int8") == torch.float32
+    assert kv_dtype("float16", cpu, torch.float32) == torch.float16
+
+
+def test_int8_takes_a_float16_cache_by_default_and_float32_stays_the_references(tmp_path):
+    """auto: int8's linears already part from the reference, and a float16 cache adds no error
+    measured past int8's own (docs/benchmarks.md, "A float16 KV cache on CPU"); float32 weights keep
+    the model's dtype, the reference's."""
+    make_llama(tmp_path)
+    dtypes = {q: LLM(str(tmp_path), device="cpu", quantize=q).engine.worker.cache.gpu[0][0].dtype
+              for q in ("none", "int8")}
+    assert dtypes == {"none": torch.float32, "int8": torch.float16}
 
 
 def test_the_setting_reaches_the_engine(monkeypatch):
