@@ -16,8 +16,8 @@ revision --baseline-rev, with this machine's VELOCITY_* settings and --weights),
 REFINE_TEXT: the text head refines each sentence first) and `in-process` (the same requests through velocity
 and the decoder in this process, no Triton; needs --weights). Server arms also report the
 engine's mean step time (velocity_engine_step_seconds_total / _steps_total), the vocoder's decode
-seconds over the wall time (its share of a core) and its chunks per call, the llm->vocoder
-backlog (velocity_vocoder_backlog_chunks) and, for a server on this machine, its vocoder's
+seconds over the wall time (its share of a core: `vocoder_decode_share`) and its chunks a call, the
+llm->vocoder backlog (velocity_vocoder_backlog_chunks) and, for a server on this machine, its vocoder's
 resident memory, both sampled every 0.1 s (max and mean). First audio is also pooled over all rounds
 (p50/p99), and separately over the requests that arrived while others were mid-stream (each
 round's requests after the first --concurrency). `arm@c` runs that arm at concurrency c instead of
@@ -61,37 +61,13 @@ log = logging.getLogger("bench_ab")
 ARMS = ("triton", "triton-nolend", "triton-refine", "other", "baseline", "in-process")
 
 
-COUNTERS = {"steps": "velocity_engine_steps_total", "step_s": "velocity_engine_step_seconds_total",
-            "decode_s": "velocity_vocoder_decode_seconds_total", "calls": "velocity_vocoder_calls_total",
-            "chunks": "velocity_vocoder_chunks_total"}
-
-
-def server_counters(metrics_url: str) -> dict[str, float] | None:
-    """The engine's steps and seconds in them, the vocoder's decode seconds, calls and chunks, from a
-    server's metrics (those it has), or None if it has none of them."""
+def engine_counters(metrics_url: str) -> tuple[float, float] | None:
+    """(engine steps, seconds in them) from a server's metrics, or None if it has none."""
     try:
         text = fetch_metrics(metrics_url)
-    except OSError:
+        return parse_metric(text, "velocity_engine_steps_total"), parse_metric(text, "velocity_engine_step_seconds_total")
+    except (OSError, KeyError):
         return None
-    got = {}
-    for key, name in COUNTERS.items():
-        with contextlib.suppress(KeyError):
-            got[key] = parse_metric(text, name)
-    return got or None
-
-
-def counted(before: dict | None, after: dict | None, wall_s: float) -> dict:
-    """What a level's counters say: the engine's mean step (ms), the vocoder's decode seconds over
-    the level's wall time (its share of one core) and its chunks per call."""
-    d = {k: after[k] - before[k] for k in after if k in before} if before and after else {}
-    out = {}
-    if d.get("steps", 0) > 0 and "step_s" in d:
-        out["engine_step_ms"] = 1e3 * d["step_s"] / d["steps"]
-    if "decode_s" in d:
-        out["vocoder_busy"] = d["decode_s"] / wall_s
-    if d.get("calls", 0) > 0 and "chunks" in d:
-        out["vocoder_chunks_per_call"] = d["chunks"] / d["calls"]
-    return out
 
 
 class Sampler:
@@ -150,7 +126,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--arms", default="triton,in-process", help=f"comma-separated, first is the baseline: {ARMS}")
     ap.add_argument("--url", default="localhost:8001")
-    ap.add_argument("--metrics-url", default=None, help="default: the --url host, port 8002")
+    ap.add_argument("--metrics-url", default=None, help="default: the --url host, the port after its gRPC port (8002 for 8001)")
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--requests", type=int, default=2, help="requests per arm per round (at least --concurrency)")
@@ -162,7 +138,7 @@ def main() -> None:
     ap.add_argument("--refine-max-new-tokens", type=int, default=384,
                     help="the triton-refine arm's REFINE_MAX_NEW_TOKENS (384: the reference's default)")
     ap.add_argument("--other-url", help="the `other` arm's server (gRPC address)")
-    ap.add_argument("--other-metrics-url", help="its metrics (default: its host, port 8002)")
+    ap.add_argument("--other-metrics-url", help="its metrics (default: its host, the port after its gRPC port)")
     base = ap.add_mutually_exclusive_group()
     base.add_argument("--baseline-rev", help="the `baseline` arm's git revision (a server started from it)")
     base.add_argument("--baseline-dir", help="or a folder holding its tree (model_repository, scripts, velocity: "
@@ -223,7 +199,7 @@ def main() -> None:
             return local.level(texts, conc[arm], n[arm], values, bar)
         url, murl = urls.get(kind[arm], (args.url, metrics_url))
         hold = board.busy() if kind[arm] == "triton-nolend" else contextlib.nullcontext()
-        before = server_counters(murl)
+        before = engine_counters(murl)
         refine = {"REFINE_TEXT": True, "REFINE_MAX_NEW_TOKENS": args.refine_max_new_tokens} \
             if kind[arm] == "triton-refine" else {}
         pid = vocoder_pid(url)
@@ -232,7 +208,9 @@ def main() -> None:
             out = run_level(url, texts, conc[arm], n[arm], values | refine, bar, murl)
         out["vocoder_backlog_chunks"], out["vocoder_rss_mib"] = backlog.result(), rss.result()
         time.sleep(0.6)                                                 # the llm exports its counters four times a second
-        out |= counted(before, server_counters(murl), out["wall_s"])
+        after = engine_counters(murl)
+        if before and after and after[0] > before[0]:
+            out["engine_step_ms"] = 1e3 * (after[1] - before[1]) / (after[0] - before[0])
         return out
 
     if board is not None:                                               # give the slot back, even on error
@@ -247,9 +225,11 @@ def main() -> None:
                "total_avg_s": statistics.mean(x["total_s"]["avg"] for x in lv),
                "stall_avg_s": statistics.mean(x["stall_s"]["avg"] for x in lv),
                "errors": sum(x.get("errors", 0) for x in lv)}
-        for key in ("engine_step_ms", "vocoder_busy", "vocoder_chunks_per_call"):
-            if all(key in x for x in lv):
-                out[key] = statistics.mean(x[key] for x in lv)
+        if all("engine_step_ms" in x for x in lv):
+            out["engine_step_ms"] = statistics.mean(x["engine_step_ms"] for x in lv)
+        for key in ("decode_share", "chunks_per_call"):                # the vocoder's, where counted
+            if all(key in (x.get("vocoder_queue") or {}) for x in lv):
+                out["vocoder_" + key] = statistics.mean(x["vocoder_queue"][key] for x in lv)
         out["rtf_p99_worst_round"] = max((x["rtf"]["p99"] for x in lv if x["rtf"]["p99"] is not None), default=None)
         for key in ("first_audio_samples", "first_audio_later_samples"):
             xs = [v for x in lv for v in x.get(key, [])]

@@ -13,6 +13,7 @@ Triton) at concurrency 1: the serving overhead is the ratio. Writes JSON and a P
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -62,27 +63,39 @@ VOCODER_COUNTERS = ("chunks", "queue_seconds", "decode_seconds", "late_seconds")
 
 
 def metrics_url_of(grpc_url: str) -> str:
-    """Triton's default metrics port on the gRPC address's host."""
-    return f"http://{grpc_url.rsplit(':', 1)[0]}:8002/metrics"
+    """The metrics port beside the gRPC one on its host, as Triton's defaults (8001, 8002) and
+    serve.sh's ports moved together (GRPC_PORT=9001, METRICS_PORT=9002) have it."""
+    host, _, port = grpc_url.rpartition(":")
+    return f"http://{host}:{int(port) + 1 if port.isdigit() else 8002}/metrics"
 
 
 def vocoder_counters(metrics_url: str) -> dict | None:
-    """The vocoder's own counters (Triton's statistics see only its queueing of chunks, not the decode)."""
+    """The vocoder's own counters (Triton's statistics see only its queueing of chunks, not the
+    decode), and its calls where the server counts them."""
     if not metrics_url:
         return None
     try:
         text = fetch_metrics(metrics_url)
-        return {k: parse_metric(text, f"velocity_vocoder_{k}_total") for k in VOCODER_COUNTERS}
+        got = {k: parse_metric(text, f"velocity_vocoder_{k}_total") for k in VOCODER_COUNTERS}
     except (OSError, KeyError):
         return None
+    with contextlib.suppress(KeyError):
+        got["calls"] = parse_metric(text, "velocity_vocoder_calls_total")
+    return got
 
 
-def vocoder_diff(before: dict | None, after: dict | None) -> dict | None:
+def vocoder_diff(before: dict | None, after: dict | None, wall_s: float) -> dict | None:
+    """A level's vocoder: its chunks, their mean queue, decode and lateness (ms), its decode seconds
+    over the level's wall time (its share of one core) and chunks a call."""
     n = after and before and after["chunks"] - before["chunks"]
     if not n:
         return None
-    return {"chunks": int(n), **{f"avg_{k.split('_')[0]}_ms": (after[k] - before[k]) / n * 1e3
-                                 for k in VOCODER_COUNTERS[1:]}}
+    out = {"chunks": int(n), **{f"avg_{k.split('_')[0]}_ms": (after[k] - before[k]) / n * 1e3
+                                for k in VOCODER_COUNTERS[1:]},
+           "decode_share": (after["decode_seconds"] - before["decode_seconds"]) / wall_s}
+    if "calls" in before and "calls" in after and after["calls"] > before["calls"]:
+        out["chunks_per_call"] = n / (after["calls"] - before["calls"])
+    return out
 
 
 def run_concurrently(n: int, concurrency: int, job: Callable[[int], None]) -> None:
@@ -140,7 +153,7 @@ def run_level(url: str, texts: list[str], concurrency: int, n_requests: int, val
         "rtf": summary([r.rtf for r in results if r.seconds]),
         "stall_s": summary([r.stall for r in results]),
         "server": stats_diff(before, server_stats(url)),
-        "vocoder_queue": vocoder_diff(voc_before, vocoder_counters(metrics_url)),
+        "vocoder_queue": vocoder_diff(voc_before, vocoder_counters(metrics_url), wall),
     }
 
 
@@ -251,7 +264,7 @@ def plot(res: dict, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--url", default="localhost:8001")
-    ap.add_argument("--metrics-url", default=None, help="default: the --url host, port 8002")
+    ap.add_argument("--metrics-url", default=None, help="default: the --url host, the port after its gRPC port (8002 for 8001)")
     ap.add_argument("--concurrency", default="1,2,4,8,16,32,64")
     ap.add_argument("--requests", type=int, default=8, help="requests per level at least (and >= concurrency)")
     ap.add_argument("--max-new-tokens", type=int, default=120, help="frame cap per sentence (random weights rarely stop)")
