@@ -175,3 +175,25 @@ def test_bench_first_audio_splits_the_first_audio_at_the_chunk_it_waits_for(tmp_
         r = res["rounds"][0][arm]
         assert r["decode_steps"] == first + 5 - 1, (arm, r)
         assert all(v >= 0 for v in r["parts_s"].values()) and abs(sum(r["parts_s"].values()) - r["first_audio_s"]) < 1e-6
+
+
+def test_bench_linears_int8_times_both_ops_on_the_same_linears(tmp_path):
+    """bench_linears --kind int8: fbgemm's op and the C++ int8_gemm (where it is built for this
+    CPU's row width: AVX-512 VNNI or AVX2) on the same random linears, each arm's multiply-adds a
+    second from its own time."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "int8"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_linears.py"), "--kind", "int8", "--sets", "gpt",
+                          "--rows", "1,8", "--rounds", "1", "--passes", "1", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    res = json.loads(out.with_suffix(".json").read_text())
+    assert res["kind"] == "int8" and res["arms"] == ["fbgemm", "int8_gemm"] and res["linears"]["gpt"] == 80
+    macs = sum(i * o for i, o in [(768, 2304), (768, 768), (768, 6144), (3072, 768)] * 20)
+    for rows, s in res["sets"]["gpt"].items():
+        for arm in res["arms"]:
+            assert s[arm] > 0 and abs(s["gmacs"][arm] - int(rows) * macs / s[arm] / 1e6) < 1e-6 * s["gmacs"][arm]
+        assert s["ratio"] > 0
+    assert out.with_suffix(".png").stat().st_size > 0
