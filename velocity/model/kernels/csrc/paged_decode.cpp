@@ -11,8 +11,9 @@
 // rounded to float16 as it is written and converted back as it is read. With AVX2 the float16 rows
 // are read by code of their own, 8 lanes at a time (16 with AVX-512): two sums a head in pass 1, a
 // head's output in registers over kRows token rows in pass 2; the float32 cache keeps its
-// arithmetic. Either cache's rows are prefetched a few tokens ahead, and pass 1 sends each key's
-// value row toward L2 for pass 2 (prefetches change no sum and no order).
+// arithmetic. Either cache's rows are prefetched a few tokens ahead, pass 1 sends each key's value
+// row toward L2 for pass 2, and pass 2 sends the thread's next task's keys toward L2 for its pass 1
+// (prefetches change no sum and no order).
 #include "common.h"
 #include "vec.h"
 
@@ -244,11 +245,20 @@ at::Tensor paged_decode_as(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor 
   const float sc = (float)scale;
   // each thread takes a contiguous range of tasks: alternating short and long rows (a prefill's
   // first and last tokens) keeps their work even
+  // task i: its sequence b and range c's tokens [t0, t1)
+  auto task = [&](int64_t i, int64_t& b, int64_t& c, int64_t& t0, int64_t& t1) {
+    const int64_t j = i / kHalves;
+    b = j % 2 == 0 ? j / 2 : B - 1 - j / 2;
+    c = i % kHalves;
+    t0 = cl[b] * c / kHalves;
+    t1 = cl[b] * (c + 1) / kHalves;
+  };
   at::parallel_for(0, B * kHalves, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, buf(row_n);
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t j = i / kHalves, b = j % 2 == 0 ? j / 2 : B - 1 - j / 2, c = i % kHalves;
-      const int64_t t0 = cl[b] * c / kHalves, t1 = cl[b] * (c + 1) / kHalves, n = t1 - t0;
+      int64_t b, c, t0, t1;
+      task(i, b, c, t0, t1);
+      const int64_t n = t1 - t0;
       const float* qb = qp + b * q_stride;
       const int64_t* table = bt + b * W;
       // the row kAhead on, into L1 meanwhile; pass 1 also sends the value row of the key it reads
@@ -273,10 +283,18 @@ at::Tensor paged_decode_as(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor 
         sb[2 * h + 1] = sum;
       }
       std::fill(pb, pb + Hq * D, 0.f);
+      // pass 2 reads this task's values from L2, so the memory would idle: meanwhile the thread's
+      // next task's keys go toward L2, spread over pass 2's steps (pass 1 then finds them there)
+      int64_t nb = 0, nc = 0, nu = 0, nt1 = 0;
+      if (i + 1 < end) task(i + 1, nb, nc, nu, nt1);
+      const int64_t* ntable = bt + nb * W;
+      const int64_t steps = (n + kRows - 1) / kRows, per = steps ? (nt1 - nu + steps - 1) / steps : 0;
       for (int64_t t = t0; t < t1; t += kRows) {          // pass 2: the exps times v, summed in order
         const int64_t m = std::min(kRows, t1 - t);
         const T* rows[kRows];
         for (int64_t j = 0; j < m; ++j) rows[j] = token_row(vp, t + j);
+        for (int64_t e = 0; e < per && nu < nt1; ++e, ++nu)
+          prefetch_row<_MM_HINT_T1>(kp + (ntable[nu / S] * S + nu % S) * row_n, row_n);
         rows_axpy(rows, scores.data() + (t - t0), n, m, pb, Hq, group, D, buf.data());
       }
     }
