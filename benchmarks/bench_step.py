@@ -20,14 +20,18 @@ with a folder holding a `velocity` package (a copy without git, e.g. on a device
 --config against itself with those EngineConfig settings (one lever's share: graph_sampler=0,
 gpu_kernels=0). The weight
 bytes a step reads and, on CPU, the bound they set (bytes / read bandwidth measured in the run)
-are reported per arm. Writes JSON and a PNG.
+are reported per arm. --scattered takes the KV blocks in a random order (seeded; the same in
+every arm), as a long-running server's are once many streams came and went, instead of a fresh
+cache's in order. Writes JSON and a PNG.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import logging
+import random
 import statistics
 import subprocess
 import sys
@@ -98,7 +102,7 @@ def profile_steps(eng, n: int, sync) -> dict:
 
 
 def measure(weights: str, device: str, batches: list[int], steps: int, quantize: str = "none",
-            profile: int = 0, config: dict | None = None) -> dict:
+            profile: int = 0, config: dict | None = None, scattered: bool = False) -> dict:
     """{batch: {"step_ms", "model_ms", "sampler_ms", "host_ms", "host_us_per_seq"}, "weight_bytes": n}:
     medians over the steps of `steps` decoded frames, per frame. On CPU, host_ms is the step less
     the model's forward, the heads and the sampler's tensor work (the time the host spends outside
@@ -119,6 +123,10 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
     kw.update(config or {})
     eng = LLMEngine(EngineConfig(model=weights, device=device, max_num_seqs=max(batches), **kw))
     w = eng.worker
+    if scattered:                          # the free blocks (least recently freed first) shuffled
+        order = list(eng.block_manager.free)
+        random.Random(0).shuffle(order)
+        eng.block_manager.free = collections.OrderedDict.fromkeys(order)
     sync = torch.cuda.synchronize if w.device.type == "cuda" else (lambda: None)
     spent = {"model": 0.0, "sampler": 0.0, "device": 0.0, "linears": 0.0, "attention": 0.0}
 
@@ -231,7 +239,7 @@ def child(args: argparse.Namespace, tree: str | None, quantize: str, config: lis
     harness stay this checkout's: a baseline may predate them)."""
     cmd = [sys.executable, __file__, "--child", "--weights", args.weights, "--device", args.device,
            "--batches", args.batches, "--steps", str(args.steps), "--quantize", quantize,
-           "--profile", str(args.profile)]
+           "--profile", str(args.profile)] + (["--scattered"] if args.scattered else [])
     cmd += [a for c in config for a in ("--config", c)]
     run = subprocess.run(cmd + (["--tree", tree] if tree else []), capture_output=True, text=True)
     if run.returncode != 0:
@@ -285,6 +293,7 @@ def main() -> None:
                     help="this arm's EngineConfig settings (repeatable)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="also run the torch profiler over N more steps a batch (kernels, host gaps)")
+    ap.add_argument("--scattered", action="store_true", help="the KV blocks taken in a random order (a long-running server's)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "engine_step"))
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tree", help=argparse.SUPPRESS)
@@ -296,7 +305,7 @@ def main() -> None:
             assert "velocity" not in sys.modules
             sys.path.insert(0, args.tree)
         print(json.dumps(measure(args.weights, args.device, batches, args.steps, args.quantize,
-                                 args.profile, parse_config(args.config))))
+                                 args.profile, parse_config(args.config), args.scattered)))
         return
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from tqdm.auto import tqdm
@@ -332,7 +341,7 @@ def main() -> None:
     res = {"hardware": hardware(),
            "device": args.device, "checkpoint": checkpoint, "batches": batches, "steps": args.steps,
            "rounds": len(runs["this"]), "quantize": {a: quant[a] for a in runs},
-           "config": {a: configs[a] for a in runs},
+           "config": {a: configs[a] for a in runs}, "scattered": args.scattered,
            "labels": labels, "arms": {}, "rounds_raw": {a: [{str(b): v for b, v in x.items()} for x in runs[a]]
                                                        for a in runs}}
     if args.device == "cpu":

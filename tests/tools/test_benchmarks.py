@@ -134,7 +134,8 @@ def test_bench_step_profile_counts_every_frame_and_the_host_time(tmp_path):
     """bench_step --profile: the profiler's summary is per decoded frame, over the steps it ran (a
     multi-step step counts K frames), and on CPU the host's operations are all there is (no
     kernels, no GPU time: the whole wall time is host). In a child process, as bench_step runs
-    its rounds: the torch profiler's objects stay out of the test process."""
+    its rounds: the torch profiler's objects stay out of the test process; its KV blocks
+    scattered (--scattered), as a long-running server's are."""
     import subprocess
     import sys
 
@@ -142,7 +143,7 @@ def test_bench_step_profile_counts_every_frame_and_the_host_time(tmp_path):
 
     ck = tiny_checkpoint(tmp_path / "tiny", seed=0)
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_step.py"), "--child", "--weights", str(ck),
-                          "--device", "cpu", "--batches", "2", "--steps", "4", "--profile", "3"],
+                          "--device", "cpu", "--batches", "2", "--steps", "4", "--profile", "3", "--scattered"],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     pr = json.loads(run.stdout.splitlines()[-1])["2"]["profile"]
