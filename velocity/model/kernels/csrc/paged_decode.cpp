@@ -243,8 +243,6 @@ at::Tensor paged_decode_as(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor 
   float *pp = part.data_ptr<float>(), *st = stats.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const float sc = (float)scale;
-  // each thread takes a contiguous range of tasks: alternating short and long rows (a prefill's
-  // first and last tokens) keeps their work even
   // task i: its sequence b and range c's tokens [t0, t1)
   auto task = [&](int64_t i, int64_t& b, int64_t& c, int64_t& t0, int64_t& t1) {
     const int64_t j = i / kHalves;
@@ -253,6 +251,8 @@ at::Tensor paged_decode_as(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor 
     t0 = cl[b] * c / kHalves;
     t1 = cl[b] * (c + 1) / kHalves;
   };
+  // each thread takes a contiguous range of tasks: alternating short and long rows (a prefill's
+  // first and last tokens) keeps their work even
   at::parallel_for(0, B * kHalves, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, buf(row_n);
     for (int64_t i = begin; i < end; ++i) {
