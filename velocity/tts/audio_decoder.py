@@ -82,7 +82,7 @@ class AudioDecoder:
         if mode not in ("none", "int8"):
             raise ValueError(f"the vocoder's quantize (VELOCITY_VOCODER_QUANTIZE) must be none or int8, got {mode!r}")
         if mode == "int8":
-            return self.quantize_int8()
+            return self.quantize_int8(cpu_kernel)
         from velocity.model.networks.convnext import ConvNeXtBlock
         from velocity.model.kernels.cpu_kernels import kernels
         from velocity.model.layers.packed_linear import can_pack, packer, replace_linears_in
@@ -93,15 +93,19 @@ class AudioDecoder:
         return sum(replace_linears_in(m, ConvNeXtBlock, make) for m in (self.dvae, self.decoder, self.vocos)
                    if m is not None)
 
-    def quantize_int8(self) -> int:
+    def quantize_int8(self, cpu_kernel: bool = True) -> int:
         """The ConvNeXt blocks' linears (most of the decoders' work) on int8 weights with per-row int8
-        activations (velocity.model.layers.int8_linear): faster on CPU, and its audio against the float32
-        decode's is in docs/benchmarks.md "int8 on CPU". Returns how many."""
+        activations (velocity.model.layers.int8_linear), on the C++ int8_gemm where cpu_kernel and it
+        is built for this CPU's row width (else fbgemm's op, which it equals within float rounding):
+        faster on CPU, and its audio against the float32 decode's is in docs/benchmarks.md "int8 on
+        CPU". Returns how many."""
+        from velocity.model.kernels.cpu_kernels import kernels
         from velocity.model.networks.convnext import ConvNeXtBlock
         from velocity.model.layers.int8_linear import quantize_linears, require_int8
         p = next(self.vocos.parameters())
         require_int8(p.device, p.dtype, "the vocoder", "VELOCITY_VOCODER_QUANTIZE")
-        return sum(quantize_linears(m, ConvNeXtBlock) for m in (self.dvae, self.decoder, self.vocos) if m is not None)
+        K = kernels() if cpu_kernel else None
+        return sum(quantize_linears(m, ConvNeXtBlock, K) for m in (self.dvae, self.decoder, self.vocos) if m is not None)
 
     def model_input(self, x: torch.Tensor) -> tuple[DVAE, torch.Tensor]:
         """codes [B, num_vq, T] or hidden [B, T, H] -> (the DVAE or the Decoder, x as it takes it:
