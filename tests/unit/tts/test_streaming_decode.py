@@ -273,19 +273,25 @@ def test_stall_is_the_wait_a_listener_hears():
     assert stall([(0.0, 0.2), (1.0, 0.2), (1.5, 0.2)]) == pytest.approx(0.8 + 0.3)
 
 
-def test_int8_decoders_stay_near_the_float32_decode(tmp_path, frames, hidden):
-    """VELOCITY_VOCODER_QUANTIZE=int8: the ConvNeXt linears on int8 weights. Both paths stay
-    above 25 dB SER against float32 (measured on these random weights with 8-bit rows: 40.2 and
-    42.2 dB) and are not equal to it (they are quantized)."""
-    from velocity.model.layers.int8_linear import Int8Linear
+@pytest.mark.parametrize("cpu_kernel", [True, False])
+def test_int8_decoders_stay_near_the_float32_decode(tmp_path, frames, hidden, cpu_kernel):
+    """VELOCITY_VOCODER_QUANTIZE=int8: the ConvNeXt linears on int8 weights, on the C++ int8_gemm
+    where the kernels build it for this CPU's row width (VELOCITY_CPU_KERNEL), else fbgemm's op.
+    Both paths stay above 25 dB SER against float32 (measured on these random weights with 8-bit
+    rows: 40.2 and 42.2 dB) and are not equal to it (they are quantized)."""
+    from velocity.model.kernels.cpu_kernels import kernels
+    from velocity.model.layers.int8_linear import Int8Linear, activation_bits
     ckpt = tiny_checkpoint(tmp_path / "tiny", seed=2)
     ref = AudioDecoder(load_dvae(ckpt), load_vocos(ckpt), load_decoder(ckpt))
     q = AudioDecoder(load_dvae(ckpt), load_vocos(ckpt), load_decoder(ckpt))
     assert ref.quantize("none", pack=False) == 0
     with pytest.raises(ValueError, match="VELOCITY_VOCODER_QUANTIZE.*none or int8.*'int4'"):
         ref.quantize("int4")
-    n = q.quantize("int8")
-    assert n == sum(isinstance(m, Int8Linear) for d in (q.dvae, q.decoder, q.vocos) for m in d.modules()) > 0
+    n = q.quantize("int8", cpu_kernel=cpu_kernel)
+    linears = [m for d in (q.dvae, q.decoder, q.vocos) for m in d.modules() if isinstance(m, Int8Linear)]
+    assert n == len(linears) > 0
+    built = cpu_kernel and kernels() is not None and kernels().int8_gemm_bits() == activation_bits()
+    assert any(m.gemm is not None for m in linears) == built and (built or all(m.gemm is None for m in linears))
     for x in (torch.tensor(frames).T[None], hidden[None]):
         db = ser_db(ref.decode(x)[0], q.decode(x)[0])
         assert 25 < db < 80, db
