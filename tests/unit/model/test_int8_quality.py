@@ -63,6 +63,18 @@ def load(folder: str, int8: bool = False):
     return model
 
 
+GREEDY_16 = SamplingParams(temperature=0.0, max_new_tokens=16, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def int8_on_float32_cache(smollm, tok, english) -> tuple:
+    """The int8 engine on a float32 KV cache (the int8 model's) and its greedy tokens (16 new ones)
+    for each text's first half: what two tests below score, one against the int8 model, one
+    against float32."""
+    llm = LLM(smollm, device="cpu", quantize="int8", kv_cache_dtype="float32")
+    return llm, [o.token_ids for o in llm.generate(halves(tok, english), GREEDY_16)]
+
+
 def choice_gaps(model, prompts: list[list[int]], outs: list[list[int]]) -> list[float]:
     """model fed each prompt and the engine's tokens: how far each choice fell below the best, as a
     share of the logit range (0: the best)."""
@@ -130,7 +142,7 @@ def test_int8_keeps_perplexity_and_greedy_choices_on_real_text(smollm, tok, engl
     assert agree > agree_bound, agree
 
 
-def test_the_int8_engine_runs_the_int8_model_measured_above(smollm, tok, english):
+def test_the_int8_engine_runs_the_int8_model_measured_above(smollm, tok, english, int8_on_float32_cache):
     """VELOCITY_QUANTIZE=int8 through the engine: its greedy choices, checked against the int8 model
     (transformers with the same Int8Linear layers) fed the same tokens. Not equal: int8 rows are
     coarse where a row has an outlier (a step of max |x| / 127), so float rounding that moves a value
@@ -140,10 +152,8 @@ def test_the_int8_engine_runs_the_int8_model_measured_above(smollm, tok, english
     the best (73% with 7-bit rows, whose own floor is 81.2%). A wiring fault (a wrong fused split
     or scale, the head quantized) misses both. On a float32 cache, as the int8 model's."""
     prompts = halves(tok, english)
-    llm = LLM(smollm, device="cpu", quantize="int8", kv_cache_dtype="float32")
+    llm, outs = int8_on_float32_cache
     assert sum(isinstance(m, Int8Linear) for m in llm.engine.worker.model.modules()) == 4 * 30   # fused qkv, gate_up
-    outs = [o.token_ids for o in llm.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=16,
-                                                                      ignore_eos=True))]
     model = load(smollm, int8=True)
     gaps = choice_gaps(model, prompts, outs)
     best = sum(g == 0 for g in gaps) / len(gaps)
@@ -152,7 +162,7 @@ def test_the_int8_engine_runs_the_int8_model_measured_above(smollm, tok, english
     assert max(gaps) < gap_bound and best > best_bound, (max(gaps), best)
 
 
-def test_int8s_default_float16_cache_keeps_its_choices_as_near_float32s(smollm, tok, english):
+def test_int8s_default_float16_cache_keeps_its_choices_as_near_float32s(smollm, tok, english, int8_on_float32_cache):
     """int8's default KV cache is float16 (device.kv_dtype): the int8 engine on it, and on a float32
     cache, each scored by the float32 model on the same prompts. Measured (8-bit rows, 432 choices):
     87.3% float32's best on a float32 cache, 89.6% on float16, largest gaps 4.8% and 4.6% (against the
@@ -160,15 +170,15 @@ def test_int8s_default_float16_cache_keeps_its_choices_as_near_float32s(smollm, 
     float16's share at least float32-cache's less 3 standard errors of the two shares' difference
     (about 0.064); a cache read wrong falls far below it."""
     prompts = halves(tok, english)
-    sp = SamplingParams(temperature=0.0, max_new_tokens=16, ignore_eos=True)
+    on32, outs32 = int8_on_float32_cache
+    llm = LLM(smollm, device="cpu", quantize="int8")
+    assert on32.engine.worker.cache.gpu[0][0].dtype == torch.float32
+    assert llm.engine.worker.cache.gpu[0][0].dtype == torch.float16
     model = load(smollm)
     best = {}
-    for kv in ("float32", "auto"):
-        llm = LLM(smollm, device="cpu", quantize="int8", kv_cache_dtype=kv)
-        assert llm.engine.worker.cache.gpu[0][0].dtype == (torch.float32 if kv == "float32" else torch.float16)
-        gaps = choice_gaps(model, prompts, [o.token_ids for o in llm.generate(prompts, sp)])
+    for kv, outs in (("float32", outs32), ("auto", [o.token_ids for o in llm.generate(prompts, GREEDY_16)])):
+        gaps = choice_gaps(model, prompts, outs)
         best[kv] = sum(g == 0 for g in gaps) / len(gaps)
-        del llm
     se = math.sqrt(sum(b * (1 - b) for b in best.values()) / len(gaps))
     print(f"int8, float32's best: {best['float32']:.3f} on a float32 cache, {best['auto']:.3f} on float16; se {se:.3f}")
     assert best["auto"] >= best["float32"] - 3 * se, (best, se)

@@ -291,7 +291,7 @@ def test_int8_decoders_stay_near_the_float32_decode(tmp_path, frames, hidden, cp
     linears = [m for d in (q.dvae, q.decoder, q.vocos) for m in d.modules() if isinstance(m, Int8Linear)]
     assert n == len(linears) > 0
     built = cpu_kernel and kernels() is not None and kernels().int8_gemm_bits() == activation_bits()
-    assert any(m.gemm is not None for m in linears) == built and (built or all(m.gemm is None for m in linears))
+    assert any(m.gemm is not None for m in linears) == built
     for x in (torch.tensor(frames).T[None], hidden[None]):
         db = ser_db(ref.decode(x)[0], q.decode(x)[0])
         assert 25 < db < 80, db
