@@ -66,6 +66,7 @@ class LLMEngine:
                                    config.preemption_mode, config.max_prefill_tokens)
         self.requests: dict[str, Sequence] = {}
         self.num_paused = 0                       # of them, paused (pause)
+        self._launched: tuple | None = None       # (the batch, its Worker.launch or the error) until collect
 
     def validate(self, prompt: list[Token], params: SamplingParams, head: str | None = None,
                  speaker: object = None) -> None:
@@ -131,22 +132,48 @@ class LLMEngine:
         return self.worker.device
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Requests left to run, or a launched batch not yet collected."""
+        return self._launched is not None or self.scheduler.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduled batch; one output per request."""
+        return self.collect() if self.launch() else []
+
+    @property
+    def in_flight(self) -> bool:
+        """A batch was launched and its outputs are not collected yet."""
+        return self._launched is not None
+
+    def launch(self) -> bool:
+        """step's first half: schedule a batch and queue it on the device; False: nothing to run.
+        Until collect(), add_request, abort and pause may be called (an aborted request's row is
+        computed and dropped); on CUDA the step runs on the device meanwhile."""
+        assert self._launched is None, "collect() the launched batch first"
         sched = self.scheduler.schedule()
         if sched.is_empty:
-            return []
-        return self._run(sched)
-
-    def _run(self, sched: SchedulerOutput) -> list[RequestOutput]:
-        """Compute and sample one token for each of the batch's sequences; stop those that end."""
+            return False
         try:
-            tokens, hidden = self.worker.execute(sched)
-            want = [i for i, seq in enumerate(sched.seqs) if seq.return_hidden]
+            launched = self.worker.launch(sched)
+        except Exception as e:            # collect() fails the batch, as a failure there would
+            launched = e
+        self._launched = sched, launched
+        return True
+
+    def collect(self) -> list[RequestOutput]:
+        """step's second half: wait for the launched batch's tokens, append them, stop the sequences
+        that end; one output per request still running when it was launched ([]: none launched)."""
+        if self._launched is None:
+            return []
+        sched, launched = self._launched
+        self._launched = None
+        seqs = sched.seqs
+        try:
+            if isinstance(launched, Exception):
+                raise launched
+            tokens, hidden = self.worker.collect(launched)
+            want = [i for i, seq in enumerate(seqs) if seq.return_hidden]
             # one device-to-host copy for the rows that asked: each row's [1, H], None for the others
-            rows: list = [None] * len(sched.seqs)
+            rows: list = [None] * len(seqs)
             if len(want) == len(rows):
                 rows = list(hidden.float().cpu().numpy()[:, None])
             elif want:
@@ -154,9 +181,11 @@ class LLMEngine:
                     rows[i] = h
         except Exception as e:
             # Fail this batch's requests, not the engine; their KV can't be trusted for reuse.
-            logger.exception("engine step failed; failing %d requests", len(sched.seqs))
+            logger.error("engine step failed; failing %d requests", len(seqs), exc_info=e)
             outputs = []
-            for seq in sched.seqs:
+            for seq in seqs:
+                if seq.is_finished:                     # aborted since the launch
+                    continue
                 self.block_manager.forget_hashes(seq)
                 self.requests.pop(seq.request_id, None)
                 self.scheduler.finish(seq, "error")
@@ -165,7 +194,9 @@ class LLMEngine:
             return outputs
         outputs = []
         check_stop = self.check_stop
-        for i, (seq, tok) in enumerate(zip(sched.seqs, tokens)):
+        for i, (seq, tok) in enumerate(zip(seqs, tokens)):
+            if seq.is_finished:                         # aborted since the launch: its row is dropped
+                continue
             seq.num_computed_tokens = len(seq)
             seq.append(tok)
             reason = check_stop(seq, tok)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -20,8 +21,18 @@ from velocity.engine.cache_engine import CacheEngine, bytes_per_block
 from velocity.device import kv_dtype, resolve_device, resolve_dtype
 from velocity.engine.model_runner import ModelRunner
 from velocity.engine.sampling_rows import SamplingBatches
+from velocity.engine.tokens_home import TokensHome
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Launch:
+    """A batch queued by Worker.launch: its hidden states, and each head's sampled rows on their way
+    to the host (head name or None where the decode graph sampled them, the batch rows, [b, K])."""
+    hidden: torch.Tensor                                  # [B, H]
+    picks: list[tuple[str | None, range | list[int], torch.Tensor]]
+
 
 class Worker:
     """Model + KV cache + runner + sampler on one device."""
@@ -74,6 +85,8 @@ class Worker:
                                   row_prefill=rows is not None)
         self.sampler = Sampler(sort_rows_kernel() if self.device.type == "cpu" and config.cpu_kernel else None)
         self.batches = SamplingBatches()                 # the eager sampler's inputs, kept between steps
+        K = max(h.num_codebooks for h in self.model.heads.values())
+        self.home = TokensHome(config.max_num_seqs * K, self.device)     # a step's tokens to the host
 
     def _use_gpu_kernels(self) -> bool:
         """The decoder layer on the Triton kernels, and the code heads as one GEMM; False (logged) where
@@ -132,29 +145,44 @@ class Worker:
         del tmp
         torch.cuda.synchronize()
 
-    @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> tuple[list, torch.Tensor]:
         """Swap blocks, run the batch, sample one token per sequence with its own head.
         -> (the tokens, the last hidden states [B, H] that the heads read)"""
+        return self.collect(self.launch(out))
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput) -> Launch:
+        """execute's first half: swap blocks, queue the batch and its sampling, and the sampled
+        tokens' copy to the host. On CUDA nothing here waits for the device (unless the eager
+        sampler must), so the caller's host work runs beside the step until collect."""
         self.cache.swap_out(out.swap_out)
         self.cache.swap_in(out.swap_in)
         hidden = self.runner.run(out.seqs)                        # [B, H]
+        self.home.start()
         if self.runner.codes is not None:                         # the decode graph sampled them too
-            return [tuple(t) for t in self.runner.codes.tolist()], hidden
-        # On CUDA the model's work is queued, not done: nothing below waits for it until the
-        # tokens come back (.tolist()), so the host's sampling inputs are made while it runs
-        tokens: list = [None] * len(out.seqs)
+            return Launch(hidden, [(None, range(len(out.seqs)), self.home.send(self.runner.codes))])
         groups: dict[str, list[int]] = {}
         for i, seq in enumerate(out.seqs):
             groups.setdefault(seq.head, []).append(i)
+        picks = []
         for name, rows in groups.items():
             head = self.model.heads[name]
             some = len(rows) < len(out.seqs)
             logits = head.fn(hidden[to_device(torch.tensor(rows), hidden.device)] if some else hidden)   # [b, K, V]
             batch = self.batches.batch(name, [out.seqs[i] for i in rows], logits.shape[1], logits.shape[2],
                                        head.stop_ids, head.sampling_style, head.repetition_window, hidden.device)
-            picked = self.sampler(logits, batch).cpu().numpy()                    # [b, K]
-            self.batches.sampled(name, picked)
+            picks.append((name, rows, self.home.send(self.sampler(logits, batch))))      # [b, K]
+        return Launch(hidden, picks)
+
+    def collect(self, launch: Launch) -> tuple[list, torch.Tensor]:
+        """execute's second half: wait for the launched batch's tokens on the host.
+        -> (the tokens, the last hidden states [B, H])"""
+        self.home.wait()
+        tokens: list = [None] * len(launch.hidden)
+        for name, rows, picked in launch.picks:
+            picked = picked.numpy()                                                   # [b, K]
+            if name is not None:
+                self.batches.sampled(name, picked)
             for i, t in zip(rows, picked.tolist()):
                 tokens[i] = t[0] if len(t) == 1 else tuple(t)
-        return tokens, hidden
+        return tokens, launch.hidden

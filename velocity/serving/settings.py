@@ -108,6 +108,10 @@ class Settings:
     cpu_kernel: bool = True                  # VELOCITY_CPU_KERNEL: on: the C++ CPU kernels (attention, sort, layer rows, GEMMs)
     gpu_kernels: bool = True                 # VELOCITY_GPU_KERNELS: on: the decoder layer on the Triton kernels (CUDA)
     graph_sampler: bool = True               # VELOCITY_GRAPH_SAMPLER: on: ChatTTS's sampler inside the decode graphs (CUDA)
+    # on: the llm launches each step before the last step's outputs go to their streams, so that
+    # on a GPU the streams' host work runs while the device steps (their outputs come a step
+    # later); auto: on with CUDA, off on CPU, where the step holds the cores and it would only delay
+    overlap_steps: str = "auto"              # VELOCITY_OVERLAP_STEPS: auto, on or off
     log_level: str = "INFO"                  # VELOCITY_LOG_LEVEL: velocity's lines in the server log
     # the OpenAI-compatible gateway (velocity-tts-gateway)
     gateway_api_keys: str = ""               # VELOCITY_GATEWAY_API_KEYS: comma-separated keys ("": open)
@@ -185,6 +189,15 @@ class Settings:
                             max_prefill_tokens=self.max_prefill_tokens,
                             pack_cpu_weights=self.pack_cpu_weights, cpu_kernel=self.cpu_kernel,
                             gpu_kernels=self.gpu_kernels, graph_sampler=self.graph_sampler, quantize=self.quantize)
+
+    def overlap(self, device_type: str) -> bool:
+        """Whether the llm overlaps its streams' work with the next step (VELOCITY_OVERLAP_STEPS)."""
+        word = self.overlap_steps.strip().lower()
+        if word == "auto":
+            return device_type == "cuda"
+        if word not in ON + OFF:
+            raise ValueError(f"VELOCITY_OVERLAP_STEPS={self.overlap_steps!r}: it takes auto, on or off")
+        return word in ON
 
     def direct_limit(self) -> int:
         """Requests in flight from direct Triton callers at most (0: no cap of their own)."""

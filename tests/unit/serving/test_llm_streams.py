@@ -175,3 +175,41 @@ def test_no_python_backend_call_on_the_step_path(tmp_path):
         assert frames == 4 * 2 * 60 and steps > 60, (frames, steps)
     finally:
         streams.close()
+
+
+def test_overlapped_steps_send_the_chunks_of_plain_steps(tmp_path):
+    """VELOCITY_OVERLAP_STEPS=on (a GPU's default), here on CPU: the core launches each step
+    before the last one's outputs go to their streams. Every stream's responses are those of the
+    plain loop, each stream ends, and the engine is left with nothing running and its KV free."""
+    ck = tiny_checkpoint(tmp_path / "tiny", seed=0)
+
+    def responses(overlap: str) -> dict[int, list]:
+        s = Settings(weights=str(ck), device="cpu", overlap_steps=overlap)
+        got: dict[int, list] = {i: [] for i in range(4)}
+        finals: list[int] = []
+
+        def send(sender, outputs, final: bool) -> None:
+            if outputs is not None:
+                got[sender].append({k: v.tolist() for k, v in outputs.items()})
+            if final:
+                finals.append(sender)
+
+        streams = Streams(s, metrics(), send, fail)
+        try:
+            for i in range(4):
+                streams.start(LLMRequest(request([list(range(5, 45)), list(range(5, 30 + i))], i, 40 + 9 * i,
+                                                 hidden=True), i, lambda: False))
+            t0 = time.monotonic()
+            while len(finals) < 4 and time.monotonic() - t0 < 60:
+                time.sleep(0.02)
+            assert sorted(finals) == [0, 1, 2, 3], "the streams did not each end once"
+            while (streams.totals.running or streams.totals.kv_used) and time.monotonic() - t0 < 60:
+                time.sleep(0.02)
+            assert streams.totals.running == 0 and streams.totals.kv_used == 0 and not streams.live
+        finally:
+            streams.close()
+        return got
+
+    plain, apart = responses("off"), responses("on")
+    assert all(len(r) >= 3 for r in plain.values()), {i: len(r) for i, r in plain.items()}
+    assert apart == plain

@@ -48,3 +48,17 @@ def test_the_gateway_names_an_unknown_http_parser(monkeypatch):
     monkeypatch.setenv("VELOCITY_GATEWAY_HTTP", "nginx")
     with pytest.raises(SystemExit, match="VELOCITY_GATEWAY_HTTP='nginx'.*httptools or h11"):
         app.main(["--triton", "127.0.0.1:1", "--port", "0"])
+
+
+@pytest.mark.parametrize("raw, cuda, cpu", [("auto", True, False), ("on", True, True), ("0", False, False),
+                                            (" OFF ", False, False)])
+def test_overlapped_steps_are_on_with_cuda_unless_told(monkeypatch, raw, cuda, cpu):
+    monkeypatch.setenv("VELOCITY_OVERLAP_STEPS", raw)
+    s = Settings.from_env()
+    assert (s.overlap("cuda"), s.overlap("cpu")) == (cuda, cpu)
+
+
+def test_an_unknown_overlap_word_names_its_variable_and_choices(monkeypatch):
+    monkeypatch.setenv("VELOCITY_OVERLAP_STEPS", "sometimes")
+    with pytest.raises(ValueError, match="VELOCITY_OVERLAP_STEPS='sometimes'.*auto, on or off"):
+        Settings.from_env().overlap("cpu")

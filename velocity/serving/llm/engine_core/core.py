@@ -10,15 +10,13 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import queue
-import socket
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import wait
 
 from velocity.serving.wire.client_tag import load_key
 from velocity.serving.llm.engine_core.stream import CoreStream
+from velocity.serving.llm.engine_core.voicing import Voicing
 from velocity.serving.llm.engine_core.wire import Channel, Report
 from velocity.serving.llm.llm_inputs import LLMInputs, check_prompts
 from velocity.serving.wire.protocol import STREAM_FAILED
@@ -51,10 +49,13 @@ class EngineCore:
             self.cores = CoreBoard(core_board)
             self.lender = ThreadLender(self.cores, own, s.threads_lent(own), torch.set_num_threads)
         self.engine = LLMEngine(s.engine_config())
+        self.overlap = s.overlap(self.engine.device.type)     # launch a step before the last one's outputs go out
+        log.info("llm: the streams' work on each step's outputs %s", "beside the next step (overlapped)"
+                 if self.overlap else "between steps")
         self.frontend = TextFrontend(s.weights)          # the tokenizer, for text refine
-        self._carrier = None
+        self.voicing = Voicing(s.weights)               # voice carry-over's samples, off the loop
         if s.voice_carry_over:
-            self.carrier()
+            self.voicing.carrier()
         model = self.engine.model
         self.end_code, self.num_vq = model.num_audio_tokens - 1, model.num_vq
         self.schedule = s.schedule(gpu=self.engine.device.type == "cuda")     # every stream's chunk sizes
@@ -64,10 +65,6 @@ class EngineCore:
         self.owner: dict[str, tuple[CoreStream, int]] = {}   # engine request -> (its stream, its sentence)
         self.report = Report()
         self.totals = self.report.totals
-        self.voicer = ThreadPoolExecutor(1, thread_name_prefix="llm-voicing")   # voice carry-over's samples
-        self.voiced: queue.SimpleQueue = queue.SimpleQueue()     # (stream, sample or None: failed)
-        self._wake_r, self._wake_w = socket.socketpair()         # the voicing thread wakes the loop
-        self._wake_r.setblocking(False)
         self._running = True
         self.idle = False                          # every request is paused: the loop waits for a command
         # what the start made (the model, the tokenizer) lives as long as the process: the garbage
@@ -78,16 +75,6 @@ class EngineCore:
     def info(self) -> dict:
         """What the stub needs to know of the engine."""
         return {"num_vq": self.num_vq, "device": self.engine.device.type, "pid": os.getpid()}
-
-    def carrier(self):
-        """Voice carry-over's decoders and voice encoder (velocity.tts.carry_over), on the CPU: loaded
-        at the start under VELOCITY_VOICE_CARRY_OVER=1, else at the first request that asks."""
-        from velocity.tts.carry_over import VoiceCarrier
-
-        if self._carrier is None:
-            self._carrier = VoiceCarrier.load(self.settings.weights)
-            log.info("voice carry-over: the decoders and the voice encoder are loaded")
-        return self._carrier
 
     # -- the streams' side ------------------------------------------------------------
     def add(self, rid: str, stream: CoreStream, sentence: int, prompt: list, params, kwargs: dict) -> None:
@@ -106,18 +93,8 @@ class EngineCore:
         self.emit(event)
 
     def voice(self, stream: CoreStream, first: tuple) -> None:
-        """Voice carry-over's sample of the first sentence, on the voicing thread: decoding its audio
-        in the loop would hold up every stream's step."""
-        def run() -> None:
-            try:
-                sample = stream.sentences.carry.sample(*first)
-            except Exception:
-                log.exception("stream %s: voice carry-over failed", stream.key)
-                sample = None
-            self.voiced.put((stream, sample))
-            self._wake_w.send(b"x")
-
-        self.voicer.submit(run)
+        """Voice carry-over's sample of the stream's first sentence, off the loop (Voicing)."""
+        self.voicing.sample(stream, first)
 
     # -- commands ---------------------------------------------------------------------
     def apply(self, commands: list) -> None:
@@ -160,7 +137,7 @@ class EngineCore:
                                                               for i, v in enumerate(inputs.speakers)]
             refine = None if inputs.refine is None else self.frontend.refine_plan(
                 inputs.refine_prompts, inputs.refine, inputs.code_prefix, inputs.frames)
-            carry = None if inputs.carry_prompts is None else self.carrier().plan(inputs.carry_prompts)
+            carry = None if inputs.carry_prompts is None else self.voicing.carrier().plan(inputs.carry_prompts)
             stream = CoreStream(self, key, ref, inputs, speaker, refine, carry, speakers)
         except ValueError as e:
             self.emit(("reject", key, str(e), True))
@@ -196,7 +173,7 @@ class EngineCore:
             if busy:
                 waiting = self.channel.poll(0)
             else:                                # nothing to step: until a command or a voice sample
-                waiting = self.channel.sock in wait([self.channel.sock, self._wake_r], REPORT_EVERY)
+                waiting = self.channel.sock in wait([self.channel.sock, self.voicing.wake], REPORT_EVERY)
             if waiting:
                 while True:                      # every command waiting, then a step
                     self.apply(self.channel.recv())
@@ -221,16 +198,24 @@ class EngineCore:
         self._shutdown()
 
     def _step(self) -> bool:
-        """One engine step and its outputs to their streams; False when every request is paused."""
+        """One engine step and its outputs to their streams; False when every request is paused.
+        Overlapped (VELOCITY_OVERLAP_STEPS), the next batch is launched before this one's outputs
+        go to their streams, so that on a GPU the streams' work runs beside the next step."""
         t = time.perf_counter()
         if self.lender is not None:
             self.lender()
+        engine = self.engine
+        launched = False
         try:
-            outputs = self.engine.step()
+            if self.overlap:
+                outputs = engine.collect()
+                launched = engine.launch()
+            else:
+                outputs = engine.step()
         except Exception:  # a bug in scheduling: fail everyone rather than hang them
             log.exception("engine loop failed; aborting all requests")
-            outputs = [self.engine.abort(r) for r in list(self.engine.requests)]
-        if not outputs:
+            outputs = [engine.abort(r) for r in list(engine.requests)]
+        if not outputs and not launched:
             return False
         owner = self.owner
         for out in outputs:
@@ -243,16 +228,7 @@ class EngineCore:
         return True
 
     def _take_voiced(self) -> None:
-        try:
-            while self._wake_r.recv(4096):
-                pass
-        except BlockingIOError:
-            pass
-        while True:
-            try:
-                stream, sample = self.voiced.get_nowait()
-            except queue.Empty:
-                return
+        for stream, sample in self.voicing.take():
             if sample is None:
                 stream.finish(("end", stream.key, STREAM_FAILED))
             else:
@@ -273,7 +249,7 @@ class EngineCore:
         for stream in list(self.streams.values()):
             stream.finish(("end", stream.key, None))
         self._send_report()
-        self.voicer.shutdown(wait=False, cancel_futures=True)
+        self.voicing.shutdown()
         if self.cores is not None:
             self.cores.close(unlink=True)     # whichever of llm and vocoder stops last finds it gone
 
