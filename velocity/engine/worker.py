@@ -145,15 +145,10 @@ class Worker:
         del tmp
         torch.cuda.synchronize()
 
-    def execute(self, out: SchedulerOutput) -> tuple[list, torch.Tensor]:
-        """Swap blocks, run the batch, sample one token per sequence with its own head.
-        -> (the tokens, the last hidden states [B, H] that the heads read)"""
-        return self.collect(self.launch(out))
-
     @torch.inference_mode()
     def launch(self, out: SchedulerOutput) -> Launch:
-        """execute's first half: swap blocks, queue the batch and its sampling, and the sampled
-        tokens' copy to the host. On CUDA nothing here waits for the device (unless the eager
+        """Swap blocks, queue the batch and the sampling of one token per sequence with its own
+        head, and the tokens' copy to the host. On CUDA nothing here waits for the device (unless the eager
         sampler must), so the caller's host work runs beside the step until collect."""
         self.cache.swap_out(out.swap_out)
         self.cache.swap_in(out.swap_in)
@@ -175,7 +170,7 @@ class Worker:
         return Launch(hidden, picks)
 
     def collect(self, launch: Launch) -> tuple[list, torch.Tensor]:
-        """execute's second half: wait for the launched batch's tokens on the host.
+        """Wait for the launched batch's tokens on the host.
         -> (the tokens, the last hidden states [B, H])"""
         self.home.wait()
         tokens: list = [None] * len(launch.hidden)
