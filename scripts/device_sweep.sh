@@ -14,7 +14,8 @@
 #                                          # EngineConfig settings LEVER (default graph_sampler=0):
 #                                          # one lever's share of the step, with the profile
 #   PARTS=tests  scripts/device_sweep.sh   # the CUDA tests (tests/unit/engine/test_cuda_graphs.py,
-#                                          # tests/unit/model/test_gpu_kernels.py; they skip on a CPU-only machine)
+#                                          # tests/unit/model/test_gpu_kernels.py, the graph sampler's and
+#                                          # the overlapped steps'; they skip on a CPU-only machine)
 #   PARTS=inprocess scripts/device_sweep.sh # benchmarks.sweep --in-process-only at LEVELS (default
 #                                          # 1,8,32,64): the pipeline without the server
 #   PARTS=overhead scripts/device_sweep.sh # benchmarks/bench_ab.py --arms triton,in-process at
@@ -24,7 +25,8 @@
 #                                          # (the baseline's server: BASELINE_GPU_MEMORY, 0.85)
 #   PARTS=other scripts/device_sweep.sh    # bench_ab.py --arms triton,other: this tree's server
 #                                          # against a second one of this tree with OTHER_ENV (e.g.
-#                                          # "VELOCITY_CHUNK_FIRST=4 VELOCITY_CHUNK_REST=12"), AB_LEVELS
+#                                          # "VELOCITY_CHUNK_FIRST=4 VELOCITY_CHUNK_REST=12", or
+#                                          # "VELOCITY_OVERLAP_STEPS=off" for the overlap's gain), AB_LEVELS
 #                                          # (its share OTHER_GPU_MEMORY, 0.85: the llm counts the
 #                                          # first server's memory as in use, as the baseline's does)
 #   PARTS=reference scripts/device_sweep.sh # benchmarks/bench_reference.py on the GPU: the reference
@@ -68,7 +70,7 @@ fi
 
 if [[ "$PARTS" == *" tests "* ]]; then
     "$PY" -m pytest -q -ra -p no:cacheprovider tests/unit/model/test_gpu_kernels.py tests/unit/engine/test_cuda_graphs.py \
-        tests/unit/engine/test_graph_sampler.py 2>&1 | tail -30
+        tests/unit/engine/test_graph_sampler.py tests/unit/engine/test_engine_overlap.py 2>&1 | tail -30
 fi
 
 W=/tmp/demo-checkpoint

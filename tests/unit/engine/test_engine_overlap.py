@@ -4,6 +4,7 @@ whose batch changes, requests added and aborted between the halves, a failed lau
 from __future__ import annotations
 
 import pytest
+import torch
 
 from checkpoints import tiny_checkpoint
 from velocity.config import EngineConfig
@@ -24,8 +25,14 @@ def ck(tmp_path_factory):
     return tiny_checkpoint(tmp_path_factory.mktemp("overlap") / "tiny", seed=2)
 
 
-def engine(ck) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=str(ck), device="cpu", max_num_seqs=8))
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")])]
+
+
+def engine(ck, device: str = "cpu") -> LLMEngine:
+    """On CUDA with its defaults: the decode graphs, and the sampler inside them (a cache of its
+    own size: two engines share the GPU)."""
+    return LLMEngine(EngineConfig(model=str(ck), device=device, max_num_seqs=8, num_kv_blocks=256))
 
 
 def run(eng: LLMEngine, overlapped: bool) -> tuple[dict[str, list], list[str]]:
@@ -64,10 +71,11 @@ def run(eng: LLMEngine, overlapped: bool) -> tuple[dict[str, list], list[str]]:
     return got, ended
 
 
-def test_launch_and_collect_apart_give_the_tokens_of_step(ck):
-    eng = engine(ck)
+@pytest.mark.parametrize("device", DEVICES)
+def test_launch_and_collect_apart_give_the_tokens_of_step(ck, device):
+    eng = engine(ck, device)
     plain, plain_ended = run(eng, False)
-    eng2 = engine(ck)
+    eng2 = engine(ck, device)
     apart, apart_ended = run(eng2, True)
     assert set(apart) == set(plain) == {r for r, *_ in requests()}
     assert sorted(apart_ended) == sorted(plain_ended), "a request ended twice or not at all"
