@@ -213,3 +213,50 @@ def test_overlapped_steps_send_the_chunks_of_plain_steps(tmp_path):
     plain, apart = responses("off"), responses("on")
     assert all(len(r) >= 3 for r in plain.values()), {i: len(r) for i, r in plain.items()}
     assert apart == plain
+
+
+def test_a_stream_far_ahead_of_real_time_sits_out_while_another_starts(tmp_path):
+    """On CPU a step's time grows with its batch, so a new stream's first audio waits on every
+    stream beside it. While a stream waits for its first chunk, one that has sent more than
+    VELOCITY_FIRST_AUDIO_YIELD_SECONDS of audio ahead of real time is held out of the steps, and
+    goes on once the new stream's first chunk is out; with the setting 0 it steps throughout. X
+    cuts a chunk every 4 frames (so that its chunks count its steps), and a lookahead of 60 frames
+    makes Y's first chunk take 64 steps."""
+    ck = tiny_checkpoint(tmp_path / "tiny", seed=0)
+
+    def x_chunks_while_y_starts(lead: float) -> tuple[int, int]:
+        s = Settings(weights=str(ck), device="cpu", chunk_first=4, chunk_rest=4, chunk_growth=1.0, chunk_largest=4,
+                     lookahead=60, first_audio_yield_seconds=lead)
+        got: dict[int, int] = {0: 0, 1: 0}
+        marks: list[int] = []                     # X's chunks when Y started, when Y's first chunk came
+
+        def send(sender, outputs, final: bool) -> None:
+            if outputs is not None:
+                got[sender] += 1
+                if sender == 1 and got[1] == 1:
+                    marks.append(got[0])
+
+        streams = Streams(s, metrics(), send, fail)
+        try:
+            streams.start(LLMRequest(request([list(range(5, 45))], 0, 5000), 0, lambda: False))
+            t0 = time.monotonic()
+            while got[0] < 60 and time.monotonic() - t0 < 60:      # 240 frames sent: 5.1 s of audio
+                time.sleep(0.005)
+            assert got[0] >= 60, "X sent too few chunks"
+            marks.append(got[0])
+            streams.start(LLMRequest(request([list(range(5, 30))], 1, 100), 1, lambda: False))
+            while len(marks) < 2 and time.monotonic() - t0 < 60:
+                time.sleep(0.005)
+            assert len(marks) == 2, "Y sent no chunk"
+            while got[0] < marks[1] + 5 and time.monotonic() - t0 < 60:
+                time.sleep(0.005)
+            assert got[0] >= marks[1] + 5, "X did not go on after Y's first chunk"
+        finally:
+            streams.close()
+        return marks[1] - marks[0], got[0]
+
+    held, _ = x_chunks_while_y_starts(0.5)
+    beside, _ = x_chunks_while_y_starts(0.0)
+    # held: X's chunks already on their way when Y started, and those of the steps before the
+    # core took Y and ran its prompt; beside it X steps with each of Y's 64 (a chunk every 4)
+    assert held <= 4 < 12 <= beside, (held, beside)
