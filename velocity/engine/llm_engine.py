@@ -115,14 +115,11 @@ class LLMEngine:
         self.scheduler.finish(seq, "abort")
         return self._output(seq, [])
 
-    def pause(self, request_id: str, paused: bool = True, held: bool = False) -> None:
-        """Leave a request out of the steps (it keeps its KV blocks) until paused again with False.
-        held: it keeps its place too (it counts against max_num_seqs and its client's share), so
-        that no waiting request is admitted in its stead: a pause of a moment, not of seconds."""
-        if (seq := self.requests.get(request_id)) is not None:
-            if seq.paused != paused:
-                self.num_paused += 1 if paused else -1
-            seq.paused, seq.held = paused, paused and held
+    def pause(self, request_id: str, paused: bool = True) -> None:
+        """Leave a request out of the steps (it keeps its KV blocks) until paused again with False."""
+        if (seq := self.requests.get(request_id)) is not None and seq.paused != paused:
+            seq.paused = paused
+            self.num_paused += 1 if paused else -1
 
     @property
     def model(self):

@@ -37,10 +37,7 @@ class Scheduler:
     them), shared fairly between clients (`seq.client`: see _admit). When a running sequence
     needs a block and none is free, the newest running sequence is preempted (recompute or swap).
     A paused sequence (`seq.paused`: its stream has enough audio waiting for the vocoder) is
-    left out of every step until resumed: it keeps its blocks and is never preempted. A held one
-    (`seq.held`: paused while another stream waits for its first audio) keeps its place as well:
-    it counts against max_num_seqs and its client's share, so that no waiting sequence is admitted
-    in its stead.
+    left out of every step until resumed: it keeps its blocks and is never preempted.
     """
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
@@ -104,23 +101,19 @@ class Scheduler:
         #    stalls every running stream
         waiting = [s for s in self.waiting if not s.paused] if self.waiting else []
         if waiting and not swapped:
-            held = [s for s in paused if s.held]
-            self._admit(waiting, budget, self.max_prefill_tokens if kept and self.max_prefill_tokens else budget, out,
-                        held)
+            self._admit(waiting, budget, self.max_prefill_tokens if kept and self.max_prefill_tokens else budget, out)
         out.seqs = list(self.running)
         self.running += paused
         return out
 
-    def _admit(self, waiting: list[Sequence], budget: int, cap: int, out: SchedulerOutput,
-               held: list[Sequence] = ()) -> None:
+    def _admit(self, waiting: list[Sequence], budget: int, cap: int, out: SchedulerOutput) -> None:
         """Waiting sequences into the step, the client with the fewest running first (FCFS within
         a client, and among clients running as many). A client that finds no room (no slot, or no
         blocks) takes it from the client running the most, if that one runs at least two more:
         its newest sequence is preempted (recompute). So the counts move towards equal and never
         swap places, and one client alone is plain FCFS. The first sequence that does not fit
         ends the admissions (none is skipped)."""
-        counts = Counter(s.client for s in self.running) + Counter(s.client for s in held)
-        seats = self.max_num_seqs - len(held)          # the held keep theirs
+        counts = Counter(s.client for s in self.running)
         queues: dict[Hashable, deque[tuple[int, Sequence]]] = {}
         for i, seq in enumerate(waiting):
             queues.setdefault(seq.client, deque()).append((i, seq))
@@ -132,13 +125,13 @@ class Scheduler:
             new_tokens = max(len(seq) - len(hits) * self.bm.block_size, 1)
             if (new_tokens > budget and self.running) or (taken and taken + new_tokens > cap):
                 break
-            while (len(self.running) >= seats or not self.bm.can_allocate(seq, hits)) \
+            while (len(self.running) >= self.max_num_seqs or not self.bm.can_allocate(seq, hits)) \
                     and (victim := self._fair_victim(counts, counts[client])) is not None:
                 self.running.remove(victim)
                 counts[victim.client] -= 1
                 self._preempt(victim, out, swap=False)
                 hits = self.bm.prefix_hits(seq)
-            if len(self.running) >= seats or not self.bm.can_allocate(seq, hits):
+            if len(self.running) >= self.max_num_seqs or not self.bm.can_allocate(seq, hits):
                 break
             self.bm.allocate(seq)
             self.waiting.remove(seq)
@@ -157,7 +150,7 @@ class Scheduler:
         client, n = max(counts.items(), key=lambda kv: kv[1], default=(None, 0))
         if n < fewer + 2:
             return None
-        return max((s for s in self.running if s.client == client), key=lambda s: s.arrival_time, default=None)
+        return max((s for s in self.running if s.client == client), key=lambda s: s.arrival_time)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput, swap: bool = True) -> None:
         self.num_preemptions += 1

@@ -48,7 +48,6 @@ class Sequence:
         self.stop_ids: frozenset[int] = frozenset()   # tokens that end it (LLMEngine.add_request sets them)
         self.status = SequenceStatus.WAITING
         self.paused = False                # skipped by the scheduler (keeps its blocks) until resumed
-        self.held = False                  # paused, and keeps its place in the batch's count (see Scheduler)
         self.finish_reason: str | None = None
         self.block_table: list[int] = []
         self.num_computed_tokens = 0

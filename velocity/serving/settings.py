@@ -46,10 +46,6 @@ class Settings:
     # waiting pauses in the scheduler, keeping its KV blocks, and the batch goes to streams that
     # need frames. At least one largest chunk and its lookahead.
     backlog_seconds: float = 6.0             # VELOCITY_BACKLOG_SECONDS
-    # While a stream waits for its first audio, streams more than this much audio ahead of real time
-    # (seconds sent beyond those since their first chunk) are held out of the steps, keeping their
-    # places: the new stream's first steps run in a smaller batch (0: never)
-    first_audio_yield_seconds: float = 2.0   # VELOCITY_FIRST_AUDIO_YIELD_SECONDS
     # A stream of the tts ensemble that sent nothing for this long sends a probe, on which the
     # vocoder learns of a client's cancel (velocity.serving.boards.stream_board): a client that leaves
     # is noticed within about this long plus the llm's 20 ms look at the board.

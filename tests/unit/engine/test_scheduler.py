@@ -139,26 +139,6 @@ def test_a_paused_sequence_sits_out_keeps_its_blocks_and_is_never_preempted():
     assert [q.request_id for q in step(s).seqs] == ["b"] and c.status is SequenceStatus.WAITING
 
 
-def test_a_held_sequence_keeps_its_place_where_a_paused_one_gives_it_up():
-    """A held sequence (paused while another stream waits for its first audio) sits out the steps
-    as a paused one does, but still counts against max_num_seqs and its client's share: no waiting
-    sequence is admitted in its stead, and it is never a fair-share victim. A paused one's seat
-    goes to the next waiting sequence."""
-    for held in (True, False):
-        s, _ = make(num_blocks=32, max_num_seqs=2)
-        a, b = add(s, "a", 4, 0, client="A"), add(s, "b", 4, 1, client="A")
-        step(s)
-        c = add(s, "c", 4, 2, client="A")             # waits: both seats taken
-        d = add(s, "d", 4, 3, client="D")             # another client: A runs 2, D 0
-        a.paused, a.held = True, held
-        ids = [q.request_id for q in step(s).seqs]
-        if held:                                       # a's seat kept: D takes b's (fair share), c waits
-            assert ids == ["d"] and b.status is SequenceStatus.WAITING and c.status is SequenceStatus.WAITING
-            assert a.status is SequenceStatus.RUNNING
-        else:                                          # a's seat freed: b runs, and D's d joins in the free seat
-            assert ids == ["b", "d"] and c.status is SequenceStatus.WAITING
-
-
 def test_beside_decodes_a_burst_of_prompts_spreads_over_steps():
     """max_prefill_tokens: beside running decodes a step takes at most that many prompt tokens (a
     longer prompt alone), so a burst of new requests is admitted over several steps instead of

@@ -15,7 +15,6 @@ from collections import deque
 from multiprocessing.connection import wait
 
 from velocity.serving.wire.client_tag import load_key
-from velocity.serving.llm.engine_core.pacing import Pacer
 from velocity.serving.llm.engine_core.stream import CoreStream
 from velocity.serving.llm.engine_core.voicing import Voicing
 from velocity.serving.llm.engine_core.wire import Channel, Report
@@ -26,6 +25,7 @@ from velocity.serving.settings import Settings
 log = logging.getLogger("velocity.llm")
 REPORT_EVERY = 0.1       # seconds between the core's reports when no event needs one sooner
 START_S = 0.002          # seconds of new requests' checks and plans between two steps (one at least)
+PACE_EVERY = 0.05        # seconds between its looks at every stream's backlog (a sentence ahead grows each step)
 
 
 class EngineCore:
@@ -60,7 +60,6 @@ class EngineCore:
         self.end_code, self.num_vq = model.num_audio_tokens - 1, model.num_vq
         self.schedule = s.schedule(gpu=self.engine.device.type == "cuda")     # every stream's chunk sizes
         self.backlog = s.backlog_frames()
-        self.pacer = Pacer(self.backlog, s.first_audio_yield_seconds)   # the streams' pauses and holds
         self.streams: dict[int, CoreStream] = {}
         self.pending: deque = deque()                    # start commands not yet taken (START_S a loop)
         self.owner: dict[str, tuple[CoreStream, int]] = {}   # engine request -> (its stream, its sentence)
@@ -91,7 +90,6 @@ class EngineCore:
 
     def finished(self, stream: CoreStream, event: tuple) -> None:
         self.streams.pop(stream.key, None)
-        self.pacer.gone(stream.key)
         self.emit(event)
 
     def voice(self, stream: CoreStream, first: tuple) -> None:
@@ -108,7 +106,6 @@ class EngineCore:
                 if (stream := self.streams.pop(cmd[1], None)) is not None:
                     stream.over = True
                     stream.abort_all()
-                    self.pacer.gone(stream.key)
                 else:                            # not taken yet: dropped
                     self.pending = deque(c for c in self.pending if c[0] != cmd[1])
             elif kind == "progress":
@@ -170,7 +167,7 @@ class EngineCore:
     # -- the loop ---------------------------------------------------------------------
     def run(self) -> None:
         """Until the stub says shutdown (or is gone): commands, a step, a report."""
-        last_report = time.monotonic()
+        last_report = last_pace = time.monotonic()
         while self._running:
             busy = (self.engine.has_unfinished() and not self.idle) or bool(self.pending)
             if busy:
@@ -186,21 +183,19 @@ class EngineCore:
             self._take_voiced()
             if self.pending:                     # a burst of requests: START_S of them a loop
                 self._start_pending()
-            if self.pacer.due:
-                self._pace(time.monotonic())
             if self.engine.has_unfinished() and not self.idle:
                 self.idle = not self._step()     # every request paused: wait for a command
             now = time.monotonic()
-            if self.pacer.wanted(now):
-                self._pace(now)
+            if self.backlog and now - last_pace >= PACE_EVERY:
+                last_pace = now
+                for stream in list(self.streams.values()):
+                    if stream.ref:
+                        stream.pace(self.backlog)
+                self.idle = False
             if self.report.events or now - last_report >= REPORT_EVERY:
                 last_report = now
                 self._send_report()
         self._shutdown()
-
-    def _pace(self, now: float) -> None:
-        self.pacer.run(list(self.streams.values()), now)
-        self.idle = False                        # a stream resumed may have work
 
     def _step(self) -> bool:
         """One engine step and its outputs to their streams; False when every request is paused.

@@ -1,7 +1,6 @@
 """One request of the llm in the engine core (CoreStream): its sentences spoken in order with one
 speaker as engine requests, their frames cut into chunks that go to the stub as they are ready,
-paused while too much of its audio waits for the vocoder, or held while it is well ahead of real time
-and another stream waits for its first audio. The stub's side of the same request
+paused while too much of its audio waits for the vocoder. The stub's side of the same request
 (its sender, client, deadline, board slot) is velocity.serving.llm.stream.Stream.
 """
 from __future__ import annotations
@@ -12,7 +11,7 @@ from typing import TYPE_CHECKING
 from velocity.serving.wire.client_tag import verify
 from velocity.serving.llm.llm_inputs import LLMInputs
 from velocity.serving.wire.protocol import STREAM_FAILED, chunk_outputs
-from velocity.tts.chunking import FRAMES_PER_SECOND, FrameChunker
+from velocity.tts.chunking import FrameChunker
 from velocity.tts.sentence_stream import Carry, Refine, SentenceStream
 
 if TYPE_CHECKING:
@@ -34,10 +33,8 @@ class CoreStream:
                                         core.end_code, refine, ahead=s.sentences_ahead, texts=inputs.texts,
                                         carry=carry, words=inputs.words, pauses=inputs.pauses, speakers=speakers)
         self.running: dict[int, str] = {}        # sentence -> its engine request in flight
-        self.paused: dict[str, bool] = {}        # engine requests paused -> held (see pace)
+        self.paused: set[str] = set()            # engine requests paused for the vocoder
         self.sent_frames = 0                     # frames of audio in the chunks sent
-        self.first_at: float | None = None       # when its first chunk went out (time.monotonic)
-        self.held = False                        # to be held (the core's pace pass sets it)
         self.done_frames = 0                     # of those, decoded (and read by a client that fell behind)
         self.over = False                        # ended or stopped: nothing more goes out
 
@@ -59,35 +56,24 @@ class CoreStream:
         self.abort_all()
         self.core.finished(self, event)
 
-    def lead(self, now: float) -> float:
-        """Seconds of audio it has sent ahead of a listener who began at its first chunk (0 before)."""
-        return 0.0 if self.first_at is None else self.sent_frames / FRAMES_PER_SECOND - (now - self.first_at)
-
     def pace(self, bound: int) -> None:
-        """Pause or resume its audio requests by the frames waiting for the vocoder (bound; 0: no
-        bound): the sentence being spoken by those it sent and the vocoder has not decoded yet, a
-        sentence ahead by those and every frame generated but not yet sent. Else, while `held`,
-        hold them: paused, keeping their places in the batch (LLMEngine.pause)."""
+        """Pause or resume its audio requests by the frames waiting for the vocoder: the sentence
+        being spoken by those it sent and the vocoder has not decoded yet, a sentence ahead by
+        those and every frame generated but not yet sent."""
         behind = self.sent_frames - self.done_frames
         unsent = None
         for i, rid in self.running.items():
             if rid[-1] == "r":                   # text refine: no audio
                 continue
-            if not bound:
-                want = False
-            elif i == self.sentences.sentence:
+            if i == self.sentences.sentence:
                 want = behind >= bound
             else:
                 if unsent is None:
                     unsent = self.sentences.unsent_frames()
                 want = behind + unsent >= bound
-            state = False if want else (True if self.held else None)    # paused, held, or running
-            if self.paused.get(rid) != state:
-                self.core.engine.pause(rid, state is not None, bool(state))
-                if state is None:
-                    del self.paused[rid]
-                else:
-                    self.paused[rid] = state
+            if want != (rid in self.paused):
+                self.core.engine.pause(rid, want)
+                (self.paused.add if want else self.paused.discard)(rid)
 
     def voiced(self, sample: list) -> None:
         """Voice carry-over's sample of the first sentence is made (on the core's voicing thread)."""
@@ -99,7 +85,7 @@ class CoreStream:
         """Sentence i's engine output (velocity.engine.llm_engine.RequestOutput)."""
         try:
             if out.finished:
-                self.paused.pop(self.running.pop(i, None), None)
+                self.paused.discard(self.running.pop(i, None))
             sentences = self.sentences
             made = sentences.made
             chunks = sentences.feed(i, out)
@@ -109,8 +95,6 @@ class CoreStream:
             for c in chunks:
                 self.core.emit(("chunk", self.key, chunk_outputs(c, self.ref), c.length))
                 self.sent_frames += c.length
-            if self.first_at is None:
-                self.core.pacer.first_audio(self, bool(chunks))
             if not out.finished:
                 if chunks:
                     self.start_requests()        # the sentences ahead start after the first chunk
