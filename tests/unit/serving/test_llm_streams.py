@@ -213,3 +213,47 @@ def test_overlapped_steps_send_the_chunks_of_plain_steps(tmp_path):
     plain, apart = responses("off"), responses("on")
     assert all(len(r) >= 3 for r in plain.values()), {i: len(r) for i, r in plain.items()}
     assert apart == plain
+
+
+def test_a_scheduling_fault_after_an_overlapped_collect_still_hands_out_its_outputs(tmp_path):
+    """Overlapped, a step's outputs are collected before the next batch is scheduled: if that
+    scheduling fails (a bug), the collected outputs still reach their streams beside every other
+    request's abort, so that a request the collected step finished is not left hanging."""
+    import gc
+    import socket
+
+    from velocity.serving.llm.engine_core.core import EngineCore
+    from velocity.serving.llm.engine_core.wire import Channel
+
+    ck = tiny_checkpoint(tmp_path / "tiny", seed=0)
+    a, b = socket.socketpair()
+    core = EngineCore(Settings(weights=str(ck), device="cpu", overlap_steps="on", lend_vocoder_cores=False),
+                      Channel(a), str(tmp_path / "board"))
+
+    class Recorder:
+        over = False
+
+        def __init__(self) -> None:
+            self.outs = []
+
+        def on_output(self, i, out) -> None:
+            self.outs.append(out)
+
+    short, long = Recorder(), Recorder()
+    for rid, rec, n in (("short", short, 3), ("long", long, 50)):
+        core.owner[rid] = (rec, 0)
+        p = chattts_params(seed=1, max_new_tokens=n)
+        p.ignore_eos = True
+        core.engine.add_request(rid, list(range(5, 20)), p)
+    while not short.outs or not short.outs[-1].finished:
+        assert core._step()
+        if len(short.outs) == 2:                  # "short" ends in the batch now launched
+            def broken():
+                raise RuntimeError("a scheduling bug")
+            core.engine.scheduler.schedule = broken
+    assert short.outs[-1].finish_reason == "length" and len(short.outs[-1].token_ids) == 3
+    assert long.outs[-1].finished and long.outs[-1].finish_reason == "abort"
+    assert core.engine.block_manager.num_used_blocks == 0
+    core.voicing.shutdown()
+    a.close(), b.close()
+    gc.unfreeze()                                 # the core froze what this test process had made

@@ -205,7 +205,7 @@ class EngineCore:
         if self.lender is not None:
             self.lender()
         engine = self.engine
-        launched = False
+        launched, outputs = False, []
         try:
             if self.overlap:
                 outputs = engine.collect()
@@ -214,7 +214,8 @@ class EngineCore:
                 outputs = engine.step()
         except Exception:  # a bug in scheduling: fail everyone rather than hang them
             log.exception("engine loop failed; aborting all requests")
-            outputs = [engine.abort(r) for r in list(engine.requests)]
+            # (a collected step's outputs still go out: the requests it finished are not left to abort)
+            outputs += [engine.abort(r) for r in list(engine.requests)]
         if not outputs and not launched:
             return False
         owner = self.owner
