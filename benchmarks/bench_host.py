@@ -232,7 +232,7 @@ def engine_alone(tree: str | None, weights: str, batches: list[int], steps: int)
     from benchmarks.bench_step import child
 
     args = argparse.Namespace(weights=weights, device="cpu", batches=",".join(map(str, batches)), steps=steps,
-                              profile=0)
+                              profile=0, scattered=False)
     got = child(args, tree, "none")
     return {b: got[b]["step_ms"] for b in batches}
 
