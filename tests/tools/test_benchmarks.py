@@ -155,6 +155,22 @@ def test_bench_step_profile_counts_every_frame_and_the_host_time(tmp_path):
     assert any(n.startswith(("aten::", "mkldnn::")) for n in names), names
 
 
+def test_bench_host_runs_the_engine_alone_as_bench_step_does(tmp_path):
+    """bench_host's engine-alone arm calls bench_step's child with bench_step's own options: a
+    step time for every batch it asks for (an option bench_step reads and bench_host lacked once
+    crashed it at its first level)."""
+    import sys
+
+    from checkpoints import tiny_checkpoint
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.bench_host import engine_alone
+
+    ck = tiny_checkpoint(tmp_path / "tiny", seed=0)
+    got = engine_alone(None, str(ck), [1, 2], 3)
+    assert sorted(got) == [1, 2] and all(ms > 0 for ms in got.values()), got
+
+
 def test_bench_first_audio_splits_the_first_audio_at_the_chunk_it_waits_for(tmp_path):
     """bench_first_audio, in process (no server), on the tiny checkpoint (small audio models): the
     first chunk waits for exactly its frames and its lookahead (the prefill makes the first frame,
