@@ -66,6 +66,7 @@ class LLMEngine:
                                    config.preemption_mode, config.max_prefill_tokens)
         self.requests: dict[str, Sequence] = {}
         self.num_paused = 0                       # of them, paused (pause)
+        self.sampled = dict.fromkeys(self.worker.model.heads, 0)   # tokens sampled by each head, all steps
         self._launched: tuple | None = None       # (the batch, its Worker.launch or the error) until collect
 
     def validate(self, prompt: list[Token], params: SamplingParams, head: str | None = None,
@@ -115,6 +116,24 @@ class LLMEngine:
         self.scheduler.finish(seq, "abort")
         return self._output(seq, [])
 
+    def hold(self, request_id: str, tokens: int) -> None:
+        """The request's next output once `tokens` more are generated than its outputs have held
+        (it ends sooner: then), with every token since its last; 0 or 1: an output every step."""
+        if (seq := self.requests.get(request_id)) is not None:
+            seq.report_at = seq.reported + tokens
+
+    def flush(self, request_id: str) -> RequestOutput | None:
+        """An output now of what the request generated since its last (held, hold); None: nothing."""
+        seq = self.requests.get(request_id)
+        if seq is None or seq.reported == len(seq.output_token_ids):
+            return None
+        return self._report(seq, None, None)
+
+    def unreported(self, request_id: str) -> int:
+        """Tokens the request generated that no output has held yet (hold)."""
+        seq = self.requests.get(request_id)
+        return 0 if seq is None else len(seq.output_token_ids) - seq.reported
+
     def pause(self, request_id: str, paused: bool = True) -> None:
         """Leave a request out of the steps (it keeps its KV blocks) until paused again with False."""
         if (seq := self.requests.get(request_id)) is not None and seq.paused != paused:
@@ -136,7 +155,7 @@ class LLMEngine:
         return self._launched is not None or self.scheduler.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled batch; one output per request."""
+        """Run one scheduled batch; one output per request (but those held: hold)."""
         return self.collect() if self.launch() else []
 
     @property
@@ -161,7 +180,8 @@ class LLMEngine:
 
     def collect(self) -> list[RequestOutput]:
         """step's second half: wait for the launched batch's tokens, append them, stop the sequences
-        that end; one output per request still running when it was launched ([]: none launched)."""
+        that end; one output per request still running when it was launched, but for those held
+        (hold) ([]: none launched)."""
         if self._launched is None:
             return []
         sched, launched = self._launched
@@ -171,6 +191,9 @@ class LLMEngine:
             if isinstance(launched, Exception):
                 raise launched
             tokens, hidden = self.worker.collect(launched)
+            sampled = self.sampled
+            for name, picked, _ in launched.picks:      # (None: the decode graph's, the default head)
+                sampled[name or self.worker.model.default_head] += len(picked)
             want = [i for i, seq in enumerate(seqs) if seq.return_hidden]
             # one device-to-host copy for the rows that asked: each row's [1, H], None for the others
             rows: list = [None] * len(seqs)
@@ -203,10 +226,23 @@ class LLMEngine:
             if reason:
                 self.requests.pop(seq.request_id, None)
                 self.scheduler.finish(seq, reason)
-            gen = seq.output_token_ids
-            outputs.append(RequestOutput(seq.request_id, gen, len(gen), [tok], rows[i], None, reason is not None,
-                                         reason))
+            if reason is None and len(seq.output_token_ids) < seq.report_at:   # held (hold)
+                if rows[i] is not None:
+                    seq.unreported_hidden.append(rows[i])
+                continue
+            outputs.append(self._report(seq, rows[i], reason))
         return outputs
+
+    def _report(self, seq: Sequence, row: np.ndarray | None, reason: str | None) -> RequestOutput:
+        """The output of a sequence's tokens since its last: row, the newest one's hidden state
+        ([1, H]; None: none or none new), after those held (hold)."""
+        gen = seq.output_token_ids
+        n = len(gen)
+        new, seq.reported = gen[seq.reported:], n
+        if seq.unreported_hidden:                      # held steps' rows first
+            held, seq.unreported_hidden = seq.unreported_hidden, []
+            row = np.concatenate(held if row is None else held + [row])
+        return RequestOutput(seq.request_id, gen, n, new, row, None, reason is not None, reason)
 
     def check_stop(self, seq: Sequence, tok: Token) -> str | None:
         """An audio frame stops when any of its codes is a stop token (seq.stop_ids)."""

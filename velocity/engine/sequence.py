@@ -48,6 +48,10 @@ class Sequence:
         self.stop_ids: frozenset[int] = frozenset()   # tokens that end it (LLMEngine.add_request sets them)
         self.status = SequenceStatus.WAITING
         self.paused = False                # skipped by the scheduler (keeps its blocks) until resumed
+        # outputs (LLMEngine.hold): generated tokens already in one, and the count it waits for
+        # before its next (0: every step); the hidden rows of the tokens not yet in one
+        self.reported, self.report_at = 0, 0
+        self.unreported_hidden: list[np.ndarray] = []
         self.finish_reason: str | None = None
         self.block_table: list[int] = []
         self.num_computed_tokens = 0

@@ -125,6 +125,10 @@ class FrameChunker:
         self.emitted = end
         return chunk
 
+    def wanted(self) -> int:
+        """Frames more before push can cut the next chunk (1 at least)."""
+        return max(1, self._next_end + self._past - len(self.frames))
+
     def push(self, frames: list[tuple[int, ...]], hidden: np.ndarray | None = None) -> list[CodeChunk]:
         """frames, and with the Decoder path their hidden states [len(frames), H]."""
         if hidden is not None:

@@ -10,6 +10,9 @@ from velocity.tts.chunking import SAMPLES_PER_FRAME, CodeChunk, FrameChunker
 from velocity.tts.word_timing import SentenceWords, WordClock
 
 
+HELD = 1 << 30        # SentenceStream.quiet: no output needed before the request ends
+
+
 @dataclass
 class Refine:
     """Text refine before each sentence's audio, as the reference's first pass: the text head
@@ -68,7 +71,6 @@ class SentenceStream:
         self.spoken = list(texts or [""] * n)       # each sentence's text (refined: the refined one), for marks
         self.held: list[list[tuple]] = [[] for _ in range(n)]          # (frames, hidden, ended) of one ahead
         self.held_frames = 0                        # frames in `held`, all sentences
-        self.made = 0                               # audio frames generated (end frames not counted)
         self.words = words                          # each sentence's words, to time in its audio (None: none)
         self.clock: WordClock | None = None         # the current sentence's, from its first chunk
         self.pauses = pauses                        # samples of silence before each sentence, then after the last
@@ -98,6 +100,14 @@ class SentenceStream:
     def done(self) -> bool:
         return self.sentence >= len(self.sentences)
 
+    def quiet(self, i: int) -> int:
+        """Frames sentence i's request may generate before its output is needed: the sentence
+        spoken, those its next chunk waits for; a refine, a carry-over's first pass or a sentence
+        ahead, all until its end (HELD; the caller flushes a sentence ahead once it is spoken)."""
+        if i == self.sentence and self.phase[i] == "audio":
+            return self.chunker.wanted()
+        return HELD
+
     def unsent_frames(self) -> int:
         """Frames generated but not yet in a chunk: the current sentence's not yet cut, and those
         held for the sentences ahead."""
@@ -110,7 +120,6 @@ class SentenceStream:
         if not out.finished and i == self.sentence and self.phase[i] == "audio":
             new = out.new_token_ids
             if len(new) == 1 and self.end_code not in new[0]:     # a frame of the sentence spoken (most)
-                self.made += 1
                 mine = self.chunker.push(new, out.new_hidden)
                 return self._marked(mine, len(self.chunker.frames)) if mine else mine
         ended = out.finished and out.finish_reason in ("stop", "length")
@@ -128,7 +137,6 @@ class SentenceStream:
             keep = [k for k, f in enumerate(new) if self.end_code not in f]
             frames = [new[k] for k in keep]
             hidden = None if out.new_hidden is None else out.new_hidden[keep]
-        self.made += len(frames)
         if self.phase[i] == "carry":
             self.carried[0].extend(frames)
             if hidden is not None:

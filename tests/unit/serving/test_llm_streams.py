@@ -257,3 +257,63 @@ def test_a_scheduling_fault_after_an_overlapped_collect_still_hands_out_its_outp
     core.voicing.shutdown()
     a.close(), b.close()
     gc.unfreeze()                                 # the core froze what this test process had made
+
+
+def test_held_outputs_cut_the_chunks_of_outputs_every_step(tmp_path, monkeypatch):
+    """The engine core holds each request's outputs until they matter (LLMEngine.hold: the spoken
+    sentence's until its next chunk can be cut, a sentence ahead's until it is spoken): the
+    streams' chunks, hidden rows and ends are those of an output every step, in the same order
+    and in the same steps, while the streams' Python runs on a small share of the steps. Over an
+    in-process core, three-sentence requests (two sentences ahead), with hidden states."""
+    import gc
+    import socket
+
+    import numpy as np
+
+    from velocity.serving.llm.engine_core.core import EngineCore
+    from velocity.serving.llm.engine_core.stream import CoreStream
+    from velocity.serving.llm.engine_core.wire import Channel
+
+    ck = tiny_checkpoint(tmp_path / "tiny", seed=0)
+    calls = {"n": 0}
+    on_output = CoreStream.on_output
+
+    def counted(self, i, out):
+        calls["n"] += 1
+        return on_output(self, i, out)
+
+    monkeypatch.setattr(CoreStream, "on_output", counted)
+
+    def run(held: bool) -> tuple[list, int, int]:
+        a, b = socket.socketpair()
+        s = Settings(weights=str(ck), device="cpu", lend_vocoder_cores=False, backlog_seconds=600,
+                     chunk_rest=6, chunk_growth=1.0, chunk_largest=8, lookahead=4)   # small chunks: many cuts
+        core = EngineCore(s, Channel(a), str(tmp_path / "board"))
+        if not held:
+            core.engine.hold = lambda rid, n: None        # an output every step, as before
+        calls["n"], steps, events = 0, 0, []
+        for k in range(3):
+            core._start(k, k + 1, request([list(range(5, 45)), list(range(5, 30 + k)), list(range(7, 20))],
+                                          k, 30 + 11 * k, hidden=True))
+        while core.streams:
+            assert core._step()
+            steps += 1
+            events += [(steps,) + (e[:2] + ({n: v.tolist() for n, v in e[2].items()},) + e[3:]
+                                   if e[0] == "chunk" else e) for e in core.report.events]
+            core.report.events.clear()
+        assert core.engine.block_manager.num_used_blocks == 0 and not core.engine.requests
+        frames = core.engine.sampled["audio"]
+        core.voicing.shutdown()
+        a.close(), b.close()
+        gc.unfreeze()                                 # the core froze what this test process had made
+        return events, calls["n"], frames, steps
+
+    every, every_calls, every_frames, every_steps = run(held=False)
+    held, held_calls, held_frames, held_steps = run(held=True)
+    chunks = [e for e in every if e[1] == "chunk"]
+    assert len(chunks) >= 30 and all(np.asarray(e[3]["HIDDEN"]).shape[-1] > 1 for e in chunks)
+    assert sum(1 for e in every if e[1] == "generated") == 3
+    assert held == every and held_steps == every_steps
+    assert held_frames == every_frames == sum(3 * (30 + 11 * k) for k in range(3))
+    assert held_calls * 3 < every_calls, (held_calls, every_calls)
+

@@ -210,8 +210,9 @@ class EngineCore:
             if self.overlap:
                 outputs = engine.collect()
                 launched = engine.launch()
-            else:
-                outputs = engine.step()
+            else:                                # (a step's outputs may all be held: LLMEngine.hold)
+                launched = engine.launch()
+                outputs = engine.collect() if launched else []
         except Exception:  # a bug in scheduling: fail everyone rather than hang them
             log.exception("engine loop failed; aborting all requests")
             # (a collected step's outputs still go out: the requests it finished are not left to abort)
@@ -241,6 +242,7 @@ class EngineCore:
         tot.running, tot.waiting, tot.kv_used, tot.kv_free = st.running, st.waiting + st.swapped, \
             st.kv_blocks_used, st.kv_blocks_free
         tot.preemptions, tot.paused, tot.clients = st.preemptions, st.paused, st.clients
+        tot.frames = self.engine.sampled[self.engine.model.default_head]     # the audio head's
         tot.lent_steps = self.lender.lent_steps if self.lender is not None else 0
         report, self.report = self.report, Report(totals=tot)
         self.channel.send(report)

@@ -68,12 +68,20 @@ class CoreStream:
             if i == self.sentences.sentence:
                 want = behind >= bound
             else:
-                if unsent is None:
-                    unsent = self.sentences.unsent_frames()
+                if unsent is None:               # with the frames its engine requests hold (_hold)
+                    unsent = self.sentences.unsent_frames() + sum(
+                        self.core.engine.unreported(r) for j, r in self.running.items()
+                        if j != self.sentences.sentence and r[-1] != "r")
                 want = behind + unsent >= bound
             if want != (rid in self.paused):
                 self.core.engine.pause(rid, want)
                 (self.paused.add if want else self.paused.discard)(rid)
+
+    def _hold(self, i: int) -> None:
+        """Sentence i's next output once it matters (SentenceStream.quiet): this stream's Python
+        runs on the steps that cut a chunk or end a request, not on every step."""
+        if (rid := self.running.get(i)) is not None:
+            self.core.engine.hold(rid, self.sentences.quiet(i))
 
     def voiced(self, sample: list) -> None:
         """Voice carry-over's sample of the first sentence is made (on the core's voicing thread)."""
@@ -87,15 +95,19 @@ class CoreStream:
             if out.finished:
                 self.paused.discard(self.running.pop(i, None))
             sentences = self.sentences
-            made = sentences.made
+            spoken = sentences.sentence
             chunks = sentences.feed(i, out)
-            self.core.totals.frames += sentences.made - made
+            if (j := sentences.sentence) != spoken and (rid := self.running.get(j)) is not None \
+                    and (held := self.core.engine.flush(rid)) is not None:
+                chunks += sentences.feed(j, held)     # the sentence now spoken: its frames held so far
+                self._hold(j)
             if sentences.carry is not None and (first := sentences.voicing()) is not None:
                 self.core.voice(self, first)     # its audio decoded off the loop
             for c in chunks:
                 self.core.emit(("chunk", self.key, chunk_outputs(c, self.ref), c.length))
                 self.sent_frames += c.length
             if not out.finished:
+                self._hold(i)
                 if chunks:
                     self.start_requests()        # the sentences ahead start after the first chunk
                     if self.ref and self.core.backlog:

@@ -36,7 +36,7 @@ IOV_MAX = 512               # buffers one sendmsg writes at most (Linux allows 1
 @dataclass(slots=True)
 class Totals:
     """The core's counts since it started (the stub publishes their changes as metrics)."""
-    frames: int = 0                 # audio frames generated
+    frames: int = 0                 # audio frames sampled (each sentence's end frame too)
     steps: int = 0                  # engine steps
     step_seconds: float = 0.0       # seconds in them, with the streams' work on their outputs
     lent_steps: int = 0             # steps run with the idle vocoder's CPU threads too
