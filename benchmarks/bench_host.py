@@ -17,7 +17,11 @@ that adds up to 3 s):
   (velocity_engine_step_seconds_total / _steps_total: the steps and their callbacks);
 - the sequences in the batch (a stream runs two sentences at once once its first chunk is out);
 - bench_step's step at that batch, run right after the level (the engine alone, in a process of
-  its own, the same tree, at about the contexts of the level's window);
+  its own, the same tree, at about the contexts of the level's window), at the CPU threads the
+  server's engine had: on CPU the llm runs on the cores but the vocoder's while a vocoder
+  decodes and on all of them while none does (velocity_llm_lent_steps_total counts the latter
+  steps), so the engine alone runs at both thread counts and is weighed by the window's share of
+  each; the engine alone on every core is kept beside it;
 - us per sequence-step = (server step - bench_step step) / sequences: what serving adds;
 - the engine thread's busy share (its step seconds over wall time) and the audio s/s.
 
@@ -46,7 +50,7 @@ MIN_WINDOW_S = 3.0                    # seconds of full batch a level is measure
 LLM_INPUTS = ("TOKEN_IDS", "SENTENCE_LENGTHS", "SPEAKER_VECTOR", "PARAMS_F", "PARAMS_I")
 COUNTERS = {"steps": "velocity_engine_steps_total", "step_s": "velocity_engine_step_seconds_total",
             "frames": "velocity_frames_generated_total", "running": "velocity_running_sequences",
-            "paused": "velocity_paused_sequences"}
+            "paused": "velocity_paused_sequences", "lent": "velocity_llm_lent_steps_total"}
 
 
 def server_env(weights: str, most: int) -> dict[str, str]:
@@ -166,7 +170,7 @@ def steady(samples: list[tuple[float, dict]], full: float = 0.9) -> dict | None:
     if steps <= 0:
         return None
     return {"wall_s": t1 - t0, "steps": steps, "step_s": c1["step_s"] - c0["step_s"],
-            "frames": c1["frames"] - c0["frames"],
+            "frames": c1["frames"] - c0["frames"], "lent": c1["lent"] - c0["lent"],
             "sequences": statistics.fmean(b for t, _, b in inside if t0 <= t <= t1)}
 
 
@@ -210,7 +214,7 @@ def run_level(server: TritonServer, arm: str, streams: int, llm_inputs: list[dic
             windows.append(w)
         # (seconds, steps, sequences in the batch) as read: the run's course
         series.append([(round(t - samples[0][0], 3), c["steps"], c["running"] - c["paused"]) for t, c in samples])
-    window = None if not windows else {k: sum(w[k] for w in windows) for k in ("wall_s", "steps", "step_s", "frames")} | {
+    window = None if not windows else {k: sum(w[k] for w in windows) for k in ("wall_s", "steps", "step_s", "frames", "lent")} | {
         "sequences": sum(w["sequences"] * w["steps"] for w in windows) / sum(w["steps"] for w in windows),
         "runs": len(series)}
     firsts = [g["first"] for g in got if g["first"] is not None]
@@ -222,19 +226,42 @@ def run_level(server: TritonServer, arm: str, streams: int, llm_inputs: list[dic
         w = window
         out |= {"sequences": w["sequences"], "server_step_ms": 1e3 * w["wall_s"] / w["steps"],
                 "engine_step_ms": 1e3 * w["step_s"] / w["steps"], "busy": w["step_s"] / w["wall_s"],
+                "lent_share": min(1.0, w["lent"] / w["steps"]),
                 "audio_s_per_s": w["frames"] / FPS / w["wall_s"]}
     time.sleep(0.5)
     return out
 
 
-def engine_alone(tree: str | None, weights: str, batches: list[int], steps: int) -> dict[int, float]:
-    """bench_step's median step (ms) at each batch, the engine alone in a process of its own."""
+def engine_alone(tree: str | None, weights: str, batches: list[int], steps: int, threads: int = 0) -> dict[int, float]:
+    """bench_step's median step (ms) at each batch, the engine alone in a process of its own, on
+    `threads` CPU threads (0: every core)."""
     from benchmarks.bench_step import child
 
     args = argparse.Namespace(weights=weights, device="cpu", batches=",".join(map(str, batches)), steps=steps,
                               profile=0, scattered=False)
-    got = child(args, tree, "none")
+    got = child(args, tree, "none", threads=threads)
     return {b: got[b]["step_ms"] for b in batches}
+
+
+def engine_threads() -> tuple[int, int]:
+    """The server's llm threads on CPU (its settings, from this environment as the server's is):
+    while a vocoder decodes, and while none does."""
+    from velocity.serving.settings import Settings
+
+    s = Settings.from_env()
+    own = s.llm_own_threads()
+    return own, s.threads_lent(own)
+
+
+def engine_alone_as_served(tree: str | None, weights: str, batch: int, steps: int, lent_share: float) -> dict:
+    """The engine alone at `batch` on the threads the server's engine had: each thread count's
+    step weighed by its share of the window's steps (`lent_share` with the vocoder's threads)."""
+    own, lent = engine_threads()
+    got = {"bench_step_all_cores_ms": engine_alone(tree, weights, [batch], steps, lent)[batch]}
+    mine = engine_alone(tree, weights, [batch], steps, own)[batch] if own != lent and lent_share < 0.99 else 0.0
+    got["bench_step_own_threads_ms"] = mine or got["bench_step_all_cores_ms"]
+    got["bench_step_ms"] = lent_share * got["bench_step_all_cores_ms"] + (1 - lent_share) * got["bench_step_own_threads_ms"]
+    return got
 
 
 def main() -> None:
@@ -283,8 +310,8 @@ def main() -> None:
                                                             args.max_new_tokens)
                         if lv.get("sequences"):          # (a level with no full batch has none)
                             b = round(lv["sequences"])
-                            lv["bench_step_ms"] = engine_alone(None if name == "this" else str(roots[name]),
-                                                               weights, [b], steps)[b]
+                            lv |= engine_alone_as_served(None if name == "this" else str(roots[name]), weights, b,
+                                                         steps, lv["lent_share"])
                             lv["us_per_sequence_step"] = 1e3 * (lv["server_step_ms"] - lv["bench_step_ms"]) / \
                                 lv["sequences"]
                         bar.update(1)
@@ -301,17 +328,20 @@ def main() -> None:
             if not lv:
                 continue
             m = {k: statistics.median(x[k] for x in lv) for k in (
-                "sequences", "server_step_ms", "engine_step_ms", "bench_step_ms", "us_per_sequence_step", "busy",
-                "audio_s_per_s")}
+                "sequences", "server_step_ms", "engine_step_ms", "bench_step_ms", "bench_step_all_cores_ms",
+                "lent_share", "us_per_sequence_step", "busy", "audio_s_per_s")}
             m["first_audio_p99_s"] = statistics.median(x["first_audio_p99_s"] or 0 for x in lv)
             m["errors"] = sum(x[key]["errors"] for x in xs)
             m["engine_over_bench_step"] = statistics.median(x["engine_step_ms"] / x["bench_step_ms"] for x in lv)
+            m["engine_over_all_cores"] = statistics.median(x["engine_step_ms"] / x["bench_step_all_cores_ms"]
+                                                           for x in lv)
             summ[key] = m
-            log.info("%s %s: %.0f sequences, server step %.2f ms (engine %.2f, busy %.0f%%), bench_step %.2f ms: "
-                     "%.1f us per sequence-step (median of rounds); %.1f audio s/s, first audio p99 %.2f s, %d errors",
+            log.info("%s %s: %.0f sequences, server step %.2f ms (engine %.2f, busy %.0f%%), bench_step %.2f ms "
+                     "at the engine's threads (%.0f%% of steps on every core; %.2f ms on every core): %.1f us per "
+                     "sequence-step (median of rounds); %.1f audio s/s, first audio p99 %.2f s, %d errors",
                      labels[name], key, m["sequences"], m["server_step_ms"], m["engine_step_ms"], 100 * m["busy"],
-                     m["bench_step_ms"], m["us_per_sequence_step"], m["audio_s_per_s"], m["first_audio_p99_s"],
-                     m["errors"])
+                     m["bench_step_ms"], 100 * m["lent_share"], m["bench_step_all_cores_ms"],
+                     m["us_per_sequence_step"], m["audio_s_per_s"], m["first_audio_p99_s"], m["errors"])
     log.info("wrote %s and its .png", save(res, Path(args.out), plot))
 
 

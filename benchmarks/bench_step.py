@@ -31,6 +31,7 @@ import collections
 import contextlib
 import json
 import logging
+import os
 import random
 import statistics
 import subprocess
@@ -213,6 +214,7 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
         for rid in ids:
             eng.abort(rid)
     out["weight_bytes"] = weight_bytes(w.model)
+    out["threads"] = torch.get_num_threads()
     out["velocity"] = str(Path(worker_module.__file__).parents[1])     # whose code ran: this tree or a baseline's
     return out
 
@@ -234,14 +236,16 @@ def parse_config(items: list[str]) -> dict:
     return out
 
 
-def child(args: argparse.Namespace, tree: str | None, quantize: str, config: list[str] = ()) -> dict:
+def child(args: argparse.Namespace, tree: str | None, quantize: str, config: list[str] = (), threads: int = 0) -> dict:
     """One round in a fresh process, importing velocity from `tree` if given (this script and the
-    harness stay this checkout's: a baseline may predate them)."""
+    harness stay this checkout's: a baseline may predate them). threads: torch's CPU threads there
+    (OMP_NUM_THREADS; 0: torch's default, every core)."""
     cmd = [sys.executable, __file__, "--child", "--weights", args.weights, "--device", args.device,
            "--batches", args.batches, "--steps", str(args.steps), "--quantize", quantize,
            "--profile", str(args.profile)] + (["--scattered"] if args.scattered else [])
     cmd += [a for c in config for a in ("--config", c)]
-    run = subprocess.run(cmd + (["--tree", tree] if tree else []), capture_output=True, text=True)
+    env = os.environ | ({"OMP_NUM_THREADS": str(threads)} if threads else {})
+    run = subprocess.run(cmd + (["--tree", tree] if tree else []), capture_output=True, text=True, env=env)
     if run.returncode != 0:
         sys.exit(f"bench_step: a round failed ({tree or 'this tree'}, quantize {quantize}):\n{run.stderr[-3000:]}")
     got = json.loads(run.stdout.splitlines()[-1])

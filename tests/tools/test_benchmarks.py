@@ -171,6 +171,31 @@ def test_bench_host_runs_the_engine_alone_as_bench_step_does(tmp_path):
     assert sorted(got) == [1, 2] and all(ms > 0 for ms in got.values()), got
 
 
+def test_bench_host_runs_the_engine_alone_on_the_threads_the_server_s_engine_had(tmp_path):
+    """On CPU the server's llm gives the vocoder its threads while it decodes: bench_step's child
+    runs on the threads it is given, and bench_host weighs its steps on the llm's own threads and
+    on every core by the share of the server's steps on each."""
+    import argparse
+    import sys
+
+    from checkpoints import tiny_checkpoint
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.bench_host import engine_alone_as_served, engine_threads
+    from benchmarks.bench_step import child
+
+    ck = tiny_checkpoint(tmp_path / "tiny", seed=0)
+    args = argparse.Namespace(weights=str(ck), device="cpu", batches="2", steps=3, profile=0, scattered=False)
+    assert child(args, None, "none", threads=1)["threads"] == 1
+    own, lent = engine_threads()
+    assert lent == min(os.cpu_count(), own + 1) and own == max(1, os.cpu_count() - 1)
+    got = engine_alone_as_served(None, str(ck), 2, 3, lent_share=0.25)
+    mix = 0.25 * got["bench_step_all_cores_ms"] + 0.75 * got["bench_step_own_threads_ms"]
+    assert got["bench_step_ms"] == mix > 0, got
+    every = engine_alone_as_served(None, str(ck), 2, 3, lent_share=1.0)
+    assert every["bench_step_ms"] == every["bench_step_all_cores_ms"] == every["bench_step_own_threads_ms"], every
+
+
 def test_bench_first_audio_splits_the_first_audio_at_the_chunk_it_waits_for(tmp_path):
     """bench_first_audio, in process (no server), on the tiny checkpoint (small audio models): the
     first chunk waits for exactly its frames and its lookahead (the prefill makes the first frame,

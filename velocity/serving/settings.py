@@ -171,10 +171,12 @@ class Settings:
     def set_threads(self, model: str) -> int:
         """Set torch's CPU threads for the llm or vocoder process; returns the number."""
         import torch
-        n = self.vocoder_threads if model == "vocoder" else (
-            self.llm_threads or max(1, (os.cpu_count() or 1) - self.vocoder_threads))
-        torch.set_num_threads(max(1, n))
+        torch.set_num_threads(max(1, self.vocoder_threads) if model == "vocoder" else self.llm_own_threads())
         return torch.get_num_threads()
+
+    def llm_own_threads(self) -> int:
+        """The llm's CPU threads while a vocoder decodes: VELOCITY_LLM_THREADS, or the cores but the vocoder's."""
+        return max(1, self.llm_threads or (os.cpu_count() or 1) - self.vocoder_threads)
 
     def threads_lent(self, own: int) -> int:
         """The llm's threads while the vocoder is idle: its own and the vocoder's, within the cores."""
