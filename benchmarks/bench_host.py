@@ -257,11 +257,10 @@ def engine_alone_as_served(tree: str | None, weights: str, batch: int, steps: in
     """The engine alone at `batch` on the threads the server's engine had: each thread count's
     step weighed by its share of the window's steps (`lent_share` with the vocoder's threads)."""
     own, lent = engine_threads()
-    got = {"bench_step_all_cores_ms": engine_alone(tree, weights, [batch], steps, lent)[batch]}
-    mine = engine_alone(tree, weights, [batch], steps, own)[batch] if own != lent and lent_share < 0.99 else 0.0
-    got["bench_step_own_threads_ms"] = mine or got["bench_step_all_cores_ms"]
-    got["bench_step_ms"] = lent_share * got["bench_step_all_cores_ms"] + (1 - lent_share) * got["bench_step_own_threads_ms"]
-    return got
+    every = engine_alone(tree, weights, [batch], steps, lent)[batch]
+    mine = engine_alone(tree, weights, [batch], steps, own)[batch] if own != lent and lent_share < 0.99 else every
+    return {"bench_step_all_cores_ms": every, "bench_step_own_threads_ms": mine,
+            "bench_step_ms": lent_share * every + (1 - lent_share) * mine}
 
 
 def main() -> None:

@@ -104,7 +104,8 @@ def profile_steps(eng, n: int, sync) -> dict:
 
 def measure(weights: str, device: str, batches: list[int], steps: int, quantize: str = "none",
             profile: int = 0, config: dict | None = None, scattered: bool = False) -> dict:
-    """{batch: {"step_ms", "model_ms", "sampler_ms", "host_ms", "host_us_per_seq"}, "weight_bytes": n}:
+    """{batch: {"step_ms", "model_ms", "sampler_ms", "host_ms", "host_us_per_seq"}, "weight_bytes": n,
+    "threads": torch's CPU threads}:
     medians over the steps of `steps` decoded frames, per frame. On CPU, host_ms is the step less
     the model's forward, the heads and the sampler's tensor work (the time the host spends outside
     them, on a GPU what it adds to the step unless hidden), and host_us_per_seq it over the batch.
