@@ -112,7 +112,7 @@ def test_a_pipecat_barge_in_leaves_the_words_heard_in_the_context(agent_gateway)
     words, played = pipecat_heard_words(agent_gateway, TURN, barge_in_after=1.0)
     turn = client_words(TURN)
     assert 0 < len(words) < len(turn) and [w for w, _ in words] == turn[:len(words)], (words, played)
-    assert all(t <= played for _, t in words)
+    assert all(t <= played for _, t in words), (words, played)
 
 
 def test_livekits_elevenlabs_plugin_reports_an_aligned_transcript(agent_gateway):
