@@ -76,6 +76,14 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def pgid(pid: int) -> int | None:
+    """The process group of pid; None once it has ended (a listed process may end before it is asked)."""
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
 def comm(pid: int) -> str:
     """The program name of pid (argv[0]'s basename; /proc/pid/comm cuts at 15 characters)."""
     try:

@@ -30,7 +30,7 @@ from urllib.parse import urlparse
 import numpy as np
 import pytest
 
-from benchmarks.server import http_status
+from benchmarks.server import http_status, pgid
 from client.http_stream import stream_http
 from client.triton import ServerError, stream_grpc
 from test_lifecycle import GatewayListener, Listener
@@ -261,7 +261,7 @@ def test_each_part_that_dies_is_told_seen_and_replaced(served):
     assert list(turns) == PARTS
     for part, extra in turns.items():
         server = s.part_pid("tritonserver")
-        group = [p for p in s.processes() if os.getpgid(p) == server]      # the server and its stubs
+        group = [p for p in s.processes() if pgid(p) == server]      # the server and its stubs
         regions = glob.glob(shm_pattern(s))
         assert regions, "the running server has shared-memory regions under serve.sh's name"
         kill_and_recover(s, part, [grpc_stream(s), http_stream(s), post(s), *extra])
