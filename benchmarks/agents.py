@@ -71,12 +71,15 @@ def pipecat_tts(base_url: str, service: str = "openai"):
 
 
 def pipecat_heard_words(base_url: str, text: str, barge_in_after: float | None = None, rate: int = 16000):
-    """Pipecat's ElevenLabsTTSService in a pipeline whose output plays its audio in real time (a
-    transport that takes each frame for as long as it lasts), as an agent's is: (the TTSTextFrames
-    that came out of the transport, each (text, seconds after the first word's presentation time),
-    the seconds of audio played). Those frames are the words the agent's context records: the
-    transport holds each until its presentation time and drops what is left at a barge-in.
-    barge_in_after: the user talks over the bot this many seconds into its audio played."""
+    """Pipecat's ElevenLabsTTSService in a pipeline whose output plays its audio in real time.
+
+    The transport takes each frame for as long as it lasts, as an agent's does. Returns the
+    TTSTextFrames that came out of it, each (text, seconds after the first word's presentation
+    time), the seconds of audio played, and how far that audio fell behind the clock by the
+    barge-in (0 without one). The frames are the words the agent's context records: the transport
+    holds each until its presentation time by its clock from the first audio, and drops what is
+    left at a barge-in; where the audio came slower than real time, the words ran ahead of it by
+    as much. barge_in_after: the user talks over the bot this many seconds into its audio."""
     from pipecat.frames.frames import EndFrame, InterruptionFrame, TTSSpeakFrame, TTSTextFrame
     from pipecat.pipeline.pipeline import Pipeline
     from pipecat.pipeline.runner import PipelineRunner
@@ -88,7 +91,7 @@ def pipecat_heard_words(base_url: str, text: str, barge_in_after: float | None =
     class Speaker(BaseOutputTransport):
         def __init__(self) -> None:
             super().__init__(TransportParams(audio_out_enabled=True, audio_out_sample_rate=rate))
-            self.played, self.started = 0.0, asyncio.Event()
+            self.played, self.started, self.since = 0.0, asyncio.Event(), 0.0
 
         async def start(self, frame) -> None:
             await super().start(frame)
@@ -96,8 +99,11 @@ def pipecat_heard_words(base_url: str, text: str, barge_in_after: float | None =
 
         async def write_audio_frame(self, frame) -> bool:
             seconds = len(frame.audio) / 2 / frame.sample_rate
+            sound = bool(frame.audio.strip(b"\0"))  # not the transport's own silence
+            if sound and not self.started.is_set():
+                self.since = time.monotonic()       # the first audio begins to play
             await asyncio.sleep(seconds)
-            if frame.audio.strip(b"\0"):           # not the transport's own silence
+            if sound:
                 self.played += seconds
                 self.started.set()
             return True
@@ -114,7 +120,7 @@ def pipecat_heard_words(base_url: str, text: str, barge_in_after: float | None =
             await self.push_frame(frame, direction)
 
     async def run():
-        speaker, words = Speaker(), Words()
+        speaker, words, behind = Speaker(), Words(), 0.0
         task = PipelineTask(Pipeline([pipecat_tts(base_url, "elevenlabs"), speaker, words]),
                             params=PipelineParams(audio_out_sample_rate=rate))
         await task.queue_frames([TTSSpeakFrame(text)] + ([] if barge_in_after is not None else [EndFrame()]))
@@ -122,10 +128,11 @@ def pipecat_heard_words(base_url: str, text: str, barge_in_after: float | None =
         if barge_in_after is not None:
             await asyncio.wait_for(speaker.started.wait(), 120)
             await asyncio.sleep(barge_in_after)
+            behind = time.monotonic() - speaker.since - speaker.played
             await task.queue_frames([InterruptionFrame(), EndFrame()])
         await asyncio.wait_for(runner, 300)
         first = words.words[0][1] if words.words else 0
-        return [(w, (pts - first) / 1e9) for w, pts in words.words], speaker.played
+        return [(w, (pts - first) / 1e9) for w, pts in words.words], speaker.played, max(behind, 0.0)
 
     return asyncio.run(run())
 
