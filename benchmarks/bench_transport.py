@@ -42,12 +42,14 @@ ARMS = ("channel", "pipe", "zmq", "zmq-inband")
 
 
 def message(chunks: int, streams: int) -> dict:
-    """A step's message: counts for `streams` streams' steps, and `chunks` ready chunks."""
+    """A step's message: counts for `streams` streams' steps, and `chunks` ready chunks (the core's
+    CodeChunk: frames of codes as tuples, the hidden rows one array)."""
+    from velocity.tts.chunking import CodeChunk
+
     rng = np.random.default_rng(0)
     return {"steps": 1, "frames": streams, "stats": list(range(8)),
-            "events": [("chunk", k, {"codes": rng.integers(0, 625, (4, 212), dtype=np.int32),
-                                     "hidden": rng.standard_normal((212, 768), dtype=np.float32),
-                                     "context": 52, "length": 144, "index": 3})
+            "events": [("chunk", k, CodeChunk(3, [tuple(f) for f in rng.integers(0, 625, (212, 4)).tolist()], 52, 144,
+                                              rng.standard_normal((212, 768), dtype=np.float32)), 144)
                        for k in range(chunks)]}
 
 

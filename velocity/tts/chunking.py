@@ -68,7 +68,7 @@ class CodeChunk:
     codes: list[tuple[int, ...]]
     context: int                   # leading frames that are context only
     length: int                    # frames whose audio this chunk produces
-    hidden: list[np.ndarray] | None = None
+    hidden: list[np.ndarray] | np.ndarray | None = None     # ([T, H] once packed for the wire)
     last: bool = False
     start: int = 0                 # frames of the stream's audio before this chunk (all its sentences)
     text: str = ""                 # the refined text of the sentence this chunk begins (text refine)

@@ -9,6 +9,7 @@ from checkpoints import tiny_checkpoint
 from velocity.serving.llm.llm_inputs import LLMInputs, LLMRequest
 from velocity.serving.metrics import LLM, make_metrics
 from velocity.serving.settings import Settings
+from velocity.serving.wire.protocol import chunk_outputs
 from velocity.serving.llm.streams import Streams
 from velocity.tts.pipeline import chattts_params
 
@@ -298,7 +299,7 @@ def test_held_outputs_cut_the_chunks_of_outputs_every_step(tmp_path, monkeypatch
         while core.streams:
             assert core._step()
             steps += 1
-            events += [(steps,) + (e[:2] + ({n: v.tolist() for n, v in e[2].items()},) + e[3:]
+            events += [(steps,) + (e[:2] + ({n: v.tolist() for n, v in chunk_outputs(e[2]).items()},) + e[3:]
                                    if e[0] == "chunk" else e) for e in core.report.events]
             core.report.events.clear()
         assert core.engine.block_manager.num_used_blocks == 0 and not core.engine.requests

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from velocity.serving.llm.llm_inputs import LLMRequest
-from velocity.serving.wire.protocol import STREAM_DEADLINE, STREAM_PROBE, error_outputs
+from velocity.serving.wire.protocol import STREAM_DEADLINE, STREAM_PROBE, chunk_outputs, error_outputs
 from velocity.serving.boards.stream_board import ENDED
-from velocity.tts.chunking import FRAMES_PER_SECOND
+from velocity.tts.chunking import FRAMES_PER_SECOND, CodeChunk
 
 Send = Callable[[object, "dict | None", bool], None]       # (sender, outputs or None: only the flag, final)
 Fail = Callable[[object, str, bool], None]                 # (sender, message, invalid: the caller's mistake)
@@ -61,12 +61,14 @@ class Stream:
         self.told = -1                           # the progress last told to the core
         self.generated_at: float | None = None   # every frame generated (the final flag waits for the vocoder)
 
-    def on_chunk(self, outputs: dict, length: int) -> None:
-        """A chunk the core made (on the stub's receiving thread); none goes out past the deadline."""
+    def on_chunk(self, chunk: CodeChunk, length: int) -> None:
+        """A chunk the core made (on the stub's receiving thread), sent as its response tensors
+        (chunk_outputs); none goes out past the deadline."""
         now = time.monotonic()
         if self.deadline is not None and now >= self.deadline:
             self.stop(STREAM_DEADLINE, "deadline")
             return
+        outputs = chunk_outputs(chunk, self.ref)
         with self._lock:
             if self.done:
                 return

@@ -64,11 +64,19 @@ def text_tensor(text: str) -> np.ndarray:
     return np.array([[text.encode()]], object)
 
 
+def packed(c: CodeChunk) -> CodeChunk:
+    """The chunk as the engine core sends it to the stub, which builds its tensors (chunk_outputs):
+    its hidden rows one [T, H] float32 array, whose bytes go beside the message."""
+    if c.hidden is not None and not isinstance(c.hidden, np.ndarray):
+        c.hidden = np.stack(c.hidden).astype(np.float32, copy=False)
+    return c
+
+
 def chunk_outputs(c: CodeChunk, stream: int = 0) -> dict[str, np.ndarray]:
     """The llm's response tensors for one chunk of the stream with board reference `stream`."""
     return {"CODES": np.asarray(c.codes, np.int32).T[None], "CONTEXT": _i32(c.context), "LENGTH": _i32(c.length),
             "CHUNK_INDEX": _i32(c.index), "LAST": _i32(int(c.last)), "START": _i32(c.start), "TEXT": text_tensor(c.text),
-            "HIDDEN": NO_HIDDEN if c.hidden is None else np.stack(c.hidden).astype(np.float32, copy=False)[None],
+            "HIDDEN": NO_HIDDEN if c.hidden is None else np.asarray(c.hidden, np.float32)[None],
             "STREAM": np.array([[stream]], np.int64), "SENTENCE": _i32(c.sentence), "LASTS": _i32(c.lasts),
             "SENTENCE_TEXT": text_tensor(c.sentence_text), "WORDS": text_tensor(words_json(c.words)),
             "PAUSE": _i32(c.pause), "TAIL": _i32(c.tail), "PAUSED": np.array([[c.paused]], np.int64)}

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from velocity.serving.wire.client_tag import verify
 from velocity.serving.llm.llm_inputs import LLMInputs
-from velocity.serving.wire.protocol import STREAM_FAILED, chunk_outputs
+from velocity.serving.wire.protocol import STREAM_FAILED, packed
 from velocity.tts.chunking import FrameChunker
 from velocity.tts.sentence_stream import Carry, Refine, SentenceStream
 
@@ -104,7 +104,7 @@ class CoreStream:
             if sentences.carry is not None and (first := sentences.voicing()) is not None:
                 self.core.voice(self, first)     # its audio decoded off the loop
             for c in chunks:
-                self.core.emit(("chunk", self.key, chunk_outputs(c, self.ref), c.length))
+                self.core.emit(("chunk", self.key, packed(c), c.length))     # the stub builds its tensors
                 self.sent_frames += c.length
             if not out.finished:
                 self._hold(i)
