@@ -23,6 +23,11 @@ that adds up to 3 s):
   steps), so the engine alone runs at both thread counts and is weighed by the window's share of
   each; the engine alone on every core is kept beside it;
 - us per sequence-step = (server step - bench_step step) / sequences: what serving adds;
+- beside it, the same within each run's own steps, which the machine's drift between the level
+  and bench_step's run does not move: (the server's step less its engine's worker's seconds,
+  minus bench_step's step less its worker's) / sequences (velocity_engine_worker_seconds_total;
+  LLMEngine.worker_seconds): the host work serving adds around the model, without what the
+  server's other processes take from its kernels (a tree from before that counter has none);
 - the engine thread's busy share (its step seconds over wall time) and the audio s/s.
 
 Writes JSON and a PNG (the curve of us per sequence-step against sequences, per tree).
@@ -50,7 +55,8 @@ MIN_WINDOW_S = 3.0                    # seconds of full batch a level is measure
 LLM_INPUTS = ("TOKEN_IDS", "SENTENCE_LENGTHS", "SPEAKER_VECTOR", "PARAMS_F", "PARAMS_I")
 COUNTERS = {"steps": "velocity_engine_steps_total", "step_s": "velocity_engine_step_seconds_total",
             "frames": "velocity_frames_generated_total", "running": "velocity_running_sequences",
-            "paused": "velocity_paused_sequences", "lent": "velocity_llm_lent_steps_total"}
+            "paused": "velocity_paused_sequences", "lent": "velocity_llm_lent_steps_total",
+            "worker_s": "velocity_engine_worker_seconds_total"}     # (0 on a tree from before it)
 
 
 def server_env(weights: str, most: int) -> dict[str, str]:
@@ -171,6 +177,7 @@ def steady(samples: list[tuple[float, dict]], full: float = 0.9) -> dict | None:
         return None
     return {"wall_s": t1 - t0, "steps": steps, "step_s": c1["step_s"] - c0["step_s"],
             "frames": c1["frames"] - c0["frames"], "lent": c1["lent"] - c0["lent"],
+            "worker_s": c1["worker_s"] - c0["worker_s"],
             "sequences": statistics.fmean(b for t, _, b in inside if t0 <= t <= t1)}
 
 
@@ -214,7 +221,7 @@ def run_level(server: TritonServer, arm: str, streams: int, llm_inputs: list[dic
             windows.append(w)
         # (seconds, steps, sequences in the batch) as read: the run's course
         series.append([(round(t - samples[0][0], 3), c["steps"], c["running"] - c["paused"]) for t, c in samples])
-    window = None if not windows else {k: sum(w[k] for w in windows) for k in ("wall_s", "steps", "step_s", "frames", "lent")} | {
+    window = None if not windows else {k: sum(w[k] for w in windows) for k in ("wall_s", "steps", "step_s", "frames", "lent", "worker_s")} | {
         "sequences": sum(w["sequences"] * w["steps"] for w in windows) / sum(w["steps"] for w in windows),
         "runs": len(series)}
     firsts = [g["first"] for g in got if g["first"] is not None]
@@ -228,19 +235,21 @@ def run_level(server: TritonServer, arm: str, streams: int, llm_inputs: list[dic
                 "engine_step_ms": 1e3 * w["step_s"] / w["steps"], "busy": w["step_s"] / w["wall_s"],
                 "lent_share": min(1.0, w["lent"] / w["steps"]),
                 "audio_s_per_s": w["frames"] / FPS / w["wall_s"]}
+        if w["worker_s"] > 0:                    # the server's step outside the engine's worker, in the same steps
+            out["outside_worker_ms"] = 1e3 * (w["wall_s"] - w["worker_s"]) / w["steps"]
     time.sleep(0.5)
     return out
 
 
-def engine_alone(tree: str | None, weights: str, batches: list[int], steps: int, threads: int = 0) -> dict[int, float]:
-    """bench_step's median step (ms) at each batch, the engine alone in a process of its own, on
-    `threads` CPU threads (0: every core)."""
+def engine_alone(tree: str | None, weights: str, batches: list[int], steps: int, threads: int = 0) -> dict[int, dict]:
+    """bench_step's figures at each batch (bench_step.measure's: step_ms, outside_worker_ms...),
+    the engine alone in a process of its own, on `threads` CPU threads (0: every core)."""
     from benchmarks.bench_step import child
 
     args = argparse.Namespace(weights=weights, device="cpu", batches=",".join(map(str, batches)), steps=steps,
                               profile=0, scattered=False)
     got = child(args, tree, "none", threads=threads)
-    return {b: got[b]["step_ms"] for b in batches}
+    return {b: got[b] for b in batches}
 
 
 def engine_threads() -> tuple[int, int]:
@@ -259,8 +268,12 @@ def engine_alone_as_served(tree: str | None, weights: str, batch: int, steps: in
     own, lent = engine_threads()
     every = engine_alone(tree, weights, [batch], steps, lent)[batch]
     mine = engine_alone(tree, weights, [batch], steps, own)[batch] if own != lent and lent_share < 0.99 else every
-    return {"bench_step_all_cores_ms": every, "bench_step_own_threads_ms": mine,
-            "bench_step_ms": lent_share * every + (1 - lent_share) * mine}
+    out = {"bench_step_all_cores_ms": every["step_ms"], "bench_step_own_threads_ms": mine["step_ms"],
+           "bench_step_ms": lent_share * every["step_ms"] + (1 - lent_share) * mine["step_ms"]}
+    if "outside_worker_ms" in every:           # (a tree from before LLMEngine.worker_seconds has none)
+        out["bench_step_outside_worker_ms"] = lent_share * every["outside_worker_ms"] + \
+            (1 - lent_share) * mine["outside_worker_ms"]
+    return out
 
 
 def main() -> None:
@@ -313,6 +326,9 @@ def main() -> None:
                                                          steps, lv["lent_share"])
                             lv["us_per_sequence_step"] = 1e3 * (lv["server_step_ms"] - lv["bench_step_ms"]) / \
                                 lv["sequences"]
+                            if "outside_worker_ms" in lv and "bench_step_outside_worker_ms" in lv:
+                                lv["outside_us_per_sequence_step"] = 1e3 * (
+                                    lv["outside_worker_ms"] - lv["bench_step_outside_worker_ms"]) / lv["sequences"]
                         bar.update(1)
                 return out
 
@@ -330,6 +346,8 @@ def main() -> None:
                 "sequences", "server_step_ms", "engine_step_ms", "bench_step_ms", "bench_step_all_cores_ms",
                 "lent_share", "us_per_sequence_step", "busy", "audio_s_per_s")}
             m["first_audio_p99_s"] = statistics.median(x["first_audio_p99_s"] or 0 for x in lv)
+            if all("outside_us_per_sequence_step" in x for x in lv):
+                m["outside_us_per_sequence_step"] = statistics.median(x["outside_us_per_sequence_step"] for x in lv)
             m["errors"] = sum(x[key]["errors"] for x in xs)
             m["engine_over_bench_step"] = statistics.median(x["engine_step_ms"] / x["bench_step_ms"] for x in lv)
             m["engine_over_all_cores"] = statistics.median(x["engine_step_ms"] / x["bench_step_all_cores_ms"]
@@ -341,6 +359,9 @@ def main() -> None:
                      labels[name], key, m["sequences"], m["server_step_ms"], m["engine_step_ms"], 100 * m["busy"],
                      m["bench_step_ms"], 100 * m["lent_share"], m["bench_step_all_cores_ms"],
                      m["us_per_sequence_step"], m["audio_s_per_s"], m["first_audio_p99_s"], m["errors"])
+            if "outside_us_per_sequence_step" in m:
+                log.info("%s %s: in the same steps, outside the worker: %.1f us per sequence-step", labels[name],
+                         key, m["outside_us_per_sequence_step"])
     log.info("wrote %s and its .png", save(res, Path(args.out), plot))
 
 
@@ -358,6 +379,9 @@ def plot(res: dict, path: Path) -> None:
             label = f"{res['labels'][name]}, {'straight to llm' if kind == 'llm' else 'through tts'}"
             a.plot([s for s, _ in pts], [m["us_per_sequence_step"] for _, m in pts], style, label=label)
             b.plot([s for s, _ in pts], [m["audio_s_per_s"] for _, m in pts], style, label=label)
+            inside = [(s, m["outside_us_per_sequence_step"]) for s, m in pts if "outside_us_per_sequence_step" in m]
+            if inside:                           # the same steps' host work around the model
+                a.plot(*zip(*inside), style[0] + ":", alpha=0.6, label=label + ", in the same steps")
     a.axhline(10, color="tab:green", lw=0.8, ls=":", label="10 us")
     a.set(xscale="log", xlabel="sequences in the batch", ylabel="us per sequence-step (server - engine alone)",
           title="The server's host work per sequence and step", ylim=(0, None))

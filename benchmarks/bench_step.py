@@ -104,11 +104,12 @@ def profile_steps(eng, n: int, sync) -> dict:
 
 def measure(weights: str, device: str, batches: list[int], steps: int, quantize: str = "none",
             profile: int = 0, config: dict | None = None, scattered: bool = False) -> dict:
-    """{batch: {"step_ms", "model_ms", "sampler_ms", "host_ms", "host_us_per_seq"}, "weight_bytes": n,
-    "threads": torch's CPU threads}:
+    """{batch: {"step_ms", "model_ms", "sampler_ms", "host_ms", "host_us_per_seq", "outside_worker_ms"},
+    "weight_bytes": n, "threads": torch's CPU threads}:
     medians over the steps of `steps` decoded frames, per frame. On CPU, host_ms is the step less
     the model's forward, the heads and the sampler's tensor work (the time the host spends outside
-    them, on a GPU what it adds to the step unless hidden), and host_us_per_seq it over the batch.
+    them, on a GPU what it adds to the step unless hidden), and host_us_per_seq it over the batch;
+    outside_worker_ms the step less LLMEngine.worker_seconds (a tree from before it has none).
     Where the layers run on the C++ rows (CPU), also "linears_ms" (the C++ GEMMs' calls) and
     "attention_ms" (RoPE, the cache write and paged decode attention, one call a layer) inside the model's.
     With `profile`, each batch's "profile" over that many more steps, without the timers
@@ -189,20 +190,25 @@ def measure(weights: str, device: str, batches: list[int], steps: int, quantize:
         frames = 0
         while frames < 20:                      # prefill, then decodes with a full history
             frames += len(eng.step()[0].new_token_ids)
-        rows = []
+        rows, outside = [], []
         while frames < 20 + steps:
             spent.update(model=0.0, sampler=0.0, device=0.0, linears=0.0, attention=0.0)
+            ws = getattr(eng, "worker_seconds", None)        # (a baseline from before it has none)
             t = time.perf_counter()
             eng.step()
             sync()
             frames += 1
             dt = time.perf_counter() - t
             rows.append((dt, spent["model"], spent["sampler"], dt - spent["device"], spent["linears"], spent["attention"]))
+            if ws is not None:
+                outside.append(dt - (eng.worker_seconds - ws))
         out[b] = {k: 1e3 * statistics.median(r[j] for r in rows)
                   for j, k in enumerate(("step_ms", "model_ms", "sampler_ms", "host_ms"))}
         out[b]["host_us_per_seq"] = 1e3 * out[b]["host_ms"] / b
         log.info("batch %d: step %.2f ms (model %.2f, sampler %.2f; host %.2f, %.2f us a sequence)", b,
                  *out[b].values())
+        if outside:                             # the step outside the worker (velocity_engine_worker_seconds_total's)
+            out[b]["outside_worker_ms"] = 1e3 * statistics.median(outside)
         if split:
             out[b] |= {"linears_ms": 1e3 * statistics.median(r[4] for r in rows),
                        "attention_ms": 1e3 * statistics.median(r[5] for r in rows)}

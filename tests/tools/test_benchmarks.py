@@ -168,7 +168,9 @@ def test_bench_host_runs_the_engine_alone_as_bench_step_does(tmp_path):
 
     ck = tiny_checkpoint(tmp_path / "tiny", seed=0)
     got = engine_alone(None, str(ck), [1, 2], 3)
-    assert sorted(got) == [1, 2] and all(ms > 0 for ms in got.values()), got
+    assert sorted(got) == [1, 2] and all(r["step_ms"] > 0 for r in got.values()), got
+    # the step outside the worker (LLMEngine.worker_seconds), which the server's counter matches
+    assert all(0 < r["outside_worker_ms"] < r["step_ms"] for r in got.values()), got
 
 
 def test_bench_host_runs_the_engine_alone_on_the_threads_the_server_s_engine_had(tmp_path):
@@ -194,6 +196,7 @@ def test_bench_host_runs_the_engine_alone_on_the_threads_the_server_s_engine_had
     assert got["bench_step_ms"] == mix > 0, got
     every = engine_alone_as_served(None, str(ck), 2, 3, lent_share=1.0)
     assert every["bench_step_ms"] == every["bench_step_all_cores_ms"] == every["bench_step_own_threads_ms"], every
+    assert 0 < got["bench_step_outside_worker_ms"] < got["bench_step_ms"], got
 
 
 def test_bench_first_audio_splits_the_first_audio_at_the_chunk_it_waits_for(tmp_path):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
@@ -68,6 +69,10 @@ class LLMEngine:
         self.num_paused = 0                       # of them, paused (pause)
         self.sampled = dict.fromkeys(self.worker.model.heads, 0)   # tokens sampled by each head, all steps
         self._launched: tuple | None = None       # (the batch, its Worker.launch or the error) until collect
+        # seconds in the worker's launch and collect, all steps: the model, its heads and the sampler
+        # with their inputs (on a GPU, their launch and the wait for the tokens); the rest of a step
+        # is the engine's and its caller's host work
+        self.worker_seconds = 0.0
 
     def validate(self, prompt: list[Token], params: SamplingParams, head: str | None = None,
                  speaker: object = None) -> None:
@@ -171,10 +176,12 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return False
+        t = time.perf_counter()
         try:
             launched = self.worker.launch(sched)
         except Exception as e:            # collect() fails the batch, as a failure there would
             launched = e
+        self.worker_seconds += time.perf_counter() - t
         self._launched = sched, launched
         return True
 
@@ -190,7 +197,9 @@ class LLMEngine:
         try:
             if isinstance(launched, Exception):
                 raise launched
+            t = time.perf_counter()
             tokens, hidden = self.worker.collect(launched)
+            self.worker_seconds += time.perf_counter() - t
             sampled = self.sampled
             for name, picked, _ in launched.picks:      # (None: the decode graph's, the default head)
                 sampled[name or self.worker.model.default_head] += len(picked)

@@ -44,6 +44,9 @@ LLM = {
     "step_seconds": ("velocity_engine_step_seconds_total",
                      "Seconds in engine steps, with their callbacks (not the responses, which a thread sends)",
                      "COUNTER", None),
+    "worker_seconds": ("velocity_engine_worker_seconds_total",
+                       "Of those, seconds in the engine's worker: the model, its heads and the sampler with their "
+                       "inputs (on a GPU, their launch and the wait for the tokens)", "COUNTER", None),
     "refused": ("velocity_refused_requests_total", "Requests refused: server busy or shutting down", "COUNTER", None),
     "aborted": ("velocity_aborted_requests_total", "Requests ended before their audio was complete, by reason: "
                 "the client cancelled or left, its deadline passed, the server shut down, or generation failed",

@@ -174,6 +174,10 @@ def test_no_python_backend_call_on_the_step_path(tmp_path):
         frames = sum(v for _, name, op, v in backend.calls if name == "velocity_frames_generated_total")
         steps = sum(v for _, name, op, v in backend.calls if name == "velocity_engine_steps_total")
         assert frames == 4 * 2 * 60 and steps > 60, (frames, steps)
+        # of the steps' seconds, those in the engine's worker (the host's work around the model: the rest)
+        step_s, worker_s = (sum(v for _, name, op, v in backend.calls if name == f"velocity_engine_{n}_seconds_total")
+                            for n in ("step", "worker"))
+        assert 0 < worker_s < step_s, (worker_s, step_s)
     finally:
         streams.close()
 

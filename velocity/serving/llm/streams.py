@@ -74,7 +74,7 @@ class EngineGauges:
         m["clients"].set(t.clients)
         m["active"].set(active)
         for key, name in (("preemptions", "preemptions"), ("steps", "steps"), ("step_seconds", "step_seconds"),
-                          ("lent", "lent_steps"), ("frames", "frames")):
+                          ("worker_seconds", "worker_seconds"), ("lent", "lent_steps"), ("frames", "frames")):
             if (now := getattr(t, name)) > getattr(last, name):
                 m[key].increment(now - getattr(last, name))
         self.last = t                            # a report's own: never changed after it came

@@ -244,6 +244,7 @@ class EngineCore:
         tot.preemptions, tot.paused, tot.clients = st.preemptions, st.paused, st.clients
         tot.frames = self.engine.sampled[self.engine.model.default_head]     # the audio head's
         tot.lent_steps = self.lender.lent_steps if self.lender is not None else 0
+        tot.worker_seconds = self.engine.worker_seconds
         report, self.report = self.report, Report(totals=tot)
         self.channel.send(report)
 

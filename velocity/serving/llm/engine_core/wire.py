@@ -40,6 +40,7 @@ class Totals:
     frames: int = 0                 # audio frames sampled (each sentence's end frame too)
     steps: int = 0                  # engine steps
     step_seconds: float = 0.0       # seconds in them, with the streams' work on their outputs
+    worker_seconds: float = 0.0     # of them, in the engine's worker (LLMEngine.worker_seconds)
     lent_steps: int = 0             # steps run with the idle vocoder's CPU threads too
     running: int = 0                # the engine's gauges as of the last step
     waiting: int = 0
