@@ -49,7 +49,7 @@ def message(chunks: int, streams: int) -> dict:
     rng = np.random.default_rng(0)
     return {"steps": 1, "frames": streams, "stats": list(range(8)),
             "events": [("chunk", k, CodeChunk(3, [tuple(f) for f in rng.integers(0, 625, (212, 4)).tolist()], 52, 144,
-                                              rng.standard_normal((212, 768), dtype=np.float32)), 144)
+                                              rng.standard_normal((212, 768), dtype=np.float32)))
                        for k in range(chunks)]}
 
 

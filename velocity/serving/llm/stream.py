@@ -61,7 +61,7 @@ class Stream:
         self.told = -1                           # the progress last told to the core
         self.generated_at: float | None = None   # every frame generated (the final flag waits for the vocoder)
 
-    def on_chunk(self, chunk: CodeChunk, length: int) -> None:
+    def on_chunk(self, chunk: CodeChunk) -> None:
         """A chunk the core made (on the stub's receiving thread), sent as its response tensors
         (chunk_outputs); none goes out past the deadline."""
         now = time.monotonic()
@@ -73,7 +73,7 @@ class Stream:
             if self.done:
                 return
             self.ctx.respond(self, outputs, False)
-            self.sent_frames += length
+            self.sent_frames += chunk.length
             self.last_sent = now
         if self.first_chunk_at is None:
             self.first_chunk_at = now

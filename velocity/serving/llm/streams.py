@@ -143,7 +143,7 @@ class Streams:
                 continue
             kind = ev[0]
             if kind == "chunk":
-                stream.on_chunk(ev[2], ev[3])
+                stream.on_chunk(ev[2])
             elif kind == "generated":
                 stream.generated_at = time.monotonic()   # the monitor ends it once all is decoded
             elif kind == "end":

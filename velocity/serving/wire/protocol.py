@@ -67,7 +67,7 @@ def text_tensor(text: str) -> np.ndarray:
 def packed(c: CodeChunk) -> CodeChunk:
     """The chunk as the engine core sends it to the stub, which builds its tensors (chunk_outputs):
     its hidden rows one [T, H] float32 array, whose bytes go beside the message."""
-    if c.hidden is not None and not isinstance(c.hidden, np.ndarray):
+    if c.hidden is not None:
         c.hidden = np.stack(c.hidden).astype(np.float32, copy=False)
     return c
 

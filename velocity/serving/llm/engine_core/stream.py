@@ -104,7 +104,7 @@ class CoreStream:
             if sentences.carry is not None and (first := sentences.voicing()) is not None:
                 self.core.voice(self, first)     # its audio decoded off the loop
             for c in chunks:
-                self.core.emit(("chunk", self.key, packed(c), c.length))     # the stub builds its tensors
+                self.core.emit(("chunk", self.key, packed(c)))     # the stub builds its tensors
                 self.sent_frames += c.length
             if not out.finished:
                 self._hold(i)

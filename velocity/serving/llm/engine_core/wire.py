@@ -11,7 +11,7 @@ The stub sends commands, several at a time in one message (a list):
 
 The core sends one `Report` a step (or after commands that made events), with its events:
 
-    ("chunk", key, chunk, length)   a chunk (velocity.tts.chunking.CodeChunk, protocol.packed): the
+    ("chunk", key, chunk)           a chunk (velocity.tts.chunking.CodeChunk, protocol.packed): the
                                     stub builds its response tensors (protocol.chunk_outputs)
     ("generated", key)              every frame is out: the stub ends it once the vocoder has them
     ("end", key, code)              ended by the core: the final flag (code None) or a STREAM_* error
