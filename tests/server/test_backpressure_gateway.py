@@ -26,6 +26,8 @@ from client.triton import model_metric, parse_metric, stream_grpc
 from triton_server import LONG_TEXT, assert_work_stops, settle, wait_for
 from velocity.gateway.pace import Pacer, read_ahead
 from velocity.gateway.sentences import SentencePipe
+from velocity.serving.llm.engine_core.core import REPORT_EVERY
+from velocity.serving.metrics import PUBLISH_EVERY
 from velocity.serving.settings import Settings
 from velocity.serving.wire.tts_responses import BEHIND, KEEPS_UP, STEP, AudioChunk, end_frame
 from velocity.tts.chunking import FRAMES_PER_SECOND, sample_offset
@@ -180,9 +182,12 @@ class Taken:
 
 def take_slowly(server, take, within: float = 60.0) -> Taken:
     """take() -> bytes of audio taken, called until the server was told of the lag once, then
-    half a second, then half a second more in which its frames are counted again (or `within`
-    seconds: then `still` is NaN). However fast the machine, the reader is behind by then. Its
-    counters are the test's own where the test settled the server before it began."""
+    half a second (and the frames counter's lag: it reaches the metrics a core report and a
+    publish after the engine made them), then half a second more in which its frames are counted
+    again (or `within` seconds: then `still` is NaN). However fast the machine, the reader is
+    behind by then. Its counters are the test's own where the test settled the server before it
+    began."""
+    settle_s = 0.5 + REPORT_EVERY + PUBLISH_EVERY
     def frames() -> float:
         return server.metric("velocity_frames_generated_total")
 
@@ -195,7 +200,7 @@ def take_slowly(server, take, within: float = 60.0) -> Taken:
             next_look = time.monotonic() + 0.1
             if told_pace(server) > told0:
                 told_at = time.monotonic()
-        elif told_at is not None and settled_at is None and time.monotonic() - told_at >= 0.5:
+        elif told_at is not None and settled_at is None and time.monotonic() - told_at >= settle_s:
             settled, settled_at = frames(), time.monotonic()
     end = frames()
     return Taken(got, end - frames0, told_pace(server) - told0, end - settled, server.metric("velocity_active_requests"))
