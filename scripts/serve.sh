@@ -3,7 +3,7 @@
 #
 #   scripts/serve.sh [--weights DIR] [--http-port N] [--grpc-port N] [--metrics-port N]
 #                    [--health-port N] [--gateway-port N] [--wyoming-port N] [--bind ADDRESS]
-#                    [--model-repository DIR] [--cpu-isa avx2] [-- extra tritonserver flags]
+#                    [--model-repository DIR] [--cpu-isa avx2|avx512] [-- extra tritonserver flags]
 #
 # Each flag can also be set by environment: VELOCITY_WEIGHTS, HTTP_PORT, GRPC_PORT,
 # METRICS_PORT, HEALTH_PORT, GATEWAY_PORT, BIND (default 127.0.0.1, this machine only; 0.0.0.0:
@@ -30,7 +30,8 @@
 # once the server has not been ready for LIVE_GRACE seconds (default 300); its /metrics counts
 # velocity_part_failures_total{part}.
 # --cpu-isa avx2 (or CPU_ISA) caps torch, fbgemm, oneDNN and MKL to AVX2 code: what an AVX2-only
-# machine runs, measured on one with AVX-512 (velocity/model/kernels/cpu_isa.py; the llm logs the ISA).
+# machine runs, measured on one with AVX-512 (velocity/model/kernels/cpu_isa.py; the llm logs the ISA);
+# --cpu-isa avx512 keeps AVX-512 and VNNI but leaves out AMX (oneDNN's, MKL's and the int8 GEMM's tiles).
 # Triton's operator APIs (logging, trace, shared-memory, model-repository) need the operator key
 # on both ports (header velocity-admin-key; gRPC: triton-grpc-protocol-velocity-admin-key):
 # VELOCITY_ADMIN_KEY, else one made at each start in the run folder (mode 600; the log names it).
@@ -82,7 +83,8 @@ done
 case "$CPU_ISA" in
     "") ;;
     avx2) export ATEN_CPU_CAPABILITY=avx2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ;;
-    *) echo "serve.sh: --cpu-isa must be avx2 (or unset: the CPU's own), got '$CPU_ISA'" >&2; exit 2 ;;
+    avx512) export ONEDNN_MAX_CPU_ISA=AVX512_CORE_FP16 MKL_ENABLE_INSTRUCTIONS=AVX512_E3 ;;
+    *) echo "serve.sh: --cpu-isa must be avx2 or avx512 (or unset: the CPU's own), got '$CPU_ISA'" >&2; exit 2 ;;
 esac
 
 args=(--model-repository="$REPO" --http-port="$HTTP_PORT" --grpc-port="$GRPC_PORT"

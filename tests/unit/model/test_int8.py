@@ -2,6 +2,8 @@
 Quantization changes the output, so these tests bound the error instead of asking for equality."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -223,6 +225,101 @@ def test_the_cpp_int8_gemm_is_fbgemms_op_where_it_is_built(inp, out):
     for i, j in ((0, 0), (0, 1), (2, 10)):
         assert torch.equal(ours(x[i, j:j + 1]), b[i, j:j + 1]), (i, j)
     assert torch.equal(ours(x[:, ::3].contiguous()), b[:, ::3])
+
+
+def int8_gemm_reference(x, w, bits: int):
+    """int8_gemm's arithmetic in numpy: each row rounded as fbgemm rounds it (x L + Z, rounded once
+    to float32 as a fused multiply-add is, then to the nearest integer, ties to even), the
+    products summed exactly, less each channel's zero point, converted to float32 and scaled."""
+    import numpy as np
+
+    L = 2 ** (bits - 1) - 1
+    q = np.clip(np.rint((x.astype(np.float64) * L + (L + 1)).astype(np.float32)), 0, 2 * L + 1).astype(np.int64)
+    w64 = w.astype(np.int64)
+    ws = (np.arange(1, w.shape[0] + 1, dtype=np.float32) / 1000).astype(np.float32)
+    acc = (q @ w64.T - w64.sum(1) * (L + 1)).astype(np.int32)
+    return acc.astype(np.float32) * ws, ws
+
+
+# (rows, inputs, outputs): one row and a few, whole and partial blocks of 16 rows (AMX's), one and
+# two of its row blocks, an odd count of 16-channel blocks, inputs not a multiple of 64
+GEMM_SHAPES = [(t, k, n) for t in (1, 2, 15, 16, 17, 32, 33, 40) for k, n in ((64, 48), (68, 16), (768, 784))]
+
+
+def run_int8_gemm(K, shapes=GEMM_SHAPES) -> list:
+    """int8_gemm's outputs on seeded rows and weights of each shape, beside numpy's reference."""
+    import numpy as np
+
+    rng, out = np.random.default_rng(0), []
+    for t, k, n in shapes:
+        x = rng.uniform(-1, 1, (t, k)).astype(np.float32)
+        w = rng.integers(-127, 128, (n, k), dtype=np.int8)
+        ref, ws = int8_gemm_reference(x, w, K.int8_gemm_bits())
+        wt = torch.from_numpy(w)
+        got = K.int8_gemm(torch.from_numpy(x), K.int8_pack(wt), wt.to(torch.int64).sum(1).to(torch.int32),
+                          torch.from_numpy(ws)).numpy()
+        out.append((got, ref))
+    return out
+
+
+def test_int8_gemm_is_the_exact_integer_sums_on_every_path():
+    """The C++ int8_gemm against numpy's exact arithmetic, bit for bit, at every shape: one row on
+    the VNNI (or AVX2) code, more on AMX's tiles where the CPU has them, in blocks of 16 rows with
+    the padding's sums left out. Where the CPU has AMX (and no cap leaves it out), the kernels
+    use it."""
+    import numpy as np
+
+    from velocity.model.kernels.cpu_isa import has_amx
+    from velocity.model.kernels.cpu_kernels import kernels
+
+    K = kernels()
+    assert K is not None, "the C++ kernels did not build"
+    if K.int8_gemm_bits() == 0:
+        pytest.skip("the C++ kernels are built without AVX-512 VNNI or AVX2 here: no int8_gemm")
+    assert bool(K.int8_gemm_amx()) == has_amx()
+    for (got, ref), shape in zip(run_int8_gemm(K), GEMM_SHAPES):
+        assert np.array_equal(got, ref), (shape, float(np.abs(got - ref).max()))
+
+
+def test_capped_to_avx512_the_int8_gemm_leaves_amx_and_gives_the_same_outputs():
+    """scripts/serve.sh --cpu-isa avx512 leaves AVX-512 and VNNI but not AMX: in a process under
+    that cap the kernels are built without AMX's tiles (int8_gemm_amx() is 0), and int8_gemm's
+    outputs are the uncapped process's, bit for bit (exact integer sums either way)."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from velocity.model.kernels.cpu_isa import CAP_VARIABLES
+    from velocity.model.kernels.cpu_kernels import kernels
+
+    serve = (ROOT / "scripts" / "serve.sh").read_text()
+    line = re.search(r"avx512\) export (.*) ;;", serve).group(1)
+    assert dict(kv.split("=") for kv in line.split()) == CAP_VARIABLES["avx512"]
+    K = kernels()
+    assert K is not None, "the C++ kernels did not build"
+    if K.int8_gemm_bits() != 8:
+        pytest.skip("the C++ kernels' int8_gemm is not built with AVX-512 VNNI here: no AVX-512 cap to test")
+    code = """
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from test_int8 import run_int8_gemm
+from velocity.model.kernels.cpu_kernels import CFLAGS, kernels
+K = kernels()
+print(K.int8_gemm_amx(), "-mno-amx-int8" in CFLAGS or "amx_int8" not in open("/proc/cpuinfo").read())
+np.save(sys.argv[2], np.concatenate([g.ravel() for g, _ in run_int8_gemm(K)]))
+"""
+    saved = ROOT / ".pytest_cache" / "int8_gemm_avx512.npy"
+    saved.parent.mkdir(exist_ok=True)
+    env = {**os.environ, **CAP_VARIABLES["avx512"], "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent), str(saved)], env=env,
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["0", "True"], out
+    mine = np.concatenate([g.ravel() for g, _ in run_int8_gemm(K)])
+    assert np.array_equal(np.load(saved), mine)
 
 
 @pytest.mark.parametrize("kind", ["int8", "float32"])

@@ -4,12 +4,14 @@ the libraries are capped to them.
 torch's kernels (ATen), fbgemm (int8), oneDNN (the prepacked float32 linears) and MKL each pick
 their code path from the CPU, and each can be capped by its own variable. `scripts/serve.sh
 --cpu-isa avx2` sets all four together (CAP_VARIABLES), so one machine with AVX-512 can measure
-what an AVX2-only machine runs. ATen's capability stands for the whole cap: the int8 rows'
-width and the C++ kernels' compiler flags follow it.
+what an AVX2-only machine runs; `--cpu-isa avx512` leaves AVX-512 and VNNI but no AMX. ATen's
+capability stands for the AVX2 cap, oneDNN's variable for the AMX one: the int8 rows' width and
+the C++ kernels' compiler flags (their int8 GEMM's AMX tiles) follow them.
 """
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import torch
@@ -18,7 +20,9 @@ import torch
 CAP_VARIABLES = {
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
              "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    "avx512": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_FP16", "MKL_ENABLE_INSTRUCTIONS": "AVX512_E3"},
 }
+AMX_FLAGS = ("amx_tile", "amx_int8")       # what the int8 GEMM's tiles need (/proc/cpuinfo's names)
 
 
 @functools.cache
@@ -38,9 +42,18 @@ def capability() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
+def has_amx() -> bool:
+    """AMX's int8 tiles in use: the CPU has them, and neither cap leaves them out (ATen's below
+    AVX-512, or oneDNN's ONEDNN_MAX_CPU_ISA naming an ISA without AMX)."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    return (all(f in cpu_flags() for f in AMX_FLAGS) and capability() == "AVX512"
+            and (not cap or cap in ("ALL", "DEFAULT") or "AMX" in cap))
+
+
 def capped() -> bool:
-    """True where the CPU has AVX-512 but this process runs less (a --cpu-isa cap)."""
-    return "avx512f" in cpu_flags() and capability() != "AVX512"
+    """True where the CPU has AVX-512 (or AMX) but this process runs less (a --cpu-isa cap)."""
+    flags = cpu_flags()
+    return ("avx512f" in flags and capability() != "AVX512") or (all(f in flags for f in AMX_FLAGS) and not has_amx())
 
 
 def has_vnni() -> bool:
@@ -51,15 +64,16 @@ def has_vnni() -> bool:
 def compiler_flags() -> list[str]:
     """-march flags for the C++ kernels: this CPU, less what the cap leaves out."""
     cap = capability()
-    return ["-march=native"] + (["-mno-avx512f"] if cap != "AVX512" else []) + (["-mno-avx2"] if cap == "DEFAULT" else [])
+    return (["-march=native"] + (["-mno-avx512f"] if cap != "AVX512" else []) + (["-mno-avx2"] if cap == "DEFAULT" else [])
+            + (["-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"] if capped() and not has_amx() else []))
 
 
 def describe() -> str:
-    """"AVX-512, VNNI", "AVX2", or "AVX2 (capped; the CPU has AVX-512, VNNI)": for logs and benchmark records."""
+    """"AVX-512, VNNI, AMX", "AVX2", or "AVX2 (capped; the CPU has AVX-512, VNNI)": for logs and benchmark records."""
     flags = cpu_flags()
-    own = [label for label, flag in (("AVX-512", "avx512f"), ("VNNI", "avx512_vnni"), ("AVX-VNNI", "avx_vnni"))
-           if flag in flags] or (["AVX2"] if "avx2" in flags else [])
+    own = [label for label, flag in (("AVX-512", "avx512f"), ("VNNI", "avx512_vnni"), ("AVX-VNNI", "avx_vnni"),
+                                     ("AMX", "amx_int8")) if flag in flags] or (["AVX2"] if "avx2" in flags else [])
     if not capped():
         return ", ".join(own)
-    run = "AVX2" if capability() == "AVX2" else "no AVX2"
+    run = {"AVX512": "AVX-512, VNNI", "AVX2": "AVX2"}.get(capability(), "no AVX2")
     return f"{run} (capped; the CPU has {', '.join(own)})"

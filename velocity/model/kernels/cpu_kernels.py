@@ -5,7 +5,7 @@ and ninja) by scripts/setup.sh, or on first use:
   sort, rows in parallel: numpy sorts values alone but on one thread, torch orders indices too;
   csrc/sort_rows.cpp);
 - the decoder layer's row operations between its linears (csrc/layer_rows.cpp), and the linears
-  themselves where built with AVX2 or AVX-512: int8 (csrc/int8_gemm.cpp, AVX-512 VNNI or AVX2) and
+  themselves where built with AVX2 or AVX-512: int8 (csrc/int8_gemm.cpp, AMX, AVX-512 VNNI or AVX2) and
   float32 (csrc/f32_gemm.cpp).
 
 The build is cached inside the Python environment (sys.prefix/velocity-kernels), so

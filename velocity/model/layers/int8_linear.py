@@ -5,7 +5,7 @@ are a quarter of the bytes. Weights are quantized symmetrically per output chann
 max |w| / 127). Each input row (one token) is scaled by its own max |x| and quantized with
 fixed parameters, and fbgemm's int8 GEMM runs on the result
 (`quantized::linear_with_input_q_dq_qweight_dq_output_fp32`, part of torch), or, where the C++
-kernels are built (AVX-512 VNNI or AVX2), their int8_gemm with the same arithmetic
+kernels are built (AVX-512 VNNI, with AMX where the CPU has it, or AVX2), their int8_gemm with the same arithmetic
 (velocity/model/kernels/csrc/int8_gemm.cpp). A row's output is therefore the same, bit for bit, alone or beside
 any other rows.
 

@@ -2,12 +2,17 @@
 // built with AVX-512 VNNI or AVX2 (`int8_gemm_bits`); Int8Linear (velocity.model.layers.int8_linear) runs
 // on it there, on weights in `int8_pack`'s layout.
 //
-// The 16 output channels of each 64 bytes of weights are summed in the lanes of one register (AVX2:
-// two), with no horizontal sums. Each row is quantized as fbgemm quantizes it (round(L x + L + 1),
-// uint8; L = 127 with VNNI, 63 with AVX2, where fbgemm's pairs of products in int16 need 7-bit rows)
-// and its products summed in int32 as fbgemm sums them. At one row it reads the weights once, front
-// to back, nearer the memory bound than fbgemm's op; with more rows, 8 rows (AVX2: 4) share each
-// weight load (docs/benchmarks.md, "int8 on CPU", measures both). Elsewhere Int8Linear keeps fbgemm.
+// Each row is quantized as fbgemm quantizes it (round(L x + L + 1), uint8; L = 127 with VNNI, 63
+// with AVX2, where fbgemm's pairs of products in int16 need 7-bit rows) and its products summed in
+// int32 as fbgemm sums them. Where the CPU has AMX (and a --cpu-isa cap leaves it in:
+// `int8_gemm_amx`), the sums are tdpbusd's on 16-row tiles: int8_pack's layout is the one its
+// second operand reads, two row blocks beside two blocks of 16 channels, so each weight is read
+// once for up to 32 rows. Elsewhere the 16 output channels of each 64 bytes of weights are summed
+// in the lanes of one register (AVX2: two), with no horizontal sums: at one row it reads the
+// weights once, front to back, nearer the memory bound than fbgemm's op; with more rows, 8 rows
+// (AVX2: 4) share each weight load. Every path sums the same integers exactly, so a row's output
+// is the same on each (docs/benchmarks.md, "int8 on CPU", measures them). Elsewhere Int8Linear
+// keeps fbgemm.
 #include "common.h"
 
 // The row width int8_gemm is built for: 8 bits with AVX-512 VNNI (4 products summed in int32), 7
@@ -22,6 +27,64 @@ constexpr int64_t kGemmBits = 7;
 constexpr int64_t kGemmBits = 0;
 #endif
 int64_t int8_gemm_bits() { return kGemmBits; }
+
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define VELOCITY_AMX 1
+// Linux hands a process the AMX tiles' state only once it asks (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XTILEDATA); a kernel or hypervisor that refuses leaves the VNNI path
+static bool amx_granted() {
+  static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return granted;
+}
+
+// Every tile 16 rows of 64 bytes: tmm0-3 int32 sums (row block r, column block n: tmm(2 r + n)),
+// tmm4-5 two row blocks of uint8 rows, tmm6-7 two column blocks' weights (int8_pack's 16 groups of 4
+// inputs: the layout tdpbusd reads)
+static void amx_configure() {
+  alignas(64) uint8_t cfg[64] = {};
+  cfg[0] = 1;                                     // palette 1
+  for (int t = 0; t < 8; ++t) {
+    cfg[16 + 2 * t] = 64;                         // bytes a row
+    cfg[48 + t] = 16;                             // rows
+  }
+  _tile_loadconfig(cfg);
+}
+
+// the sums of RB row blocks (16 rows each, a: the first's, rows K bytes apart) by NC column blocks
+// (w: the first's packed weights, G groups of 64 bytes each) into c: [RB * 2 + NC][16][16] int32
+template <int RB, int NC>
+static void amx_dot(const uint8_t* a, int64_t K, const int8_t* w, int64_t G, int32_t* c) {
+  _tile_zero(0);
+  if constexpr (NC > 1) _tile_zero(1);
+  if constexpr (RB > 1) _tile_zero(2);
+  if constexpr (RB > 1 && NC > 1) _tile_zero(3);
+  for (int64_t k = 0; k < K; k += 64) {          // 64 inputs: 16 groups of 4, 1 KB of each block's weights
+    _tile_loadd(4, a + k, K);
+    _tile_loadd(6, w + k * 16, 64);
+    if constexpr (RB > 1) _tile_loadd(5, a + 16 * K + k, K);
+    if constexpr (NC > 1) _tile_loadd(7, w + G * 64 + k * 16, 64);
+    _tile_dpbusd(0, 4, 6);
+    if constexpr (NC > 1) _tile_dpbusd(1, 4, 7);
+    if constexpr (RB > 1) _tile_dpbusd(2, 5, 6);
+    if constexpr (RB > 1 && NC > 1) _tile_dpbusd(3, 5, 7);
+  }
+  _tile_stored(0, c, 64);
+  if constexpr (NC > 1) _tile_stored(1, c + 256, 64);
+  if constexpr (RB > 1) _tile_stored(2, c + 512, 64);
+  if constexpr (RB > 1 && NC > 1) _tile_stored(3, c + 768, 64);
+}
+#endif
+
+// True where int8_gemm runs on AMX's tiles (inputs a multiple of 64): built with AMX and granted them
+int64_t int8_gemm_amx() {
+#ifdef VELOCITY_AMX
+  return amx_granted();
+#else
+  return false;
+#endif
+}
 
 // w: [N, K] int8 -> [N / 16, K / 4, 16, 4]: each 64 bytes hold 16 output channels' weights for one
 // group of 4 inputs, the layout _mm512_dpbusd_epi32 sums into 16 lanes (AVX2: two halves of 8)
@@ -76,6 +139,44 @@ at::Tensor int8_gemm(at::Tensor x, at::Tensor wp, at::Tensor wsum, at::Tensor ws
   const int32_t* sp = wsum.data_ptr<int32_t>();
   const float* sc = ws.data_ptr<float>();
   float* op = out.data_ptr<float>();
+#ifdef VELOCITY_AMX
+  if (K % 64 == 0 && amx_granted()) {
+    // the rows padded to whole blocks of 16 (the padding's sums are not stored); a pair of row blocks
+    // beside a pair of column blocks in the tiles, so each weight is read once for 32 rows
+    const int64_t RBS = (T + 15) / 16;
+    std::vector<uint8_t> qa(RBS * 16 * K, 0);
+    std::memcpy(qa.data(), q8, T * K);
+    at::parallel_for(0, (NB + 1) / 2, 1, [&](int64_t p0, int64_t p1) {
+      amx_configure();
+      alignas(64) int32_t c[4 * 256];
+      for (int64_t b = 2 * p0; b < std::min(NB, 2 * p1); b += 2) {
+        const int nc = std::min<int64_t>(2, NB - b);
+        const __m512i zero[2] = {_mm512_mullo_epi32(_mm512_loadu_si512(sp + b * 16), _mm512_set1_epi32((int)Z)),
+                                 nc > 1 ? _mm512_mullo_epi32(_mm512_loadu_si512(sp + b * 16 + 16), _mm512_set1_epi32((int)Z))
+                                        : _mm512_setzero_si512()};
+        const __m512 scale[2] = {_mm512_loadu_ps(sc + b * 16), nc > 1 ? _mm512_loadu_ps(sc + b * 16 + 16) : _mm512_setzero_ps()};
+        for (int64_t r = 0; r < RBS; r += 2) {
+          const int rb = std::min<int64_t>(2, RBS - r);
+          const uint8_t* a = qa.data() + r * 16 * K;
+          const int8_t* w = wb0 + b * G * 64;
+          if (rb > 1 && nc > 1) amx_dot<2, 2>(a, K, w, G, c);
+          else if (rb > 1) amx_dot<2, 1>(a, K, w, G, c);
+          else if (nc > 1) amx_dot<1, 2>(a, K, w, G, c);
+          else amx_dot<1, 1>(a, K, w, G, c);
+          for (int i = 0; i < rb; ++i)
+            for (int n = 0; n < nc; ++n)
+              for (int64_t m = 0, t = (r + i) * 16; m < 16 && t < T; ++m, ++t) {
+                const __m512i acc = _mm512_load_si512(c + (2 * i + n) * 256 + m * 16);
+                _mm512_storeu_ps(op + t * N + (b + n) * 16,
+                                 _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, zero[n])), scale[n]));
+              }
+        }
+      }
+      _tile_release();
+    });
+    return out;
+  }
+#endif
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   constexpr int64_t TB = 8;                       // rows that share each load of 64 weight bytes
   at::parallel_for(0, NB, 4, [&](int64_t b0, int64_t b1) {
