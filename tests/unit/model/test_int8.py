@@ -227,6 +227,30 @@ def test_the_cpp_int8_gemm_is_fbgemms_op_where_it_is_built(inp, out):
     assert torch.equal(ours(x[:, ::3].contiguous()), b[:, ::3])
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_linear_in_one_call_is_the_layers_torch_steps_bit_for_bit(bias):
+    """Int8Linear.forward on the C++ kernels is one call (int8_linear: each row's scale, the rows
+    scaled, int8_gemm, the output rows scaled back, the bias): its outputs are those of the same
+    steps in torch around int8_gemm (x.abs().amax(), x / r, y * r, + bias), bit for bit, rows of
+    any size, an all-zero row among them."""
+    from velocity.model.kernels.cpu_kernels import kernels
+
+    K = kernels()
+    assert K is not None, "the C++ kernels did not build"
+    torch.manual_seed(0)
+    lin = nn.Linear(256, 1024, bias=bias)
+    nn.init.normal_(lin.weight, 0, 0.02)
+    ours = Int8Linear(lin, kernels=K)
+    if ours.gemm is None:
+        pytest.skip("the C++ kernels have no int8_gemm for these rows' width here: Int8Linear keeps fbgemm's op")
+    x = torch.randn(2, 37, 256) * torch.logspace(-3, 3, 37)[:, None]
+    x[1, 5] = 0
+    r = x.abs().amax(-1, keepdim=True).clamp_min(1e-30)
+    want = ours.scaled(x / r) * r
+    want = want + lin.bias.detach() if bias else want
+    assert torch.equal(ours(x), want)
+
+
 def int8_gemm_reference(x, w, bits: int):
     """int8_gemm's arithmetic in numpy: each row rounded as fbgemm rounds it (x L + Z, rounded once
     to float32 as a fused multiply-add is, then to the nearest integer, ties to even), the

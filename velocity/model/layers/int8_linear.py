@@ -80,7 +80,7 @@ class Int8Linear(nn.Module):
             if (kernels is not None and self.bits == kernels.int8_gemm_bits()
                     and self.out_features % 16 == 0 and self.in_features % 4 == 0):
                 qw = q.int_repr()                                    # [out, in] int8
-                self.gemm = kernels.int8_gemm
+                self.gemm, self.linear, self.no_bias = kernels.int8_gemm, kernels.int8_linear, torch.empty(0)
                 self.packed = kernels.int8_pack(qw)
                 self.wsum = qw.sum(1, dtype=torch.int32)              # [out]
                 self.wscale = (q.q_per_channel_scales() / levels).float()   # [out]: weight scale x row step
@@ -89,6 +89,10 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in] -> [..., out]
+        if self.gemm is not None:                                   # the steps below in one C++ call
+            y = self.linear(x.reshape(-1, self.in_features).contiguous(), self.packed, self.wsum, self.wscale,
+                            self.no_bias if self.bias is None else self.bias)
+            return y.view(*x.shape[:-1], self.out_features)
         r = x.abs().amax(-1, keepdim=True).clamp_min(1e-30)         # [..., 1]: each row's own scale
         y = self.scaled(x / r)
         y.mul_(r)                                                   # y is the op's own new tensor

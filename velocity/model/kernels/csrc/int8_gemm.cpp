@@ -271,3 +271,43 @@ at::Tensor int8_gemm(at::Tensor x, at::Tensor wp, at::Tensor wsum, at::Tensor ws
 #endif
   return out;
 }
+
+// Int8Linear.forward on int8_gemm in one call: each row of x [T, K] divided by its own max |x| (at
+// least 1e-30), int8_gemm on those rows, each output row multiplied back by it and the bias [N]
+// (empty: none) added; the same float32 operations, in the same order, as the layer's torch ones
+// (x.abs().amax(), x / r, y * r, y + bias), so its outputs are theirs bit for bit
+at::Tensor int8_linear(at::Tensor x, at::Tensor wp, at::Tensor wsum, at::Tensor ws, at::Tensor bias) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, "x: contiguous float32 [T, K]");
+  const int64_t T = x.size(0), K = x.size(1);
+  auto xs = at::empty_like(x);
+  std::vector<float> r(T);
+  const float* xp = x.data_ptr<float>();
+  float* sp = xs.data_ptr<float>();
+  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* row = xp + t * K;
+      float m = 0.f;
+      #pragma omp simd reduction(max:m)
+      for (int64_t k = 0; k < K; ++k) m = std::max(m, std::fabs(row[k]));   // a maximum: any order
+      const float rt = r[t] = std::max(m, 1e-30f);
+      #pragma omp simd
+      for (int64_t k = 0; k < K; ++k) sp[t * K + k] = row[k] / rt;
+    }
+  });
+  auto out = int8_gemm(xs, wp, wsum, ws);
+  const int64_t N = out.size(1);
+  TORCH_CHECK(bias.numel() == 0 || bias.numel() == N, "bias: [N] or empty");
+  float* op = out.data_ptr<float>();
+  const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
+  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* y = op + t * N;
+      const float rt = r[t];
+      for (int64_t n = 0; n < N; ++n) y[n] *= rt;
+      if (bp)
+        for (int64_t n = 0; n < N; ++n) y[n] += bp[n];
+    }
+  });
+  return out;
+}
+

@@ -18,6 +18,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_pack", torch::wrap_pybind_function(int8_pack));
   m.def("int8_gemm", torch::wrap_pybind_function(int8_gemm));
   m.def("int8_gemm_amx", torch::wrap_pybind_function(int8_gemm_amx));
+  m.def("int8_linear", torch::wrap_pybind_function(int8_linear));
   m.def("f32_gemm_lanes", torch::wrap_pybind_function(f32_gemm_lanes));
   m.def("f32_gemm", torch::wrap_pybind_function(f32_gemm));
 }
