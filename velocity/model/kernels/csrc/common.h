@@ -14,6 +14,7 @@
 #include <immintrin.h>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>

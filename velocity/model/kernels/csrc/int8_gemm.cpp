@@ -131,8 +131,13 @@ at::Tensor int8_gemm(at::Tensor x, at::Tensor wp, at::Tensor wsum, at::Tensor ws
   auto out = at::empty({T, N}, x.options());
   if (T == 0) return out;
   constexpr float L = kGemmBits ? (1 << (kGemmBits - 1)) - 1 : 1, Z = L + 1;
-  std::vector<int32_t> qx(T * G);                 // the rows as uint8, 4 to an int32 (one broadcast a group)
-  uint8_t* q8 = reinterpret_cast<uint8_t*>(qx.data());
+  // the rows as uint8, 4 to an int32 (one broadcast a group); for AMX's tiles padded to whole
+  // blocks of 16 rows, the padding zero (its sums are not stored)
+  const bool amx = int8_gemm_amx() && K % 64 == 0;
+  const int64_t rows = amx ? (T + 15) / 16 * 16 : T;
+  std::unique_ptr<int32_t[]> qx(new int32_t[rows * G]);
+  uint8_t* q8 = reinterpret_cast<uint8_t*>(qx.get());
+  std::memset(q8 + T * K, 0, (rows - T) * K);
   const float* xp = x.data_ptr<float>();
   at::parallel_for(0, T, 8, [&](int64_t t0, int64_t t1) { quantize_rows(xp + t0 * K, q8 + t0 * K, (t1 - t0) * K, L, Z); });
   const int8_t* wb0 = wp.data_ptr<int8_t>();
@@ -140,12 +145,9 @@ at::Tensor int8_gemm(at::Tensor x, at::Tensor wp, at::Tensor wsum, at::Tensor ws
   const float* sc = ws.data_ptr<float>();
   float* op = out.data_ptr<float>();
 #ifdef VELOCITY_AMX
-  if (K % 64 == 0 && amx_granted()) {
-    // the rows padded to whole blocks of 16 (the padding's sums are not stored); a pair of row blocks
-    // beside a pair of column blocks in the tiles, so each weight is read once for 32 rows
-    const int64_t RBS = (T + 15) / 16;
-    std::vector<uint8_t> qa(RBS * 16 * K, 0);
-    std::memcpy(qa.data(), q8, T * K);
+  if (amx) {
+    // a pair of row blocks beside a pair of column blocks in the tiles: each weight read once for 32 rows
+    const int64_t RBS = rows / 16;
     at::parallel_for(0, (NB + 1) / 2, 1, [&](int64_t p0, int64_t p1) {
       amx_configure();
       alignas(64) int32_t c[4 * 256];
@@ -157,7 +159,7 @@ at::Tensor int8_gemm(at::Tensor x, at::Tensor wp, at::Tensor wsum, at::Tensor ws
         const __m512 scale[2] = {_mm512_loadu_ps(sc + b * 16), nc > 1 ? _mm512_loadu_ps(sc + b * 16 + 16) : _mm512_setzero_ps()};
         for (int64_t r = 0; r < RBS; r += 2) {
           const int rb = std::min<int64_t>(2, RBS - r);
-          const uint8_t* a = qa.data() + r * 16 * K;
+          const uint8_t* a = q8 + r * 16 * K;
           const int8_t* w = wb0 + b * G * 64;
           if (rb > 1 && nc > 1) amx_dot<2, 2>(a, K, w, G, c);
           else if (rb > 1) amx_dot<2, 1>(a, K, w, G, c);
@@ -186,7 +188,7 @@ at::Tensor int8_gemm(at::Tensor x, at::Tensor wp, at::Tensor wsum, at::Tensor ws
       const __m512 scale = _mm512_loadu_ps(sc + b * 16);
       for (int64_t t0 = 0; t0 < T; t0 += TB) {
         const int64_t tn = std::min(TB, T - t0);
-        const int32_t* xq = qx.data() + t0 * G;
+        const int32_t* xq = qx.get() + t0 * G;
         __m512i acc[TB];
         for (int64_t i = 0; i < TB; ++i) acc[i] = _mm512_setzero_si512();
         // the rows' dot products, the count a constant for a full block (its sums stay in registers)
@@ -219,7 +221,7 @@ at::Tensor int8_gemm(at::Tensor x, at::Tensor wp, at::Tensor wsum, at::Tensor ws
       }
       for (int64_t t0 = 0; t0 < T; t0 += TB) {
         const int64_t tn = std::min(TB, T - t0);
-        const int32_t* xq = qx.data() + t0 * G;
+        const int32_t* xq = qx.get() + t0 * G;
         // several tiles: each brings its share of the thread's next block into L2 as it goes, one
         // 64-byte group every `tiles` groups, so the weights' stream runs under the arithmetic
         // (as f32_gemm does)
