@@ -300,7 +300,8 @@ def test_int8_gemm_is_the_exact_integer_sums_on_every_path():
     assert K is not None, "the C++ kernels did not build"
     if K.int8_gemm_bits() == 0:
         pytest.skip("the C++ kernels are built without AVX-512 VNNI or AVX2 here: no int8_gemm")
-    assert bool(K.int8_gemm_amx()) == has_amx()
+    assert bool(K.int8_gemm_amx()) == has_amx(), (
+        "the CPU's AMX and the kernels disagree: built without it, or Linux refused the tiles (arch_prctl)")
     for (got, ref), shape in zip(run_int8_gemm(K), GEMM_SHAPES):
         assert np.array_equal(got, ref), (shape, float(np.abs(got - ref).max()))
 
