@@ -298,7 +298,8 @@ at::Tensor int8_linear(at::Tensor x, at::Tensor wp, at::Tensor wsum, at::Tensor 
   });
   auto out = int8_gemm(xs, wp, wsum, ws);
   const int64_t N = out.size(1);
-  TORCH_CHECK(bias.numel() == 0 || bias.numel() == N, "bias: [N] or empty");
+  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == N && bias.is_contiguous() && bias.scalar_type() == at::kFloat),
+              "bias: float32 [N] or empty");
   float* op = out.data_ptr<float>();
   const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
   at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
