@@ -42,18 +42,21 @@ def capability() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
+def cpu_has_amx() -> bool:
+    """The CPU has AMX's int8 tiles (whether or not a cap leaves them out)."""
+    return all(f in cpu_flags() for f in AMX_FLAGS)
+
+
 def has_amx() -> bool:
     """AMX's int8 tiles in use: the CPU has them, and neither cap leaves them out (ATen's below
     AVX-512, or oneDNN's ONEDNN_MAX_CPU_ISA naming an ISA without AMX)."""
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
-    return (all(f in cpu_flags() for f in AMX_FLAGS) and capability() == "AVX512"
-            and (not cap or cap in ("ALL", "DEFAULT") or "AMX" in cap))
+    return cpu_has_amx() and capability() == "AVX512" and (not cap or cap in ("ALL", "DEFAULT") or "AMX" in cap)
 
 
 def capped() -> bool:
     """True where the CPU has AVX-512 (or AMX) but this process runs less (a --cpu-isa cap)."""
-    flags = cpu_flags()
-    return ("avx512f" in flags and capability() != "AVX512") or (all(f in flags for f in AMX_FLAGS) and not has_amx())
+    return ("avx512f" in cpu_flags() and capability() != "AVX512") or (cpu_has_amx() and not has_amx())
 
 
 def has_vnni() -> bool:
@@ -65,7 +68,7 @@ def compiler_flags() -> list[str]:
     """-march flags for the C++ kernels: this CPU, less what the cap leaves out."""
     cap = capability()
     return (["-march=native"] + (["-mno-avx512f"] if cap != "AVX512" else []) + (["-mno-avx2"] if cap == "DEFAULT" else [])
-            + (["-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"] if capped() and not has_amx() else []))
+            + (["-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"] if cpu_has_amx() and not has_amx() else []))
 
 
 def describe() -> str:

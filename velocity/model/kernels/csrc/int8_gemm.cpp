@@ -28,6 +28,19 @@ constexpr int64_t kGemmBits = 0;
 #endif
 int64_t int8_gemm_bits() { return kGemmBits; }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// 16 channels' zero-point sums: each channel's weights summed, times the rows' zero point Z
+static inline __m512i zero_sums(const int32_t* wsum, float Z) {
+  return _mm512_mullo_epi32(_mm512_loadu_si512(wsum), _mm512_set1_epi32((int)Z));
+}
+
+// 16 channels' outputs of one row from their int32 sums: (sums - zero) as float32, times the
+// scales (every path's last step, so each gives a row the same outputs)
+static inline void store_sums(float* o, __m512i acc, __m512i zero, __m512 scale) {
+  _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, zero)), scale));
+}
+#endif
+
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -153,9 +166,7 @@ at::Tensor int8_gemm(at::Tensor x, at::Tensor wp, at::Tensor wsum, at::Tensor ws
       alignas(64) int32_t c[4 * 256];
       for (int64_t b = 2 * p0; b < std::min(NB, 2 * p1); b += 2) {
         const int nc = std::min<int64_t>(2, NB - b);
-        const __m512i zero[2] = {_mm512_mullo_epi32(_mm512_loadu_si512(sp + b * 16), _mm512_set1_epi32((int)Z)),
-                                 nc > 1 ? _mm512_mullo_epi32(_mm512_loadu_si512(sp + b * 16 + 16), _mm512_set1_epi32((int)Z))
-                                        : _mm512_setzero_si512()};
+        const __m512i zero[2] = {zero_sums(sp + b * 16, Z), nc > 1 ? zero_sums(sp + b * 16 + 16, Z) : _mm512_setzero_si512()};
         const __m512 scale[2] = {_mm512_loadu_ps(sc + b * 16), nc > 1 ? _mm512_loadu_ps(sc + b * 16 + 16) : _mm512_setzero_ps()};
         for (int64_t r = 0; r < RBS; r += 2) {
           const int rb = std::min<int64_t>(2, RBS - r);
@@ -168,9 +179,7 @@ at::Tensor int8_gemm(at::Tensor x, at::Tensor wp, at::Tensor wsum, at::Tensor ws
           for (int i = 0; i < rb; ++i)
             for (int n = 0; n < nc; ++n)
               for (int64_t m = 0, t = (r + i) * 16; m < 16 && t < T; ++m, ++t) {
-                const __m512i acc = _mm512_load_si512(c + (2 * i + n) * 256 + m * 16);
-                _mm512_storeu_ps(op + t * N + (b + n) * 16,
-                                 _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, zero[n])), scale[n]));
+                store_sums(op + t * N + (b + n) * 16, _mm512_load_si512(c + (2 * i + n) * 256 + m * 16), zero[n], scale[n]);
               }
         }
       }
@@ -184,7 +193,7 @@ at::Tensor int8_gemm(at::Tensor x, at::Tensor wp, at::Tensor wsum, at::Tensor ws
   at::parallel_for(0, NB, 4, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int8_t* wb = wb0 + b * G * 64;
-      const __m512i zero = _mm512_mullo_epi32(_mm512_loadu_si512(sp + b * 16), _mm512_set1_epi32((int)Z));
+      const __m512i zero = zero_sums(sp + b * 16, Z);
       const __m512 scale = _mm512_loadu_ps(sc + b * 16);
       for (int64_t t0 = 0; t0 < T; t0 += TB) {
         const int64_t tn = std::min(TB, T - t0);
@@ -200,8 +209,7 @@ at::Tensor int8_gemm(at::Tensor x, at::Tensor wp, at::Tensor wsum, at::Tensor ws
         };
         if (tn == TB) dot(std::integral_constant<int64_t, TB>{}); else dot(tn);
         for (int64_t i = 0; i < tn; ++i)
-          _mm512_storeu_ps(op + (t0 + i) * N + b * 16,
-                           _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i], zero)), scale));
+          store_sums(op + (t0 + i) * N + b * 16, acc[i], zero, scale);
       }
     }
   });
