@@ -11,8 +11,8 @@
 // in the lanes of one register (AVX2: two), with no horizontal sums: at one row it reads the
 // weights once, front to back, nearer the memory bound than fbgemm's op; with more rows, 8 rows
 // (AVX2: 4) share each weight load. Every path sums the same integers exactly, so a row's output
-// is the same on each (docs/benchmarks.md, "int8 on CPU", measures them). Elsewhere Int8Linear
-// keeps fbgemm.
+// is the same on each (docs/benchmarks.md measures them: "int8 on CPU", "Where a CPU step goes").
+// Elsewhere Int8Linear keeps fbgemm.
 #include "common.h"
 
 // The row width int8_gemm is built for: 8 bits with AVX-512 VNNI (4 products summed in int32), 7
