@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -87,6 +88,10 @@ class Worker:
         self.batches = SamplingBatches()                 # the eager sampler's inputs, kept between steps
         K = max(h.num_codebooks for h in self.model.heads.values())
         self.home = TokensHome(config.max_num_seqs * K, self.device)     # a step's tokens to the host
+
+    def between_layers(self, fn: Callable[[], None] | None) -> None:
+        """fn runs before each decoder layer of a CPU step on the C++ rows (LlamaBody.between_layers)."""
+        self.model.model.between_layers = fn
 
     def _use_gpu_kernels(self) -> bool:
         """The decoder layer on the Triton kernels, and the code heads as one GEMM; False (logged) where

@@ -391,3 +391,32 @@ def test_the_prefill_runs_on_the_cpp_rows_as_the_torch_prefill_does(tmp_path, ki
     torch.testing.assert_close(out[True][1], out[False][1], rtol=1e-4, atol=1e-4)
     assert not ModelRunner(model, S, cache.scratch_block, N * S, 4, cpu, False, None,
                            row_prefill=True).row_prefill
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_threads_changed_between_layers_change_no_token(tmp_path, quantize):
+    """The server's thread lender changes torch's threads before any layer of a CPU step
+    (Worker.between_layers); every C++ kernel splits its work by rows or output channels, so the
+    sampled tokens (seeded, temperature 1) are the same as on fixed threads, and the hook runs
+    before each layer."""
+    make_llama(tmp_path)
+    ps = prompts([3, 9, 17], seed=4)
+    params = [SamplingParams(temperature=1.0, max_new_tokens=12, ignore_eos=True, seed=i) for i in range(len(ps))]
+    kw = {"quantize": quantize} if quantize else {}
+    threads = torch.get_num_threads()
+    calls = []
+
+    def flip():
+        calls.append(1)
+        torch.set_num_threads(1 if len(calls) % 2 else 2)
+    try:
+        fixed = [o.token_ids for o in LLM(str(tmp_path), device="cpu", **kw).generate(ps, params)]
+        llm = LLM(str(tmp_path), device="cpu", **kw)
+        assert llm.engine.worker.model.model.rows is not None
+        llm.engine.worker.between_layers(flip)
+        flipped = [o.token_ids for o in llm.generate(ps, params)]
+    finally:
+        torch.set_num_threads(threads)
+    assert flipped == fixed
+    layers = len(llm.engine.worker.model.model.layers)
+    assert calls and len(calls) % layers == 0

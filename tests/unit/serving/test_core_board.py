@@ -52,11 +52,80 @@ def test_lender_switches_threads_only_when_the_vocoder_state_changes(tmp_path):
     voc.claim()
     calls = []
     lend = ThreadLender(board, own=1, lent=2, set_threads=calls.append)
-    lend(); lend()
+
+    def step():
+        with lend():
+            pass
+    step(); step()
     with voc.busy():
-        lend(); lend()
-    lend()
+        step(); step()
+    step()
     assert calls == [2, 1, 2] and lend.current == 2 and lend.lent_steps == 3
+
+
+def test_a_decode_waits_for_the_llms_next_look_and_the_step_takes_the_core_back_after_it(tmp_path):
+    """A vocoder that starts to decode while the llm runs on the lent threads raises its busy mark
+    only once the llm looked again (before a layer) and gave the threads back; once the decode is
+    over, the next look takes them again, mid-step."""
+    import threading
+    import time
+
+    board, voc = CoreBoard(tmp_path / "b"), CoreBoard(tmp_path / "b")
+    voc.claim()
+    calls, decoding, done = [], threading.Event(), threading.Event()
+    lend = ThreadLender(board, own=1, lent=2, set_threads=calls.append)
+
+    def decode():
+        with voc.busy():
+            decoding.set()
+            done.wait(30)
+    t = threading.Thread(target=decode)
+    with lend():
+        assert calls == [2]
+        t.start()
+        deadline = time.monotonic() + 10
+        while not board.any_busy() and time.monotonic() < deadline:       # its want mark
+            time.sleep(0.001)
+        assert board.any_busy()
+        time.sleep(0.2)
+        assert not decoding.is_set()                  # it waits for the llm's next look (a layer's start)
+        lend.check()
+        assert calls == [2, 1] and decoding.wait(10)  # its turn, on the vocoder's core
+        lend.check()
+        assert calls == [2, 1]
+        done.set()
+        t.join(10)
+        lend.check()                                  # the decode is over: the step takes the core back
+        assert calls == [2, 1, 2]
+    with lend():
+        pass
+    assert lend.lent_steps == 2 and calls == [2, 1, 2]
+
+
+def test_a_vocoder_killed_in_the_lock_leaves_it_free(tmp_path):
+    """The lock is the kernel's (flock): while another process holds it the llm's steps keep to
+    their own threads (they never wait for it), and once that process dies they are lent again."""
+    path = tmp_path / "board"
+    board = CoreBoard(path)
+    code = ("import sys, time; from velocity.serving.boards.core_board import CoreBoard\n"
+            f"b = CoreBoard({str(path)!r}); b.claim()\n"
+            "with b.lent_step():\n    print('held', flush=True); time.sleep(600)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    calls = []
+    lend = ThreadLender(board, own=1, lent=2, set_threads=calls.append)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        with lend():
+            pass
+        assert lend.lent_steps == 0 and calls == []
+        p.kill()
+        p.wait(30)
+        with lend():
+            pass
+        assert lend.lent_steps == 1 and calls == [2]
+    finally:
+        p.kill()
+        p.wait(30)
 
 
 def test_board_path_is_one_per_parent_process():

@@ -2,6 +2,7 @@
 (ChatTTS's text and audio-code tables) can sit on top of it."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 
 import torch
@@ -109,6 +110,9 @@ class LlamaBody(nn.Module):
         self.kernels: ModuleType | None = None          # velocity.model.kernels.gpu_kernels: the fused GPU layer
         self.rows: ModuleType | None = None             # the C++ kernels' velocity/model/kernels/csrc/layer_rows.cpp (CPU)
         self._plan: list[tuple] = []                    # forward_rows' per-layer arguments (row_plan)
+        # run before each layer of forward_rows (the server's CPU thread lender: its threads may
+        # change there, and no kernel's result depends on how many there are)
+        self.between_layers: Callable[[], None] | None = None
 
     @torch.no_grad()
     def init_rope(self, cfg: LlamaConfig, device: torch.device, dtype: torch.dtype) -> None:
@@ -152,7 +156,10 @@ class LlamaBody(nn.Module):
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]         # [T, D]
         x, y, s = x.contiguous().clone(), none, none                          # x: the residual stream, in place
         slots, tables, lens = md.slot_mapping, md.block_tables, md.context_lens
+        between = self.between_layers
         for n1w, n1e, a, qkv, o_proj, n2w, n2e, gate_up, down in self.row_plan():
+            if between is not None:
+                between()
             h, s = K.add_norm_scale(x, y, s, n1w, n1e, q)                     # h: [T, H] (int8: in [-1, 1]); s: [T, 1]
             o, s = K.rope_attend_scale(qkv(h), s, cos, sin, slots, a.k_cache, a.v_cache, tables, lens, a.scale,
                                        a.num_heads, a.num_kv_heads, q)

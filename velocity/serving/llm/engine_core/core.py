@@ -7,6 +7,7 @@ peer is the stub's socket. What it says (wire) is the stub's to send on.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -49,6 +50,8 @@ class EngineCore:
             self.cores = CoreBoard(core_board)
             self.lender = ThreadLender(self.cores, own, s.threads_lent(own), torch.set_num_threads)
         self.engine = LLMEngine(s.engine_config())
+        if self.lender is not None:
+            self.engine.worker.between_layers(self.lender.check)
         self.overlap = s.overlap(self.engine.device.type)     # launch a step before the last one's outputs go out
         log.info("llm: the streams' work on each step's outputs %s", "beside the next step (overlapped)"
                  if self.overlap else "between steps")
@@ -202,17 +205,16 @@ class EngineCore:
         Overlapped (VELOCITY_OVERLAP_STEPS), the next batch is launched before this one's outputs
         go to their streams, so that on a GPU the streams' work runs beside the next step."""
         t = time.perf_counter()
-        if self.lender is not None:
-            self.lender()
         engine = self.engine
         launched, outputs = False, []
         try:
-            if self.overlap:
-                outputs = engine.collect()
-                launched = engine.launch()
-            else:                                # (a step's outputs may all be held: LLMEngine.hold)
-                launched = engine.launch()
-                outputs = engine.collect() if launched else []
+            with self.lender() if self.lender is not None else contextlib.nullcontext():
+                if self.overlap:
+                    outputs = engine.collect()
+                    launched = engine.launch()
+                else:                            # (a step's outputs may all be held: LLMEngine.hold)
+                    launched = engine.launch()
+                    outputs = engine.collect() if launched else []
         except Exception:  # a bug in scheduling: fail everyone rather than hang them
             log.exception("engine loop failed; aborting all requests")
             # (a collected step's outputs still go out: the requests it finished are not left to abort)
