@@ -100,6 +100,10 @@ def test_a_decode_waits_for_the_llms_next_look_and_the_step_takes_the_core_back_
     with lend():
         pass
     assert lend.lent_steps == 2 and calls == [2, 1, 2]
+    lend.check()                                      # outside a step: no lock taken, nothing changed
+    assert not lend.holding and calls == [2, 1, 2]
+    with voc.busy():                                  # (the lock is free: this would block otherwise)
+        pass
 
 
 def test_a_vocoder_killed_in_the_lock_leaves_it_free(tmp_path):

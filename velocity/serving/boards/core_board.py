@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 SLOTS = 64                     # bytes [0, SLOTS): claimed slots; [SLOTS, 2 * SLOTS): busy marks;
-WANT = 2 * SLOTS               # [WANT, WANT + SLOTS): want marks (a vocoder waits for the lent step's end)
+WANT = 2 * SLOTS               # [WANT, WANT + SLOTS): want marks (a vocoder waits for the lent threads back)
 log = logging.getLogger(__name__)
 
 
@@ -50,7 +50,7 @@ def board_path(run_dir: str = "", kind: str = "cores") -> Path:
 
 
 def turn_path(board: Path) -> Path:
-    """The file whose lock a step on the lent threads holds (CoreBoard.lent_step)."""
+    """The file whose lock the llm holds on the lent threads (CoreBoard.lent_step)."""
     return board.with_name(board.name + "-turn")
 
 
@@ -180,23 +180,26 @@ class ThreadLender:
         self.current = own
         self.holding = False                    # the board's lock: on the lent threads
         self.lent_steps = 0                     # steps run with the vocoder's threads too, in part at least
-        self._lent_now = False
+        self._lent_now = self._in_step = False
 
     @contextmanager
     def __call__(self) -> Iterator[None]:
         """Around one step."""
-        self._lent_now = False
+        self._lent_now, self._in_step = False, True
         self.check()
         try:
             yield
         finally:
+            self._in_step = False
             if self.holding:
                 self.board.end_lent()
                 self.holding = False
             self.lent_steps += self._lent_now
 
     def check(self) -> None:
-        """Lend or give back, as the vocoders' marks say now."""
+        """Lend or give back, as the vocoders' marks say now (within a step; outside one, nothing)."""
+        if not self._in_step:
+            return
         if self.holding:
             if self.board.any_busy():             # a vocoder waits: its turn, on the vocoder's core
                 self.board.end_lent()
