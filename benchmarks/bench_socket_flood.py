@@ -11,7 +11,7 @@ each context a long text (the gateway's per-client cap of 64 streams holds the r
 them (or, with --no-read, never), and after --hold seconds drops every socket (no close frame).
 The server runs --max-num-seqs sequences a step (16: fewer than the client's cap, a
 small server). Client B (127.0.0.3) posts a one-sentence /v1/audio/speech alone before the flood and once during
-it. Idle: no request active and no KV block used. Paired rounds (ABBA); JSON and a PNG.
+it, from a process of its own (beside A's readers it would share their GIL). Idle: no request active and no KV block used. Paired rounds (ABBA); JSON and a PNG.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import http.client
 import json
 import logging
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -56,6 +57,17 @@ def first_audio(gateway: str, source: str, seed: int) -> float:
     return took
 
 
+def first_audio_apart(gateway: str, source: str, seed: int) -> float:
+    """first_audio in a process of its own, as another client's would be: in this one the flood's
+    readers would hold its GIL (the child's start is not timed)."""
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.bench_socket_flood import first_audio; "
+            f"print(first_audio({gateway!r}, {source!r}, {seed}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    if out.returncode:
+        raise RuntimeError(f"B's request failed: {out.stderr[-2000:]}")
+    return float(out.stdout.split()[-1])
+
+
 def idle(server: TritonServer) -> bool:
     from client.triton import parse_metric
     try:
@@ -69,7 +81,7 @@ def one_round(server: TritonServer, args: argparse.Namespace, seed: int) -> dict
     import websockets
 
     wait_for(lambda: idle(server), 30)
-    alone = first_audio(server.gateway_url, "127.0.0.3", seed)
+    alone = first_audio_apart(server.gateway_url, "127.0.0.3", seed)
     url = server.gateway_url.replace("http://", "ws://") + \
         "/v1/text-to-speech/amber/multi-stream-input?output_format=pcm_24000"
 
@@ -89,7 +101,7 @@ def one_round(server: TritonServer, args: argparse.Namespace, seed: int) -> dict
 
         readers = [asyncio.create_task(drain(ws)) for ws in socks] if args.read else []
         await asyncio.sleep(args.hold / 2)
-        beside = await asyncio.to_thread(first_audio, server.gateway_url, "127.0.0.3", seed + 1)
+        beside = await asyncio.to_thread(first_audio_apart, server.gateway_url, "127.0.0.3", seed + 1)
         await asyncio.sleep(args.hold / 2)
         active = float(server.metric("velocity_active_requests"))
         dropped = time.monotonic()
