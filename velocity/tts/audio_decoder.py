@@ -11,7 +11,6 @@ tests/unit/tts/test_streaming_decode.py and stated in docs/benchmarks.md).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -61,8 +60,6 @@ class AudioDecoder:
         self.exact_context = max(exact_context(m, vocos) for m in (dvae, decoder) if m is not None)
         self.num_vq, self.num_codes = dvae.cfg.num_vq, dvae.cfg.num_codes     # codes in [0, num_codes)
         self.hidden_size = 2 * decoder.cfg.idim if decoder is not None else 0   # the Decoder's input
-        # the stateful decode's depthwise convs on the C++ kernels (CPU, load's cpu_kernel), else torch's
-        self.dwconv: Callable | None = None
 
     @classmethod
     def load(cls, folder, device: torch.device = torch.device("cpu"), quantize: str = "none",
@@ -72,9 +69,6 @@ class AudioDecoder:
         from velocity.model.loading.audio_models import load_decoder, load_dvae, load_vocos
 
         dec = cls(load_dvae(folder, device), load_vocos(folder, device), load_decoder(folder, device))
-        if cpu_kernel and torch.device(device).type == "cpu":
-            from velocity.model.kernels.cpu_kernels import kernels
-            dec.dwconv = getattr(kernels(), "depthwise_conv1d", None)
         if n := dec.quantize(quantize, pack=pack, cpu_kernel=cpu_kernel):
             log.info("decoders: %d ConvNeXt linears on %s weights", n, "int8" if quantize == "int8" else "packed")
         return dec

@@ -59,25 +59,20 @@ def conv_layer(conv: torch.nn.Conv1d, after: Callable | None = None, before: tor
     return Layer(d * (k // 2), run, cost)
 
 
-def block_layer(block: ConvNeXtBlock, dwconv: Callable | None = None) -> Layer:
-    """A ConvNeXt block: its depthwise conv on the window, the rest on the centre positions.
-    dwconv: the C++ kernels' depthwise_conv1d (AudioDecoder.dwconv), else torch's conv1d."""
-    r, conv = block.reach, block.dwconv
-    bias = conv.bias.detach() if conv.bias is not None else torch.empty(0)
+def block_layer(block: ConvNeXtBlock) -> Layer:
+    """A ConvNeXt block: its depthwise conv on the window, the rest on the centre positions."""
+    r = block.reach
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        if dwconv is not None and x.device.type == "cpu" and x.dtype == torch.float32:
-            y = dwconv(x.contiguous(), conv.weight.detach(), bias, conv.dilation[0])
-        else:
-            y = F.conv1d(x, conv.weight, conv.bias, dilation=conv.dilation[0], groups=conv.groups)
+        conv = block.dwconv
+        y = F.conv1d(x, conv.weight, conv.bias, dilation=conv.dilation[0], groups=conv.groups)
         return block.mix(x[:, :, r:x.shape[-1] - r], y)
 
     return Layer(r, run, sum(p.numel() for p in block.parameters()))
 
 
-def layers_of(m: DVAE, vocos: Vocos, dwconv: Callable | None = None) -> list[Layer]:
-    """The DVAE's (or Decoder's) convolution stack, its out_conv, and Vocos' backbone and head
-    (dwconv: block_layer's)."""
+def layers_of(m: DVAE, vocos: Vocos) -> list[Layer]:
+    """The DVAE's (or Decoder's) convolution stack, its out_conv, and Vocos' backbone and head."""
     stack, b = m.decoder, vocos.backbone
 
     def norm(x: torch.Tensor) -> torch.Tensor:
@@ -88,9 +83,9 @@ def layers_of(m: DVAE, vocos: Vocos, dwconv: Callable | None = None) -> list[Lay
 
     head_layer = Layer(0, head, vocos.head.out.weight.numel())
     return [conv_layer(stack.conv_in[0], after=stack.conv_in[1]), conv_layer(stack.conv_in[2]),
-            *[block_layer(blk, dwconv) for blk in stack.decoder_block],
+            *[block_layer(blk) for blk in stack.decoder_block],
             conv_layer(m.out_conv, before=stack.conv_out, after=lambda y: y * m.coef),
-            conv_layer(b.embed, after=norm), *[block_layer(blk, dwconv) for blk in b.convnext], head_layer]
+            conv_layer(b.embed, after=norm), *[block_layer(blk) for blk in b.convnext], head_layer]
 
 
 @dataclass
@@ -127,9 +122,9 @@ class StatefulDecoder:
             self.after, self.costs = decoder.after, decoder.costs
         else:
             self.decoder = decoder
-            self.layers = {False: layers_of(decoder.dvae, decoder.vocos, decoder.dwconv)}
+            self.layers = {False: layers_of(decoder.dvae, decoder.vocos)}
             if decoder.decoder is not None:
-                self.layers[True] = layers_of(decoder.decoder, decoder.vocos, decoder.dwconv)
+                self.layers[True] = layers_of(decoder.decoder, decoder.vocos)
             # per layer: the reach of the layers after it (what its outputs must cover past the samples')
             self.after = {k: [sum(layer.reach for layer in v[i + 1:]) for i in range(len(v))]
                           for k, v in self.layers.items()}

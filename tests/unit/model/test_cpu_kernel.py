@@ -178,29 +178,3 @@ def test_a_new_process_loads_the_built_kernels_without_building(first_on_path):
     assert p.returncode == 0, p.stderr[-2000:]
     assert float(p.stdout.strip()) < 3.0, p.stdout
     assert "building" not in p.stderr and so.stat().st_mtime == built_at, p.stderr
-
-
-@pytest.mark.parametrize("B,C,L,K,dilation,bias", [(1, 512, 70, 7, 1, True), (3, 64, 40, 7, 2, True),
-                                                   (2, 16, 9, 3, 1, False), (1, 8, 7, 7, 1, True)])
-def test_depthwise_conv1d_equals_torchs(B, C, L, K, dilation, bias):
-    """The stateful vocoder's depthwise conv (no padding) against torch's conv1d: float32 rounding
-    (the same sums in the same order where torch's oneDNN takes it, bit for bit here), windows
-    side by side, dilated taps, no bias, a window just the taps' reach."""
-    import torch.nn.functional as F
-
-    from velocity.model.kernels.cpu_kernels import kernels
-
-    g = torch.Generator().manual_seed(C + L)
-    x, w = torch.randn(B, C, L, generator=g), torch.randn(C, 1, K, generator=g)
-    b = torch.randn(C, generator=g) if bias else None
-    want = F.conv1d(x, w, b, dilation=dilation, groups=C)
-    got = kernels().depthwise_conv1d(x, w, b if bias else torch.empty(0), dilation)
-    assert got.shape == want.shape
-    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
-
-
-def test_depthwise_conv1d_refuses_a_window_shorter_than_its_reach():
-    from velocity.model.kernels.cpu_kernels import kernels
-
-    with pytest.raises(RuntimeError, match="shorter than the taps"):
-        kernels().depthwise_conv1d(torch.randn(1, 4, 5), torch.randn(4, 1, 7), torch.randn(4), 1)

@@ -6,7 +6,6 @@
 #include "layer_rows.cpp"
 #include "int8_gemm.cpp"
 #include "f32_gemm.cpp"
-#include "depthwise_conv.cpp"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sort_rows", torch::wrap_pybind_function(sort_rows));
@@ -22,5 +21,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear", torch::wrap_pybind_function(int8_linear));
   m.def("f32_gemm_lanes", torch::wrap_pybind_function(f32_gemm_lanes));
   m.def("f32_gemm", torch::wrap_pybind_function(f32_gemm));
-  m.def("depthwise_conv1d", torch::wrap_pybind_function(depthwise_conv1d));
 }
