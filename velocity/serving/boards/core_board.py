@@ -191,9 +191,7 @@ class ThreadLender:
             yield
         finally:
             self._in_step = False
-            if self.holding:
-                self.board.end_lent()
-                self.holding = False
+            self._give_back()
             self.lent_steps += self._lent_now
 
     def check(self) -> None:
@@ -201,19 +199,22 @@ class ThreadLender:
         if not self._in_step:
             return
         if self.holding:
-            if self.board.any_busy():             # a vocoder waits: its turn, on the vocoder's core
-                self.board.end_lent()
-                self.holding = False
-                self._threads(self.own)
-        elif self.lent > self.own and not self.board.any_busy() and self.board.try_lent():
-            if self.board.any_busy():             # (a vocoder raised its mark meanwhile)
-                self.board.end_lent()
-                self._threads(self.own)
+            if not self.board.any_busy():
                 return
-            self.holding = self._lent_now = True
-            self._threads(self.lent)
-        else:
-            self._threads(self.own)
+            self._give_back()                     # a vocoder waits: its turn, on the vocoder's core
+        elif self.lent > self.own and not self.board.any_busy() and self.board.try_lent():
+            if not self.board.any_busy():         # (a vocoder may have raised its mark meanwhile)
+                self.holding = self._lent_now = True
+                self._threads(self.lent)
+                return
+            self.board.end_lent()
+        self._threads(self.own)
+
+    def _give_back(self) -> None:
+        """The board's lock given back, if held (the threads are check's to set)."""
+        if self.holding:
+            self.board.end_lent()
+            self.holding = False
 
     def _threads(self, n: int) -> None:
         if n != self.current:
