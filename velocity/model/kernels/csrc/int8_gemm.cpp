@@ -14,6 +14,7 @@
 // is the same on each (docs/benchmarks.md measures them: "int8 on CPU", "Where a CPU step goes").
 // Elsewhere Int8Linear keeps fbgemm.
 #include "common.h"
+#include "vec.h"
 
 // The row width int8_gemm is built for: 8 bits with AVX-512 VNNI (4 products summed in int32), 7
 // with AVX2 alone (pairs of products summed in int16, which 7-bit rows keep from saturating, as
@@ -296,10 +297,7 @@ at::Tensor int8_linear(at::Tensor x, at::Tensor wp, at::Tensor wsum, at::Tensor 
   at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const float* row = xp + t * K;
-      float m = 0.f;
-      #pragma omp simd reduction(max:m)
-      for (int64_t k = 0; k < K; ++k) m = std::max(m, std::fabs(row[k]));   // a maximum: any order
-      const float rt = r[t] = std::max(m, 1e-30f);
+      const float rt = r[t] = row_absmax(row, K);
       #pragma omp simd
       for (int64_t k = 0; k < K; ++k) sp[t * K + k] = row[k] / rt;
     }

@@ -19,13 +19,6 @@
 #include "paged_decode.h"
 #include "vec.h"
 
-static inline float row_absmax(const float* p, int64_t n) {
-  float m = 0.f;
-  #pragma omp simd reduction(max:m)
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(p[i]));
-  return std::max(m, 1e-30f);
-}
-
 // p[i] /= max |p| (at least 1e-30); the divisor into *s: Int8Linear's row scale
 static inline void scale_row(float* p, float* s, int64_t n) {
   const float m = row_absmax(p, n);

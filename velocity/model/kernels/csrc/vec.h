@@ -3,6 +3,14 @@
 
 #include "common.h"
 
+// a row's max |p| (a maximum: any order), at least 1e-30: Int8Linear's row scale
+static inline float row_absmax(const float* p, int64_t n) {
+  float m = 0.f;
+  #pragma omp simd reduction(max:m)
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(p[i]));
+  return std::max(m, 1e-30f);
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
 // exp of 8 floats: 2^n e^r with n = round(x log2 e) and |r| <= ln 2 / 2 (ln 2 in two parts), e^r by
 // Cephes's degree-7 polynomial (within 2 ulp of std::exp); x clamped to [-87.3, 88.7]: 0 and inf are
