@@ -15,7 +15,8 @@ class EngineConfig:
     num_kv_blocks: int | None = None      # None: sized from the memory budget below
     kv_cache_bytes: int = 1 << 30         # CPU KV budget when num_kv_blocks is None
     kv_cache_dtype: str = "auto"          # "auto": float16 under int8 on CPU, else the model's dtype; "float32";
-                                          # "float16": a CPU float32 model's cache in half the bytes (device.kv_dtype)
+                                          # "float16", "int8": a CPU float32 model's cache in half the bytes,
+                                          # or about a quarter (device.kv_dtype)
     gpu_memory_utilization: float = 0.85  # CUDA: fraction of the GPU the engine may fill
     swap_space_bytes: int = 256 << 20     # CPU swap space for preempted sequences
     preemption_mode: str = "recompute"    # "recompute" | "swap"
@@ -54,7 +55,7 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.quantize not in ("none", "int8"):
             raise ValueError(f"quantize must be 'none' or 'int8', got {self.quantize!r}")
-        if self.kv_cache_dtype not in ("auto", "float32", "float16"):
-            raise ValueError(f"kv_cache_dtype must be 'auto', 'float32' or 'float16', got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype not in ("auto", "float32", "float16", "int8"):
+            raise ValueError(f"kv_cache_dtype must be 'auto', 'float32', 'float16' or 'int8', got {self.kv_cache_dtype!r}")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}")

@@ -25,8 +25,9 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def kv_dtype(name: str, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> torch.dtype:
     """The KV cache's dtype. "auto": float16 under int8 linears on CPU (that path is not the reference's,
     and a float16 cache adds no error measured past int8's own: benchmarks/kv_quality.py), else the
-    model's. "float32": the model's, which must be float32. "float16": a float32 model on CPU only
-    (the C++ attention and the torch path both read its rows as float32)."""
+    model's. "float32": the model's, which must be float32. "float16", "int8": a float32 model on CPU
+    only (the C++ attention and the torch path both read its rows as float32; int8's heads carry
+    their scales: velocity.model.layers.attention.as_cache)."""
     if name == "auto":
         return torch.float16 if quantize == "int8" and device.type == "cpu" and dtype == torch.float32 else dtype
     if name == "float32":
@@ -34,6 +35,6 @@ def kv_dtype(name: str, device: torch.device, dtype: torch.dtype, quantize: str 
             raise ValueError(f"a float32 KV cache is for a float32 model (this engine: {dtype}); leave the KV cache dtype at auto")
         return dtype
     if device.type != "cpu" or dtype != torch.float32:
-        raise ValueError(f"a float16 KV cache is for a float32 model on CPU (this engine: {dtype} on {device.type}); "
+        raise ValueError(f"a {name} KV cache is for a float32 model on CPU (this engine: {dtype} on {device.type}); "
                          "on a GPU the cache takes the model's dtype: leave the KV cache dtype at auto")
-    return DTYPES[name]
+    return torch.int8 if name == "int8" else DTYPES[name]

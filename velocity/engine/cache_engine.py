@@ -8,6 +8,8 @@ import mmap
 import torch
 from torch import nn
 
+from velocity.model.layers.attention import cache_head_width
+
 logger = logging.getLogger(__name__)
 
 
@@ -18,7 +20,8 @@ def attention_layers(model: nn.Module) -> list[nn.Module]:
 def bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dtype) -> int:
     layers = attention_layers(model)
     a = layers[0]
-    return 2 * len(layers) * block_size * a.num_kv_heads * a.head_dim * torch.empty(0, dtype=dtype).element_size()
+    width = cache_head_width(a.head_dim, dtype)
+    return 2 * len(layers) * block_size * a.num_kv_heads * width * torch.empty(0, dtype=dtype).element_size()
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -30,7 +33,8 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 
 class CacheEngine:
-    """Allocates [N + 1, block_size, Hkv, D] key and value tensors per layer and binds them
+    """Allocates [N + 1, block_size, Hkv, D] key and value tensors per layer (int8: D + 4, see
+    velocity.model.layers.attention.cache_head_width) and binds them
     to the model's attention modules. Block N is scratch: padded batch rows write there. On the
     CPU they are lazy_zeros: resident as blocks are written."""
 
@@ -40,8 +44,9 @@ class CacheEngine:
         self.scratch_block = num_blocks
         self.layers = attention_layers(model)
         a = self.layers[0]
-        shape = (num_blocks + 1, block_size, a.num_kv_heads, a.head_dim)
-        cpu_shape = (num_cpu_blocks, block_size, a.num_kv_heads, a.head_dim)
+        width = cache_head_width(a.head_dim, dtype)          # an int8 cache's heads carry their scales
+        shape = (num_blocks + 1, block_size, a.num_kv_heads, width)
+        cpu_shape = (num_cpu_blocks, block_size, a.num_kv_heads, width)
         pin = device.type == "cuda"
         zeros = (lambda: lazy_zeros(shape, dtype)) if device.type == "cpu" else (
             lambda: torch.zeros(shape, device=device, dtype=dtype))

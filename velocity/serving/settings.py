@@ -19,7 +19,7 @@ class Settings:
     # reference's (docs/benchmarks.md, "A float16 KV cache on CPU"). auto: float16 with
     # VELOCITY_QUANTIZE=int8 (not the reference's either), else the model's dtype. float32: int8's
     # linears beside a float32 cache.
-    kv_cache_dtype: str = "auto"             # VELOCITY_KV_CACHE_DTYPE: auto, float32 or float16
+    kv_cache_dtype: str = "auto"             # VELOCITY_KV_CACHE_DTYPE: auto, float32, float16 or int8
     gpu_memory_utilization: float = 0.85     # VELOCITY_GPU_MEMORY_UTILIZATION
     max_num_seqs: int = 64                   # VELOCITY_MAX_NUM_SEQS
     # Prompt tokens an engine step takes beside the running streams' frames (a longer prompt goes

@@ -95,10 +95,11 @@ def test_the_engine_holds_twice_the_tokens_and_its_paths_agree(tmp_path, quantiz
 
 
 def test_settings_that_cannot_hold_are_refused_with_what_to_do():
-    with pytest.raises(ValueError, match="kv_cache_dtype must be 'auto', 'float32' or 'float16', got 'int8'"):
-        EngineConfig(model="x", kv_cache_dtype="int8")
-    with pytest.raises(ValueError, match="float32 model on CPU.*leave the KV cache dtype at auto"):
-        kv_dtype("float16", torch.device("cpu"), torch.bfloat16)
+    with pytest.raises(ValueError, match="kv_cache_dtype must be 'auto', 'float32', 'float16' or 'int8', got 'int4'"):
+        EngineConfig(model="x", kv_cache_dtype="int4")
+    for name in ("float16", "int8"):
+        with pytest.raises(ValueError, match=f"a {name} KV cache is for a float32 model on CPU.*leave the KV cache dtype at auto"):
+            kv_dtype(name, torch.device("cpu"), torch.bfloat16)
     with pytest.raises(ValueError, match="float32 KV cache is for a float32 model.*leave the KV cache dtype at auto"):
         kv_dtype("float32", torch.device("cpu"), torch.bfloat16)
     cpu = torch.device("cpu")
@@ -107,6 +108,7 @@ def test_settings_that_cannot_hold_are_refused_with_what_to_do():
     assert kv_dtype("auto", cpu, torch.float32, "int8") == torch.float16      # int8's default
     assert kv_dtype("float32", cpu, torch.float32, "int8") == torch.float32
     assert kv_dtype("float16", cpu, torch.float32) == torch.float16
+    assert kv_dtype("int8", cpu, torch.float32, "int8") == torch.int8
 
 
 def test_int8_takes_a_float16_cache_by_default_and_float32_stays_the_references(tmp_path):
