@@ -1,17 +1,17 @@
 #!/usr/bin/env python
-"""What a float16 KV cache (VELOCITY_KV_CACHE_DTYPE=float16) does to a real model's output.
+"""What a float16 or int8 KV cache (VELOCITY_KV_CACHE_DTYPE) does to a real model's output.
 
 SmolLM2-135M (benchmarks.smollm) through velocity's own engine on CPU, greedy, on the English
 sentences of benchmarks/texts.txt: each text's first 8 tokens as the prompt, then 48 new tokens.
-Arms: float32 weights and int8 (VELOCITY_QUANTIZE), each with the model's float32 cache and with a
-float16 one. Each float16 arm is compared with the same weights' float32 cache, and int8 with
-float32 beside them, for scale (int8's rows move a whole rounding step where an input moves by
-float rounding, so its output follows any small change far: what int8 with a float16 cache is
-to float32 says whether the cache adds to int8's own error):
+Arms: float32 weights and int8 (VELOCITY_QUANTIZE), each with the model's float32 cache, a
+float16 one and an int8 one. Each smaller cache is compared with the same weights' float32 cache,
+and int8 with float32 beside them, for scale (int8's rows move a whole rounding step where an
+input moves by float rounding, so its output follows any small change far: what int8 with a
+smaller cache is to float32 says whether the cache adds to int8's own error):
 - the texts whose 48 tokens are all the same;
 - the new tokens that match before the first difference, as a share of all;
 - the largest difference of the last hidden state over the matching tokens, relative to its size.
-Writes docs/benchmarks/kv_float16/quality.{json,png}.
+Writes docs/benchmarks/kv_cache/quality.{json,png}.
 
     .venv/bin/python benchmarks/kv_quality.py
 """
@@ -34,9 +34,11 @@ from velocity import LLM, SamplingParams
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("kv_quality")
 ARMS = {"float32": ("none", "float32"), "float32, float16 cache": ("none", "float16"),
-        "int8": ("int8", "float32"), "int8, float16 cache": ("int8", "float16")}
-PAIRS = [("float32, float16 cache", "float32"), ("int8, float16 cache", "int8"), ("int8", "float32"),
-         ("int8, float16 cache", "float32")]
+        "float32, int8 cache": ("none", "int8"), "int8": ("int8", "float32"),
+        "int8, float16 cache": ("int8", "float16"), "int8, int8 cache": ("int8", "int8")}
+PAIRS = [("float32, float16 cache", "float32"), ("float32, int8 cache", "float32"), ("int8", "float32"),
+         ("int8, float16 cache", "float32"), ("int8, int8 cache", "float32"), ("int8, float16 cache", "int8"),
+         ("int8, int8 cache", "int8")]
 
 
 def compare(a: list, b: list) -> dict:
@@ -58,7 +60,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompt-tokens", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=48)
-    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "kv_float16" / "quality"))
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "kv_cache" / "quality"))
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from transformers import AutoTokenizer
@@ -90,14 +92,14 @@ def plot(res: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = list(res["pairs"])
-    fig, ax = plt.subplots(figsize=(8.5, 3.6))
+    fig, ax = plt.subplots(figsize=(8.5, 4.4))
     shares = [res["pairs"][n]["tokens_before_first_difference"] for n in names]
-    ax.barh(names, shares, color=["#4c72b0", "#55a868", "#c44e52", "#8172b2"])
+    ax.barh(names, shares, color=["#4c72b0", "#55a868", "#c44e52", "#8172b2", "#937860", "#da8bc3", "#8c8c8c"])
     for i, s in enumerate(shares):
         ax.text(s, i, f" {s:.3f}", va="center")
     ax.set_xlim(0, 1.12)
     ax.set_xlabel(f"tokens before the first difference (share of {res['new_tokens']} a text, {res['texts']} texts)")
-    ax.set_title("A float16 KV cache, and int8: greedy output against another arm (SmolLM2-135M)", fontsize=10)
+    ax.set_title("float16 and int8 KV caches, and int8: greedy output against another arm (SmolLM2-135M)", fontsize=10)
     ax.invert_yaxis()
     finish(fig, path, res)
 
