@@ -59,26 +59,44 @@ def test_the_torch_path_writes_the_same_rows_and_attends_alike():
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("quantize", ["none", "int8"])
-def test_the_engine_holds_twice_the_tokens_and_its_paths_agree(tmp_path, quantize):
-    make_llama(tmp_path, num_attention_heads=8, num_key_value_heads=2, hidden_size=128)
-    ps = prompts([1, 7, 30, 65], seed=31)
+def both_paths(folder, kv_cache_dtype: str, quantize: str, budget: int, seed: int) -> tuple[list, list, list]:
+    """The kernel's and the torch path's greedy runs of an engine with this KV cache: (prompts,
+    [kernel outputs, torch outputs], [their workers]), each checked to leak no block."""
+    ps = prompts([1, 7, 30, 65], seed=seed)
     params = SamplingParams(temperature=0.0, max_new_tokens=20, ignore_eos=True)
-    budget = 1 << 20
-    full = LLM(str(tmp_path), device="cpu", block_size=4, kv_cache_bytes=budget, quantize=quantize,
-               kv_cache_dtype="float32").engine.worker
-    assert full.cache.gpu[0][0].dtype == torch.float32
-    outs = []
+    outs, workers = [], []
     for use_kernel in (True, False):
-        llm = LLM(str(tmp_path), device="cpu", block_size=4, kv_cache_bytes=budget, quantize=quantize,
-                  kv_cache_dtype="float16")
+        llm = LLM(str(folder), device="cpu", block_size=4, kv_cache_bytes=budget, quantize=quantize,
+                  kv_cache_dtype=kv_cache_dtype)
         worker = llm.engine.worker
-        assert worker.cache.gpu[0][0].dtype == torch.float16
-        assert worker.num_blocks == 2 * full.num_blocks
         if not use_kernel:                   # the torch path: a mask over gathered blocks
             worker.runner.decode_kernel = None
         outs.append(llm.generate(ps, params, return_hidden=True))
         assert llm.engine.block_manager.num_free_blocks == worker.num_blocks   # none leaked
+        workers.append(worker)
+    return ps, outs, workers
+
+
+def assert_alike_until_parting(outs: list, share: float) -> None:
+    """The same tokens up to where the two runs part, and the hidden states that sampled them, the
+    parting one too, within share of their largest value."""
+    for i, (a, b) in enumerate(zip(*outs)):
+        at = next((j for j, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), len(a.token_ids))
+        h, g = a.hidden[:at + 1], b.hidden[:at + 1]
+        assert abs(h - g).max() <= share * abs(g).max(), f"prompt {i}: the paths' hidden states differ before token {at}"
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_the_engine_holds_twice_the_tokens_and_its_paths_agree(tmp_path, quantize):
+    make_llama(tmp_path, num_attention_heads=8, num_key_value_heads=2, hidden_size=128)
+    budget = 1 << 20
+    full = LLM(str(tmp_path), device="cpu", block_size=4, kv_cache_bytes=budget, quantize=quantize,
+               kv_cache_dtype="float32").engine.worker
+    assert full.cache.gpu[0][0].dtype == torch.float32
+    ps, outs, workers = both_paths(tmp_path, "float16", quantize, budget, seed=31)
+    for worker in workers:
+        assert worker.cache.gpu[0][0].dtype == torch.float16
+        assert worker.num_blocks == 2 * full.num_blocks
     if quantize == "none":
         assert_same(*([o.token_ids for o in out] for out in outs), ps, "float16 cache: kernel vs torch path")
         return
@@ -88,10 +106,7 @@ def test_the_engine_holds_twice_the_tokens_and_its_paths_agree(tmp_path, quantiz
     # step's hidden state by about 1% (0.5-1.1% measured on AVX-512): where a near tie then flips
     # a token the sequences part. So: the same tokens up to where they part, and the hidden states
     # that sampled them, the parting one too, within 2% of their largest value.
-    for i, (a, b) in enumerate(zip(*outs)):
-        at = next((j for j, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), len(a.token_ids))
-        h, g = a.hidden[:at + 1], b.hidden[:at + 1]
-        assert abs(h - g).max() <= 0.02 * abs(g).max(), f"prompt {i}: the paths' hidden states differ before token {at}"
+    assert_alike_until_parting(outs, 0.02)
 
 
 def test_settings_that_cannot_hold_are_refused_with_what_to_do():
